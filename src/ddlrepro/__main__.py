@@ -1,0 +1,3 @@
+from ddlrepro.cli import main
+
+main()

@@ -1,0 +1,81 @@
+"""Validate the workflow configuration against its JSON schema, with errors that name the key path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """The configuration does not satisfy its schema; the message lists every problem by key path."""
+
+
+def key_path(path: Any) -> str:
+    """Render a jsonschema path deque as `figures.kungfu-fig9.workers[0]`."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "<top level>"
+
+
+def describe(error: jsonschema.ValidationError) -> str:
+    where = key_path(error.absolute_path)
+    if error.validator in ("additionalProperties", "unevaluatedProperties"):
+        allowed = sorted(error.schema.get("properties", {}))
+        if error.validator == "unevaluatedProperties":
+            allowed = sorted(_evaluated_names(error.schema))
+        unknown = sorted(set(error.instance) - set(allowed))
+        return f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}"
+    if error.validator == "enum":
+        return f"{where}: {error.instance!r} is not valid; valid values: {', '.join(map(str, error.validator_value))}"
+    if error.validator == "oneOf":
+        return f"{where}: {error.instance!r} is not valid: {error.schema.get('description', 'see the schema')}"
+    return f"{where}: {error.message}"
+
+
+def _evaluated_names(schema: dict[str, Any]) -> set[str]:
+    names = set(schema.get("properties", {}))
+    for part in schema.get("allOf", []):
+        names |= set(part.get("properties", {}))
+    return names
+
+
+def validate_config(config: dict[str, Any], schema_path: Path = CONFIG_SCHEMA) -> None:
+    """Raise ConfigError listing every schema violation in `config`, each with its key path."""
+    schema = yaml.safe_load(schema_path.read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        lines = "\n".join(f"  - {describe(leaf)}" for error in errors for leaf in _leaves(error))
+        raise ConfigError(f"invalid configuration ({schema_path.name}):\n{lines}")
+
+
+def _leaves(error: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:
+    """For allOf/anyOf errors report the specific failing sub-errors, not the umbrella."""
+    if error.validator == "allOf" and error.context:
+        return [leaf for sub in error.context for leaf in _leaves(sub)]
+    return [error]
+
+
+def load_config(*paths: Path) -> dict[str, Any]:
+    """Load and merge YAML config files in order (later ones override), as Snakemake does, then validate."""
+    merged: dict[str, Any] = {}
+    for path in paths:
+        merge_into(merged, yaml.safe_load(Path(path).read_text()) or {})
+    validate_config(merged)
+    return merged
+
+
+def merge_into(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge_into(base[key], value)
+        else:
+            base[key] = value
+    return base

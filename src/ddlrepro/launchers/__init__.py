@@ -1,0 +1,14 @@
+"""Launchers turn a point into a job: `render(point, timeout_s) -> JobSpec` and `execute(spec, output)`."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+LAUNCHERS = {"local": "ddlrepro.launchers.local"}
+
+
+def get_launcher(name: str) -> ModuleType:
+    if name not in LAUNCHERS:
+        raise KeyError(f"unknown launcher {name!r}; valid launchers: {', '.join(sorted(LAUNCHERS))}")
+    return importlib.import_module(LAUNCHERS[name])

@@ -1,0 +1,157 @@
+"""Models of the benchmarks, defined here because torchvision does not import beside torch 2.13.
+
+The ImageNet models follow torchvision's definitions layer for layer (same parameter counts: ResNet-50
+25,557,032; MobileNetV2 3,504,872). The CIFAR ResNets are He et al. (2016) §4.2: depth 6n+2, 16/32/64 channels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a model expects as input and how it is built."""
+
+    build: Callable[[int], nn.Module]
+    image_size: int
+    num_classes: int
+
+
+def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1) -> list[nn.Module]:
+    return [
+        nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(cout),
+    ]
+
+
+class Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, cin: int, width: int, stride: int) -> None:
+        super().__init__()
+        cout = width * self.expansion
+        self.body = nn.Sequential(
+            *_conv_bn(cin, width, 1),
+            nn.ReLU(inplace=True),
+            *_conv_bn(width, width, 3, stride),
+            nn.ReLU(inplace=True),
+            *_conv_bn(width, cout, 1),
+        )
+        self.shortcut = (
+            nn.Sequential(*_conv_bn(cin, cout, 1, stride)) if stride != 1 or cin != cout else nn.Identity()
+        )
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.body(x) + self.shortcut(x))
+
+
+class ResNet50(nn.Module):
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            *_conv_bn(3, 64, 7, 2), nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1)
+        )
+        layers: list[nn.Module] = []
+        cin = 64
+        for width, blocks, stride in [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]:
+            for index in range(blocks):
+                layers.append(Bottleneck(cin, width, stride if index == 0 else 1))
+                cin = width * Bottleneck.expansion
+        self.layers = nn.Sequential(*layers)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layers(self.stem(x)))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = cin * expand
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers += [*_conv_bn(cin, hidden, 1), nn.ReLU6(inplace=True)]
+        layers += [*_conv_bn(hidden, hidden, 3, stride, groups=hidden), nn.ReLU6(inplace=True)]
+        layers += _conv_bn(hidden, cout, 1)
+        self.body = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+class MobileNetV2(nn.Module):
+    SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2)]
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [*_conv_bn(3, 32, 3, 2), nn.ReLU6(inplace=True)]
+        cin = 32
+        for expand, cout, repeats, stride in [*self.SETTINGS, (6, 320, 1, 1)]:
+            for index in range(repeats):
+                layers.append(InvertedResidual(cin, cout, stride if index == 0 else 1, expand))
+                cin = cout
+        layers += [*_conv_bn(cin, 1280, 1), nn.ReLU6(inplace=True)]
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(1280, num_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            *_conv_bn(cin, cout, 3, stride), nn.ReLU(inplace=True), *_conv_bn(cout, cout, 3)
+        )
+        self.shortcut = (
+            nn.Sequential(*_conv_bn(cin, cout, 1, stride)) if stride != 1 or cin != cout else nn.Identity()
+        )
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.body(x) + self.shortcut(x))
+
+
+class CifarResNet(nn.Module):
+    def __init__(self, depth: int, num_classes: int = 10) -> None:
+        super().__init__()
+        if (depth - 2) % 6:
+            raise ValueError(f"CIFAR ResNet depth must be 6n+2, got {depth}")
+        blocks = (depth - 2) // 6
+        layers: list[nn.Module] = [*_conv_bn(3, 16, 3), nn.ReLU(inplace=True)]
+        cin = 16
+        for cout, stride in [(16, 1), (32, 2), (64, 2)]:
+            for index in range(blocks):
+                layers.append(BasicBlock(cin, cout, stride if index == 0 else 1))
+                cin = cout
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+MODELS: dict[str, ModelInfo] = {
+    "resnet50": ModelInfo(ResNet50, image_size=224, num_classes=1000),
+    "mobilenet_v2": ModelInfo(MobileNetV2, image_size=224, num_classes=1000),
+    "resnet20": ModelInfo(lambda classes: CifarResNet(20, classes), image_size=32, num_classes=10),
+    "resnet56": ModelInfo(lambda classes: CifarResNet(56, classes), image_size=32, num_classes=10),
+}
+
+
+def build_model(name: str, num_classes: int | None = None) -> nn.Module:
+    """Build a model by name; `num_classes` defaults to the model's data set."""
+    if name not in MODELS:
+        raise KeyError(f"unknown model {name!r}; valid models: {', '.join(sorted(MODELS))}")
+    info = MODELS[name]
+    return info.build(num_classes or info.num_classes)

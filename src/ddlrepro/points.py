@@ -1,0 +1,47 @@
+"""A point is one distributed run: a workload, its parameters and a number of workers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Point:
+    """One distributed run of a figure; its id is a stable hash of everything that defines the run."""
+
+    figure: str
+    workload: str
+    workers: int
+    threads_per_worker: int
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        """Readable prefix + hash of the canonical JSON of the point, e.g. `resnet20-np2-3f9c1a02b4`."""
+        digest = hashlib.sha256(canonical_json(self.identity()).encode()).hexdigest()[:10]
+        model = self.params.get("model")
+        prefix = f"{model}-np{self.workers}" if model else f"np{self.workers}"
+        return f"{prefix}-{digest}"
+
+    def identity(self) -> dict[str, Any]:
+        """What defines the run (the figure it belongs to is only where it is filed)."""
+        return {
+            "workload": self.workload,
+            "workers": self.workers,
+            "threads_per_worker": self.threads_per_worker,
+            "params": self.params,
+        }
+
+    def to_json(self) -> str:
+        return canonical_json(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Point:
+        return cls(**json.loads(text))
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

@@ -1,0 +1,35 @@
+"""Run one point: set aside any earlier attempt, render and save the job, run it, file its output, then
+write `result.json` last. A failed run keeps its logs and never gets a `result.json`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ddlrepro.launchers import get_launcher
+from ddlrepro.launchers.base import RunFailed
+from ddlrepro.points import Point
+from ddlrepro.provenance import run_provenance
+from ddlrepro.rundir import RESULT, OutputCollector, result_record, set_aside_previous_attempt, write_json_atomic
+
+
+def run_point(point: Point, run_dir: Path, launcher_name: str = "local", timeout_s: float = 3600) -> dict:
+    """Run `point` into `run_dir` and return its result record; raise RunFailed if any rank fails."""
+    launcher = get_launcher(launcher_name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    set_aside_previous_attempt(run_dir)
+    spec = launcher.render(point, timeout_s)
+    write_json_atomic(run_dir / "jobspec.json", spec.to_dict())
+    started = time.time()
+    with OutputCollector(run_dir) as output:
+        try:
+            launcher.execute(spec, output)
+        finally:
+            provenance = run_provenance(asdict(point), spec.to_dict(), output.workers)
+            write_json_atomic(run_dir / "provenance.json", provenance)
+    if output.result is None:
+        raise RunFailed(0, "finished without reporting a result", output.stderr_tail(0))
+    record = result_record(point, output.result, started, time.time())
+    write_json_atomic(run_dir / RESULT, record)
+    return record

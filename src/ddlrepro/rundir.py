@@ -1,0 +1,108 @@
+"""A run folder holds everything about one point; `result.json` is written last and atomically.
+
+    results/runs/<figure>/<point-id>/
+        jobspec.json      the launcher's rendered job (commands, environment it sets, rendezvous)
+        log.txt           every rank's stdout and stderr, line by line, rank-prefixed
+        metrics.jsonl     the ranks' metric records (per iteration, resource samples)
+        provenance.json   code, software, hardware, hosts, job spec and point
+        result.json       the run's summary; present only if every rank succeeded
+        attempts/<time>/  earlier failed attempts, moved aside so two attempts never mix
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ddlrepro.points import Point
+from ddlrepro.workloads.records import RECORD_PREFIX
+
+RESULT = "result.json"
+STDERR_TAIL_LINES = 20
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    """Write JSON so that readers see either the old file or the whole new one, never a partial file."""
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
+        json.dump(value, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(handle.name, path)
+
+
+def set_aside_previous_attempt(run_dir: Path) -> Path | None:
+    """Move an earlier attempt's files into `attempts/<time>/` so a new attempt starts from an empty folder."""
+    leftovers = [entry for entry in run_dir.iterdir() if entry.name != "attempts"] if run_dir.exists() else []
+    if not leftovers:
+        return None
+    destination = run_dir / "attempts" / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    while destination.exists():
+        destination = destination.with_name(destination.name + "-")
+    destination.mkdir(parents=True)
+    for entry in leftovers:
+        shutil.move(entry, destination / entry.name)
+    return destination
+
+
+class OutputCollector:
+    """Receives every line the ranks print (from any launcher) and files it: log, metrics, worker records."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.log = (run_dir / "log.txt").open("w")
+        self.metrics = (run_dir / "metrics.jsonl").open("w")
+        self.workers: dict[int, dict[str, Any]] = {}
+        self.result: dict[str, Any] | None = None
+        self._stderr: dict[int, deque[str]] = {}
+        self._lock = threading.Lock()
+
+    def add_line(self, rank: int, stream: str, line: str) -> None:
+        with self._lock:
+            self.log.write(f"[rank {rank}{' stderr' if stream == 'stderr' else ''}] {line}\n")
+            if stream == "stderr":
+                self._stderr.setdefault(rank, deque(maxlen=STDERR_TAIL_LINES)).append(line)
+            elif line.startswith(RECORD_PREFIX):
+                self._file_record(json.loads(line[len(RECORD_PREFIX) :]))
+
+    def _file_record(self, record: dict[str, Any]) -> None:
+        kind = record.pop("kind")
+        if kind == "metric":
+            self.metrics.write(json.dumps(record) + "\n")
+        elif kind == "worker":
+            self.workers[record["rank"]] = record
+        elif kind == "result":
+            self.result = record
+
+    def stderr_tail(self, rank: int) -> list[str]:
+        with self._lock:
+            return list(self._stderr.get(rank, []))
+
+    def close(self) -> None:
+        self.log.close()
+        self.metrics.close()
+
+    def __enter__(self) -> OutputCollector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def result_record(point: Point, summary: dict[str, Any], started: float, finished: float) -> dict[str, Any]:
+    return {
+        "status": "ok",
+        "point_id": point.id,
+        "point": asdict(point),
+        "summary": summary,
+        "started": started,
+        "finished": finished,
+        "duration_s": finished - started,
+    }

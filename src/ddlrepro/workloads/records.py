@@ -1,0 +1,21 @@
+"""The machine-readable lines ranks print: `DDLREPRO {json}`. Free of torch so launchers can parse them cheaply."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+RECORD_PREFIX = "DDLREPRO "
+_print_lock = threading.Lock()
+
+
+def emit(kind: str, **fields: Any) -> None:
+    """Print one record (kind: metric, worker or result), atomically with respect to this rank's other threads."""
+    say(RECORD_PREFIX + json.dumps({"kind": kind, "time": time.time(), **fields}))
+
+
+def say(text: str) -> None:
+    with _print_lock:
+        print(text, flush=True)

@@ -1,0 +1,96 @@
+"""Synthetic-data training throughput, the Horovod / tf_cnn_benchmarks / KungFu protocol.
+
+Random images and labels generated once; `warmup_batches` untimed; then `iterations` timed iterations of
+`batches_per_iteration` batches each. Per iteration every rank records img/s = batch × batches / elapsed; rank 0
+prints `RESULT: <mean> +-<1.96·std> {...}` over its iterations (population std), as the original benchmarks do.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddlrepro.models import MODELS, build_model
+from ddlrepro.workloads.records import emit, say
+from ddlrepro.workloads.runtime import RankContext
+
+
+def synthetic_batch(
+    model: str, batch_size: int, image_size: int | None, device: torch.device, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random images in the model's input shape and random labels in [0, classes)."""
+    info = MODELS[model]
+    side = image_size or info.image_size
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(batch_size, 3, side, side, generator=generator)
+    labels = torch.randint(0, info.num_classes, (batch_size,), generator=generator)
+    return images.to(device), labels.to(device)
+
+
+def make_train_step(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, lr: float = 0.01
+) -> Callable[[], torch.Tensor]:
+    """One SGD step of softmax cross-entropy on the fixed batch; returns the (unsynchronised) loss."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+def mean_and_confidence(rates: list[float]) -> tuple[float, float]:
+    """Mean and 1.96 × population standard deviation, the protocol's error bar."""
+    values = np.asarray(rates, dtype=float)
+    return float(values.mean()), float(1.96 * values.std())
+
+
+def run(params: dict[str, Any], ctx: RankContext) -> None:
+    torch.manual_seed(params.get("seed", 0))
+    model = build_model(params["model"]).to(ctx.device)
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    ddp_model = DistributedDataParallel(model, device_ids=device_ids)
+    images, labels = synthetic_batch(
+        params["model"], params["batch_size"], params.get("image_size"), ctx.device, seed=ctx.rank
+    )
+    step = make_train_step(ddp_model, images, labels)
+
+    for _ in range(params["warmup_batches"]):
+        step()
+    ctx.synchronize()
+
+    rates = []
+    images_per_iteration = params["batch_size"] * params["batches_per_iteration"]
+    for iteration in range(params["iterations"]):
+        started = time.perf_counter()
+        for _ in range(params["batches_per_iteration"]):
+            loss = step()
+        ctx.synchronize()
+        elapsed = time.perf_counter() - started
+        rates.append(images_per_iteration / elapsed)
+        emit("metric", rank=ctx.rank, iteration=iteration, metric="img_per_sec", value=rates[-1])
+        emit("metric", rank=ctx.rank, iteration=iteration, metric="loss", value=float(loss.item()))
+
+    mean, confidence = mean_and_confidence(rates)
+    if ctx.rank == 0:
+        settings = {
+            "framework": "torch",
+            "np": ctx.world_size,
+            "strategy": "RING",
+            "bs": params["batch_size"],
+            "model": params["model"],
+        }
+        say(f"RESULT: {mean:.2f} +-{confidence:.2f} {json.dumps(settings)}")
+        emit("result", rank=0, img_per_sec_per_worker=mean, confidence=confidence, total=mean * ctx.world_size)
