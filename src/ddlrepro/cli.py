@@ -40,13 +40,13 @@ def cmd_tabulate(args: argparse.Namespace) -> None:
 def cmd_plot(args: argparse.Namespace) -> None:
     from ddlrepro.figures import render_figure
 
-    render_figure(args.figure, Path(args.table), Path(args.png), Path(args.pdf), Path(args.summary))
+    render_figure(args.figure, Path(args.table), Path(args.png), Path(args.pdf), Path(args.summary), args.scale)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
     from ddlrepro.report import write_report
 
-    write_report(load_config(*map(Path, args.config)) if args.config else None, Path(args.out), args.figures)
+    write_report(Path(args.out), args.figures, args.scale, args.launcher, Path(args.results))
 
 
 def cmd_validate(args: argparse.Namespace) -> None:
@@ -76,12 +76,15 @@ def parser() -> argparse.ArgumentParser:
     plot.add_argument("--png", required=True)
     plot.add_argument("--pdf", required=True)
     plot.add_argument("--summary", required=True)
+    plot.add_argument("--scale", default="smoke", help="paper scale also draws the papers' absolute numbers")
     plot.set_defaults(handler=cmd_plot)
 
     report = commands.add_parser("report", help="self-contained HTML report of the built figures")
     report.add_argument("--out", required=True)
-    report.add_argument("--config", nargs="*", help="config files as used (for the header)")
-    report.add_argument("figures", nargs="*")
+    report.add_argument("--results", default="results", help="the results folder the figures were built in")
+    report.add_argument("--scale", default="smoke")
+    report.add_argument("--launcher", default="local")
+    report.add_argument("figures", nargs="+", help="ids of the built figures")
     report.set_defaults(handler=cmd_report)
 
     validate = commands.add_parser("validate", help="check config files (merged in order) against the schema")

@@ -24,12 +24,11 @@ def key_path(path: Any) -> str:
     return text or "<top level>"
 
 
-def describe(error: jsonschema.ValidationError) -> str:
+def describe(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
+    """One line per problem: the key path, then what is wrong and what would be valid."""
     where = key_path(error.absolute_path)
     if error.validator in ("additionalProperties", "unevaluatedProperties"):
-        allowed = sorted(error.schema.get("properties", {}))
-        if error.validator == "unevaluatedProperties":
-            allowed = sorted(_evaluated_names(error.schema))
+        allowed = sorted(_property_names(error.schema, schema))
         unknown = sorted(set(error.instance) - set(allowed))
         return f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}"
     if error.validator == "enum":
@@ -39,10 +38,12 @@ def describe(error: jsonschema.ValidationError) -> str:
     return f"{where}: {error.message}"
 
 
-def _evaluated_names(schema: dict[str, Any]) -> set[str]:
-    names = set(schema.get("properties", {}))
-    for part in schema.get("allOf", []):
-        names |= set(part.get("properties", {}))
+def _property_names(subschema: dict[str, Any], schema: dict[str, Any]) -> set[str]:
+    """Keys a subschema allows, including those of a local `$ref` (`#/$defs/...`) it extends."""
+    names = set(subschema.get("properties", {}))
+    reference = subschema.get("$ref", "")
+    if reference.startswith("#/$defs/"):
+        names |= _property_names(schema["$defs"][reference.removeprefix("#/$defs/")], schema)
     return names
 
 
@@ -52,7 +53,7 @@ def validate_config(config: dict[str, Any], schema_path: Path = CONFIG_SCHEMA) -
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
-        lines = "\n".join(f"  - {describe(leaf)}" for error in errors for leaf in _leaves(error))
+        lines = "\n".join(f"  - {describe(leaf, schema)}" for error in errors for leaf in _leaves(error))
         raise ConfigError(f"invalid configuration ({schema_path.name}):\n{lines}")
 
 

@@ -42,9 +42,7 @@ class Bottleneck(nn.Module):
             nn.ReLU(inplace=True),
             *_conv_bn(width, cout, 1),
         )
-        self.shortcut = (
-            nn.Sequential(*_conv_bn(cin, cout, 1, stride)) if stride != 1 or cin != cout else nn.Identity()
-        )
+        self.shortcut = nn.Sequential(*_conv_bn(cin, cout, 1, stride)) if stride != 1 or cin != cout else nn.Identity()
         self.relu = nn.ReLU(inplace=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -54,9 +52,7 @@ class Bottleneck(nn.Module):
 class ResNet50(nn.Module):
     def __init__(self, num_classes: int = 1000) -> None:
         super().__init__()
-        self.stem = nn.Sequential(
-            *_conv_bn(3, 64, 7, 2), nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1)
-        )
+        self.stem = nn.Sequential(*_conv_bn(3, 64, 7, 2), nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1))
         layers: list[nn.Module] = []
         cin = 64
         for width, blocks, stride in [(64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)]:
@@ -87,7 +83,7 @@ class InvertedResidual(nn.Module):
 
 
 class MobileNetV2(nn.Module):
-    SETTINGS = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2)]
+    SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2))
 
     def __init__(self, num_classes: int = 1000) -> None:
         super().__init__()
@@ -99,9 +95,7 @@ class MobileNetV2(nn.Module):
                 cin = cout
         layers += [*_conv_bn(cin, 1280, 1), nn.ReLU6(inplace=True)]
         self.features = nn.Sequential(*layers)
-        self.head = nn.Sequential(
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(1280, num_classes)
-        )
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.2), nn.Linear(1280, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
@@ -110,12 +104,8 @@ class MobileNetV2(nn.Module):
 class BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int) -> None:
         super().__init__()
-        self.body = nn.Sequential(
-            *_conv_bn(cin, cout, 3, stride), nn.ReLU(inplace=True), *_conv_bn(cout, cout, 3)
-        )
-        self.shortcut = (
-            nn.Sequential(*_conv_bn(cin, cout, 1, stride)) if stride != 1 or cin != cout else nn.Identity()
-        )
+        self.body = nn.Sequential(*_conv_bn(cin, cout, 3, stride), nn.ReLU(inplace=True), *_conv_bn(cout, cout, 3))
+        self.shortcut = nn.Sequential(*_conv_bn(cin, cout, 1, stride)) if stride != 1 or cin != cout else nn.Identity()
         self.relu = nn.ReLU(inplace=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

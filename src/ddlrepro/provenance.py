@@ -13,7 +13,17 @@ from typing import Any
 
 from ddlrepro.config import REPO_ROOT
 
-PACKAGES = ["ddlrepro", "torch", "numpy", "pandas", "matplotlib", "seaborn", "snakemake", "jsonschema", "psutil"]
+PACKAGES = [
+    "ddlrepro",
+    "torch",
+    "numpy",
+    "pandas",
+    "matplotlib",
+    "seaborn",
+    "snakemake",
+    "jsonschema",
+    "psutil",
+]
 
 
 def git_state(repo: Path = REPO_ROOT) -> dict[str, Any]:

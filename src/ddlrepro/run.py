@@ -11,7 +11,13 @@ from ddlrepro.launchers import get_launcher
 from ddlrepro.launchers.base import RunFailed
 from ddlrepro.points import Point
 from ddlrepro.provenance import run_provenance
-from ddlrepro.rundir import RESULT, OutputCollector, result_record, set_aside_previous_attempt, write_json_atomic
+from ddlrepro.rundir import (
+    RESULT,
+    OutputCollector,
+    result_record,
+    set_aside_previous_attempt,
+    write_json_atomic,
+)
 
 
 def run_point(point: Point, run_dir: Path, launcher_name: str = "local", timeout_s: float = 3600) -> dict:

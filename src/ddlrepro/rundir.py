@@ -1,12 +1,12 @@
 """A run folder holds everything about one point; `result.json` is written last and atomically.
 
-    results/runs/<figure>/<point-id>/
-        jobspec.json      the launcher's rendered job (commands, environment it sets, rendezvous)
-        log.txt           every rank's stdout and stderr, line by line, rank-prefixed
-        metrics.jsonl     the ranks' metric records (per iteration, resource samples)
-        provenance.json   code, software, hardware, hosts, job spec and point
-        result.json       the run's summary; present only if every rank succeeded
-        attempts/<time>/  earlier failed attempts, moved aside so two attempts never mix
+results/runs/<figure>/<point-id>/
+    jobspec.json      the launcher's rendered job (commands, environment it sets, rendezvous)
+    log.txt           every rank's stdout and stderr, line by line, rank-prefixed
+    metrics.jsonl     the ranks' metric records (per iteration, resource samples)
+    provenance.json   code, software, hardware, hosts, job spec and point
+    result.json       the run's summary; present only if every rank succeeded
+    attempts/<time>/  earlier failed attempts, moved aside so two attempts never mix
 """
 
 from __future__ import annotations

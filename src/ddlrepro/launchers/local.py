@@ -6,6 +6,7 @@ a run past its time limit is stopped the same way. Nothing is left running when 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -98,7 +99,9 @@ def _wait(workers: list[_Worker], timeout_s: float, output: OutputCollector) -> 
             first = failed[0]
             _stop(workers)
             _drain(workers)
-            raise RunFailed(first.spec.rank, _describe_exit(first.process.returncode), output.stderr_tail(first.spec.rank))
+            raise RunFailed(
+                first.spec.rank, _describe_exit(first.process.returncode), output.stderr_tail(first.spec.rank)
+            )
         if all(w.process.returncode == 0 for w in workers):
             _drain(workers)
             return
@@ -126,10 +129,8 @@ def _stop(workers: list[_Worker]) -> None:
     live = [w for w in workers if w.process.poll() is None]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for worker in live:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(worker.process.pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline and any(w.process.poll() is None for w in live):
             time.sleep(POLL_INTERVAL_S)

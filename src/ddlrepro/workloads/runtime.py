@@ -6,6 +6,7 @@ and provenance, whatever the launcher (local processes, srun, Kubernetes pods).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -18,7 +19,6 @@ import torch
 import torch.distributed as dist
 
 from ddlrepro.workloads.records import emit
-
 
 
 def _env_int(*names: str, default: int | None = None) -> int:
@@ -109,10 +109,8 @@ class ResourceSampler(threading.Thread):
         }
         if self.ctx.device.type == "cuda":
             values["gpu_memory_bytes"] = float(torch.cuda.memory_allocated(self.ctx.device))
-            try:
+            with contextlib.suppress(ModuleNotFoundError, RuntimeError):
                 values["gpu_utilization_percent"] = float(torch.cuda.utilization(self.ctx.device))
-            except (ModuleNotFoundError, RuntimeError):
-                pass
         return values
 
     def __enter__(self) -> ResourceSampler:

@@ -1,0 +1,24 @@
+# ddlrepro: every enabled figure of the bundled studies, from distributed runs to an HTML report.
+#   snakemake --cores all                      smoke scale on this machine (config/config.yaml)
+#   snakemake --cores all --configfile config/paper.yaml   paper scale
+#   snakemake kungfu_fig9                      one figure (rule names: figure ids with _ for -)
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/runs.smk"
+include: "workflow/rules/tables.smk"
+include: "workflow/rules/figures.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        figure_outputs(ENABLED),
+        "results/report.html",

@@ -1,0 +1,59 @@
+"""Shared analysis and drawing for figures (pandas, seaborn). Imported only when a figure is rendered."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+CONFIDENCE_Z = 1.96
+REFERENCE_STYLE = {"color": "black", "marker": "*", "markersize": 11, "linestyle": "none", "zorder": 5}
+
+
+def throughput_summary(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Per (group, workers): per-worker img/s mean ± 1.96·std over all ranks' iterations, total, efficiency.
+
+    Efficiency is rate_N / (N × rate_1); where a group has no 1-worker point, its smallest worker count stands in
+    for 1 (rate_N / (N/N0 × rate_N0)).
+    """
+    rates = table[table["metric"] == "img_per_sec"]
+    grouped = rates.groupby([*by, "workers"], sort=True)["value"]
+    summary = grouped.agg(per_worker="mean", std=lambda v: v.std(ddof=0), samples="count").reset_index()
+    summary["confidence"] = CONFIDENCE_Z * summary.pop("std")
+    summary["total"] = summary["workers"] * summary["per_worker"]
+    base = summary.loc[summary.groupby(by)["workers"].idxmin(), [*by, "per_worker"]]
+    summary = summary.merge(base.rename(columns={"per_worker": "base_per_worker"}), on=by)
+    summary["ideal_total"] = summary["workers"] * summary.pop("base_per_worker")
+    summary["efficiency"] = summary["total"] / summary["ideal_total"]
+    return summary
+
+
+def new_figure(panels: int, title: str) -> tuple[plt.Figure, list[plt.Axes]]:
+    sns.set_theme(style="whitegrid", context="notebook")
+    figure, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.2), squeeze=False)
+    figure.suptitle(title)
+    return figure, list(axes[0])
+
+
+def workers_axis(axis: plt.Axes, workers: pd.Series) -> None:
+    """Log-2 axis ticked at the measured worker counts."""
+    ticks = sorted(set(int(n) for n in workers))
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(ticks, [str(n) for n in ticks])
+    axis.set_xlabel("workers")
+
+
+def errorbar_lines(axis: plt.Axes, summary: pd.DataFrame, y: str, err: str, hue: str) -> None:
+    for name, rows in summary.groupby(hue, sort=True):
+        axis.errorbar(rows["workers"], rows[y], yerr=rows[err], marker="o", capsize=4, label=str(name))
+
+
+def save(figure: plt.Figure, png: str, pdf: str) -> None:
+    figure.tight_layout()
+    figure.savefig(png, dpi=130)
+    figure.savefig(pdf)
+    plt.close(figure)

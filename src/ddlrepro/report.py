@@ -1,0 +1,50 @@
+"""A self-contained HTML report: every built figure with its caption and summary table, and where it was built."""
+
+from __future__ import annotations
+
+import base64
+import time
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+
+from ddlrepro.config import REPO_ROOT
+from ddlrepro.figures import FIGURES, figure_module
+from ddlrepro.provenance import git_state, host_inventory
+
+CAPTIONS = REPO_ROOT / "workflow" / "report"
+
+
+def figure_entry(figure: str, results: Path) -> dict[str, Any]:
+    summary = pd.read_csv(results / "tables" / f"{figure}.summary.csv")
+    caption = CAPTIONS / f"{figure}.rst"
+    return {
+        "id": figure,
+        "title": figure_module(figure).TITLE,
+        "caption": caption.read_text().strip() if caption.exists() else "",
+        "png": base64.b64encode((results / "figures" / f"{figure}.png").read_bytes()).decode(),
+        "summary": summary.to_html(index=False, float_format=lambda v: f"{v:.3g}", border=0),
+        "runs": sum(1 for _ in (results / "runs" / figure).glob("*/result.json")),
+    }
+
+
+def write_report(out: Path, figures: list[str], scale: str, launcher: str, results: Path = Path("results")) -> None:
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("ddlrepro", "templates"),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+    )
+    meta = {
+        "scale": scale,
+        "launcher": launcher,
+        "git": git_state(),
+        "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "host": host_inventory(),
+    }
+    html = environment.get_template("report.html.j2").render(
+        meta=meta,
+        figures=[figure_entry(figure, results) for figure in figures],
+        disabled=[figure for figure in FIGURES if figure not in figures],
+    )
+    out.write_text(html)

@@ -1,0 +1,40 @@
+# A figure from its tidy table. The figure's module is an input: editing it reruns only this plot.
+
+
+rule plot:
+    input:
+        table="results/tables/{figure}.csv",
+        code=lambda wildcards: figure_source(wildcards.figure),
+    output:
+        png=report(
+            "results/figures/{figure}.png",
+            caption="../report/figure.rst",
+            category="Figures",
+            labels={"figure": "{figure}"},
+        ),
+        pdf="results/figures/{figure}.pdf",
+        summary=report(
+            "results/tables/{figure}.summary.csv",
+            caption="../report/summary.rst",
+            category="Summary tables",
+            labels={"figure": "{figure}"},
+        ),
+    log:
+        "results/logs/plot/{figure}.log",
+    conda:
+        SOFTWARE
+    params:
+        scale=config["scale"],
+    shell:
+        "python -m ddlrepro plot {wildcards.figure} --table {input.table} --png {output.png}"
+        " --pdf {output.pdf} --summary {output.summary} --scale {params.scale} > {log} 2>&1"
+
+
+for figure_id in ENABLED:
+
+    rule:
+        name:
+            figure_id.replace("-", "_")
+        default_target: False
+        input:
+            figure_outputs([figure_id]),
