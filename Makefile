@@ -1,0 +1,45 @@
+# Two commands do everything on a fresh machine:
+#   make reproduce   create the environment if missing, build every enabled figure at smoke scale + the report
+#   make test        create the environment if missing, run the tests
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CORES ?= all
+
+.PHONY: env reproduce test lint format clean benchmarks
+
+env: $(STAMP)
+
+# Recreated only when the pins or the package metadata change.
+$(STAMP): envs/requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -r envs/requirements.txt
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(BIN)/python -c "import ddlrepro, snakemake, torch, pandas, seaborn"
+	touch $(STAMP)
+
+reproduce: env
+	$(BIN)/snakemake --profile profiles/local --cores $(CORES)
+
+test: env
+	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+
+lint: env
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/snakefmt --check Snakefile workflow/rules
+	$(BIN)/snakemake --lint
+
+format: env
+	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/snakefmt Snakefile workflow/rules
+
+benchmarks: env
+	$(BIN)/python benchmarks/harness_fidelity.py
+	$(BIN)/python benchmarks/workflow_overhead.py
+
+clean:
+	rm -rf results .snakemake

@@ -1,0 +1,68 @@
+"""Shared helpers: the repository, tiny points, and running Snakemake on a private copy of the workflow."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddlrepro.points import Point
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+WORKFLOW_PARTS = ["Snakefile", "workflow", "src", "config", "profiles", "envs", "tests/configs"]
+
+
+def tiny_point(workers: int = 2, figure: str = "kungfu-fig9", **params) -> Point:
+    """A throughput point that runs in a few seconds on one core per worker."""
+    defaults = {
+        "model": "resnet20",
+        "batch_size": 8,
+        "warmup_batches": 1,
+        "iterations": 2,
+        "batches_per_iteration": 1,
+        "backend": "auto",
+        "sample_interval_s": 0.2,
+    }
+    return Point(figure, "throughput", workers, 1, {**defaults, **params})
+
+
+@pytest.fixture
+def workflow_copy(tmp_path: Path) -> Path:
+    """A private copy of the workflow, so tests may edit code and config without touching the repository."""
+    for part in WORKFLOW_PARTS:
+        source, target = REPO / part, tmp_path / part
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return tmp_path
+
+
+def snakemake(workdir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Run Snakemake in `workdir` (its own Snakefile) and return the finished process, output captured."""
+    return subprocess.run(
+        [SNAKEMAKE, "--cores", "2", *args],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def planned_jobs(dry_run_output: str) -> dict[str, int]:
+    """The `Job stats` table of a dry run as {rule: count} (empty when there is nothing to do)."""
+    counts: dict[str, int] = {}
+    lines = dry_run_output.splitlines()
+    if "Job stats:" not in lines:
+        return counts
+    for line in lines[lines.index("Job stats:") + 3 :]:
+        parts = line.split()
+        if len(parts) != 2 or parts[0] == "total":
+            break
+        counts[parts[0]] = int(parts[1])
+    return counts

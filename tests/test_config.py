@@ -1,0 +1,92 @@
+"""Configuration: both shipped configs are valid; bad input names its key path before any job starts."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, snakemake
+from ddlrepro.config import CONFIG_SCHEMA, ConfigError, load_config, validate_config
+from ddlrepro.figures import FIGURES, figure_points
+from ddlrepro.models import MODELS
+
+SMOKE = REPO / "config" / "config.yaml"
+PAPER = REPO / "config" / "paper.yaml"
+
+
+@pytest.fixture
+def smoke() -> dict:
+    return load_config(SMOKE)
+
+
+def problems(config: dict) -> str:
+    with pytest.raises(ConfigError) as caught:
+        validate_config(config)
+    return str(caught.value)
+
+
+def test_shipped_configs_are_valid() -> None:
+    load_config(SMOKE)
+    paper = load_config(SMOKE, PAPER)
+    assert paper["scale"] == "paper"
+    assert paper["figures"]["kungfu-fig9"]["workers"] == [1, 2, 4, 8, 16, 32]
+
+
+def test_wrong_type_names_key_path(smoke: dict) -> None:
+    smoke["figures"]["kungfu-fig9"]["batch_size"] = "32"
+    assert "figures.kungfu-fig9.batch_size: '32' is not of type 'integer'" in problems(smoke)
+
+
+def test_wrong_type_in_list_names_index(smoke: dict) -> None:
+    smoke["figures"]["dlaas-scaling"]["workers"] = [1, "two"]
+    assert "figures.dlaas-scaling.workers[1]" in problems(smoke)
+
+
+def test_unknown_keys_are_errors_at_every_level(smoke: dict) -> None:
+    bad = copy.deepcopy(smoke)
+    bad["figures"]["kungfu-fig9"]["batchsize"] = 32
+    bad["launcher"]["cores"] = 4
+    bad["extra"] = True
+    message = problems(bad)
+    assert "figures.kungfu-fig9: unknown key(s) 'batchsize'; allowed: batch_size," in message
+    assert "launcher: unknown key(s) 'cores'" in message
+    assert "<top level>: unknown key(s) 'extra'" in message
+
+
+def test_unknown_model_lists_valid_names(smoke: dict) -> None:
+    smoke["figures"]["kungfu-fig9"]["models"] = ["resnet51"]
+    message = problems(smoke)
+    assert "figures.kungfu-fig9.models[0]: 'resnet51' is not valid; valid values:" in message
+    for name in MODELS:
+        assert name in message
+
+
+def test_schema_model_names_match_the_package() -> None:
+    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
+    assert set(schema["$defs"]["model"]["enum"]) == set(MODELS)
+    assert set(schema["properties"]["figures"]["properties"]) == set(FIGURES)
+
+
+def test_disabled_figure_has_no_points(smoke: dict) -> None:
+    smoke["figures"]["dlaas-scaling"]["enabled"] = False
+    assert list(figure_points(smoke)) == ["kungfu-fig9"]
+
+
+def test_conda_environment_pins_equal_requirements() -> None:
+    requirements = [line for line in (REPO / "envs" / "requirements.txt").read_text().splitlines() if line and not line.startswith("#")]
+    conda = yaml.safe_load((REPO / "envs" / "ddlrepro.yaml").read_text())
+    pip_section = next(entry["pip"] for entry in conda["dependencies"] if isinstance(entry, dict))
+    assert pip_section == requirements
+
+
+def test_snakemake_rejects_bad_config_before_any_job(workflow_copy: Path) -> None:
+    bad = workflow_copy / "bad.yaml"
+    bad.write_text("figures:\n  kungfu-fig9:\n    models: [resnet51]\n    workers: [two]\n")
+    done = snakemake(workflow_copy, "--configfile", str(bad))
+    assert done.returncode != 0
+    assert "figures.kungfu-fig9.models[0]: 'resnet51' is not valid" in done.stderr
+    assert "figures.kungfu-fig9.workers[0]: 'two' is not of type 'integer'" in done.stderr
+    assert not (workflow_copy / "results").exists()

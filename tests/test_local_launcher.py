@@ -1,0 +1,152 @@
+"""Real multi-process torch.distributed runs through the local launcher, and how they fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_point
+from ddlrepro.launchers.base import RunFailed
+from ddlrepro.run import run_point
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("run") / "kungfu-fig9" / "point"
+    run_point(tiny_point(workers=2, iterations=3), run_dir, timeout_s=300)
+    return run_dir
+
+
+def test_run_folder_has_every_file(finished_run: Path) -> None:
+    names = {path.name for path in finished_run.iterdir()}
+    assert names == {"jobspec.json", "log.txt", "metrics.jsonl", "provenance.json", "result.json"}
+
+
+def test_result_follows_the_benchmark_protocol(finished_run: Path) -> None:
+    result = json.loads((finished_run / "result.json").read_text())
+    summary = result["summary"]
+    assert result["status"] == "ok"
+    assert summary["img_per_sec_per_worker"] > 0
+    assert summary["total"] == pytest.approx(2 * summary["img_per_sec_per_worker"])
+    metrics = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
+    rates = [m for m in metrics if m["metric"] == "img_per_sec"]
+    assert sorted((m["rank"], m["iteration"]) for m in rates) == [(r, i) for r in (0, 1) for i in range(3)]
+    rank0 = [m["value"] for m in rates if m["rank"] == 0]
+    mean = sum(rank0) / len(rank0)
+    assert summary["img_per_sec_per_worker"] == pytest.approx(mean)
+    log = (finished_run / "log.txt").read_text()
+    assert f"[rank 0] RESULT: {mean:.2f} +-" in log
+    assert '"np": 2' in log
+
+
+def test_every_rank_samples_its_resources(finished_run: Path) -> None:
+    metrics = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
+    for rank in (0, 1):
+        sampled = {m["metric"] for m in metrics if m["rank"] == rank and m["iteration"] is None}
+        assert {"cpu_percent", "rss_bytes"} <= sampled
+
+
+def test_provenance_records_code_software_hardware(finished_run: Path) -> None:
+    provenance = json.loads((finished_run / "provenance.json").read_text())
+    assert set(provenance["git"]) == {"sha", "dirty"}
+    assert provenance["packages"]["torch"].startswith("2.13.0")
+    assert provenance["torch"]["backend"] == "gloo"
+    assert provenance["launcher_host"]["cpu_count"] >= 1
+    assert provenance["launcher_host"]["cpu_model"]
+    assert len(provenance["hostnames"]) == 1
+    assert [worker["rank"] for worker in provenance["workers"]] == [0, 1]
+    assert all(worker["threads"] == 1 for worker in provenance["workers"])
+    assert provenance["point"]["workers"] == 2
+    assert provenance["jobspec"]["launcher"] == "local"
+
+
+def test_jobspec_is_torchrun_compatible(finished_run: Path) -> None:
+    spec = json.loads((finished_run / "jobspec.json").read_text())
+    envs = [worker["env"] for worker in spec["workers"]]
+    assert [env["RANK"] for env in envs] == ["0", "1"]
+    assert {env["WORLD_SIZE"] for env in envs} == {"2"}
+    assert {env["MASTER_ADDR"] for env in envs} == {"127.0.0.1"}
+    assert {env["OMP_NUM_THREADS"] for env in envs} == {"1"}
+    assert len({env["MASTER_PORT"] for env in envs}) == 1
+
+
+def worker_pids(run_dir: Path) -> dict[int, int]:
+    log = run_dir / "log.txt"
+    pids = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        if '"kind": "worker"' in line:
+            record = json.loads(line.split("DDLREPRO ", 1)[1])
+            pids[record["rank"]] = record["pid"]
+    return pids
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def start_run(point_json: str, run_dir: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "ddlrepro", "run-point", "--point", point_json, "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_killed_worker_fails_the_run_fast_and_cleanly(tmp_path: Path) -> None:
+    point = tiny_point(workers=2, iterations=200, batch_size=4)
+    run_dir = tmp_path / "run"
+    launcher = start_run(point.to_json(), run_dir)
+    pids = wait_for(lambda: len(worker_pids(run_dir)) == 2 and worker_pids(run_dir), 60, "both workers to start")
+    wait_for(lambda: "img_per_sec" in (run_dir / "metrics.jsonl").read_text(), 60, "a first timed iteration")
+    os.kill(pids[1], signal.SIGKILL)
+    killed_at = time.monotonic()
+    _, stderr = launcher.communicate(timeout=30)
+    assert launcher.returncode != 0
+    assert time.monotonic() - killed_at < 10
+    assert "rank 1 was killed by SIGKILL" in stderr
+    assert not (run_dir / "result.json").exists()
+    assert (run_dir / "log.txt").read_text().count("[rank 1]") > 0
+    for pid in pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+    record = run_point(tiny_point(workers=2), run_dir, timeout_s=300)
+    assert record["status"] == "ok"
+    attempts = list((run_dir / "attempts").iterdir())
+    assert len(attempts) == 1
+    assert not (attempts[0] / "result.json").exists()
+    assert (attempts[0] / "log.txt").exists()
+
+
+def test_failing_worker_reports_rank_and_stderr_tail(tmp_path: Path) -> None:
+    point = tiny_point(workers=2, model="no_such_model")
+    with pytest.raises(RunFailed) as caught:
+        run_point(point, tmp_path / "run", timeout_s=120)
+    message = str(caught.value)
+    assert caught.value.rank in (0, 1)
+    assert f"rank {caught.value.rank} exited with code 1" in message
+    assert "unknown model 'no_such_model'" in message
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_timeout_stops_every_worker(tmp_path: Path) -> None:
+    point = tiny_point(workers=2, iterations=10_000, batch_size=4)
+    started = time.monotonic()
+    with pytest.raises(RunFailed, match="timed out after 8 s"):
+        run_point(point, tmp_path / "run", timeout_s=8)
+    assert time.monotonic() - started < 20
+    assert not (tmp_path / "run" / "result.json").exists()
