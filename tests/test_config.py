@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, snakemake
+
 from ddlrepro.config import CONFIG_SCHEMA, ConfigError, load_config, validate_config
 from ddlrepro.figures import FIGURES, figure_points
 from ddlrepro.models import MODELS
@@ -76,7 +76,11 @@ def test_disabled_figure_has_no_points(smoke: dict) -> None:
 
 
 def test_conda_environment_pins_equal_requirements() -> None:
-    requirements = [line for line in (REPO / "envs" / "requirements.txt").read_text().splitlines() if line and not line.startswith("#")]
+    requirements = [
+        line
+        for line in (REPO / "envs" / "requirements.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     conda = yaml.safe_load((REPO / "envs" / "ddlrepro.yaml").read_text())
     pip_section = next(entry["pip"] for entry in conda["dependencies"] if isinstance(entry, dict))
     assert pip_section == requirements

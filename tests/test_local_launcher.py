@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import tiny_point
+
 from ddlrepro.launchers.base import RunFailed
 from ddlrepro.run import run_point
 

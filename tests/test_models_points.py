@@ -1,0 +1,51 @@
+"""Models match their reference definitions; point ids are stable and change only with the run's definition."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import REPO, tiny_point
+
+from ddlrepro.config import load_config
+from ddlrepro.figures import figure_points
+from ddlrepro.models import MODELS, build_model
+
+# torchvision's resnet50 and mobilenet_v2, He et al.'s CIFAR ResNet-20 (0.27 M) and ResNet-56 (0.85 M).
+PARAMETERS = {"resnet50": 25_557_032, "mobilenet_v2": 3_504_872, "resnet20": 272_474, "resnet56": 855_770}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_size_and_output(name: str) -> None:
+    model = build_model(name)
+    assert sum(p.numel() for p in model.parameters()) == PARAMETERS[name]
+    side = 64 if MODELS[name].image_size == 224 else 32
+    with torch.no_grad():
+        logits = model.eval()(torch.randn(2, 3, side, side))
+    assert logits.shape == (2, MODELS[name].num_classes)
+
+
+def test_unknown_model_lists_valid_names() -> None:
+    with pytest.raises(KeyError, match="valid models: mobilenet_v2, resnet20, resnet50, resnet56"):
+        build_model("vgg19")
+
+
+def test_point_id_is_stable_and_readable() -> None:
+    point = tiny_point(workers=2)
+    assert point.id == tiny_point(workers=2).id
+    assert point.id.startswith("resnet20-np2-")
+    assert tiny_point(workers=2, batch_size=16).id != point.id
+    assert tiny_point(workers=2, figure="dlaas-scaling").id == point.id
+
+
+def test_changing_one_parameter_changes_only_affected_points() -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    before = figure_points(config)
+    config["figures"]["dlaas-scaling"]["workers"] = [1, 3]
+    after = figure_points(config)
+    assert after["kungfu-fig9"].keys() == before["kungfu-fig9"].keys()
+    assert len(after["dlaas-scaling"].keys() & before["dlaas-scaling"].keys()) == 1
+
+
+def test_point_round_trips_through_json() -> None:
+    point = tiny_point(workers=3, image_size=24)
+    assert type(point).from_json(point.to_json()) == point

@@ -1,0 +1,91 @@
+"""End to end through Snakemake on a private copy of the workflow: figures, tables, report, incremental reruns,
+single-figure targets, and a worker killed mid-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import SNAKEMAKE, planned_jobs, snakemake
+from test_local_launcher import wait_for, worker_pids
+
+# Extra config files go after TINY's (one --configfile with several files: a second flag would replace the first).
+TINY = ["--configfile", "tests/configs/tiny.yaml"]
+FIGURE_IDS = ["kungfu-fig9", "dlaas-scaling"]
+
+
+@pytest.mark.slow
+def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Path) -> None:
+    built = snakemake(workflow_copy, *TINY)
+    assert built.returncode == 0, built.stderr[-3000:]
+    results = workflow_copy / "results"
+    for figure in FIGURE_IDS:
+        for path in (f"figures/{figure}.png", f"figures/{figure}.pdf", f"tables/{figure}.summary.csv"):
+            assert (results / path).stat().st_size > 0
+
+    table = pd.read_csv(results / "tables" / "kungfu-fig9.csv")
+    rates = table[table["metric"] == "img_per_sec"]
+    assert sorted(rates.groupby("workers")["rank"].nunique().items()) == [(1, 1), (2, 2)]
+    assert len(rates) == (1 + 2) * 2
+    assert {"point_id", "model", "batch_size", "rank", "iteration", "metric", "value"} <= set(table.columns)
+    summary = pd.read_csv(results / "tables" / "dlaas-scaling.summary.csv")
+    assert list(summary["workers"]) == [1, 2]
+    assert summary["efficiency"].iloc[0] == pytest.approx(1.0)
+
+    html = (results / "report.html").read_text()
+    for figure in FIGURE_IDS:
+        assert f'id="{figure}"' in html
+    assert html.count("data:image/png;base64,") == 2
+
+    assert planned_jobs(snakemake(workflow_copy, *TINY, "-n").stdout) == {}
+
+    plot_code = workflow_copy / "src" / "ddlrepro" / "figures" / "kungfu_fig9.py"
+    plot_code.write_text(plot_code.read_text() + "\n# edited\n")
+    assert planned_jobs(snakemake(workflow_copy, *TINY, "-n").stdout) == {"plot": 1, "report": 1, "all": 1}
+    assert snakemake(workflow_copy, *TINY).returncode == 0
+
+    changed = workflow_copy / "changed.yaml"
+    changed.write_text("figures:\n  dlaas-scaling:\n    workers: [1, 3]\n")
+    plan = snakemake(workflow_copy, *TINY, str(changed), "-n").stdout
+    assert planned_jobs(plan) == {"run_point": 1, "tabulate": 1, "plot": 1, "report": 1, "all": 1}
+    assert "results/runs/dlaas-scaling/resnet20-np3-" in plan
+
+    (results / "figures" / "kungfu-fig9.png").unlink()
+    one_figure = snakemake(workflow_copy, "kungfu_fig9", *TINY)
+    assert one_figure.returncode == 0
+    assert planned_jobs(one_figure.stderr) == {"plot": 1, "kungfu_fig9": 1}
+
+
+@pytest.mark.slow
+def test_killed_worker_fails_its_run_and_a_rerun_completes(workflow_copy: Path) -> None:
+    slow = workflow_copy / "slow.yaml"
+    slow.write_text(
+        "figures:\n  kungfu-fig9: {enabled: false}\n  dlaas-scaling: {workers: [2], iterations: 400, batch_size: 4}\n"
+    )
+    args = [SNAKEMAKE, "--cores", "2", *TINY, str(slow)]
+    workflow = subprocess.Popen(args, cwd=workflow_copy, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    runs = workflow_copy / "results" / "runs" / "dlaas-scaling"
+    run_dir = wait_for(lambda: runs.exists() and next(runs.iterdir(), None), 60, "the run folder")
+    pids = wait_for(lambda: len(worker_pids(run_dir)) == 2 and worker_pids(run_dir), 60, "both workers")
+    wait_for(lambda: "img_per_sec" in (run_dir / "metrics.jsonl").read_text(), 60, "a timed iteration")
+    os.kill(pids[1], signal.SIGKILL)
+    workflow.communicate(timeout=60)
+
+    assert workflow.returncode != 0
+    job_log = (workflow_copy / "results" / "logs" / "run_point" / "dlaas-scaling" / f"{run_dir.name}.log").read_text()
+    assert "rank 1 was killed by SIGKILL" in job_log
+    assert not (run_dir / "result.json").exists()
+    assert (run_dir / "log.txt").exists() and (run_dir / "metrics.jsonl").exists()
+    assert not (workflow_copy / "results" / "tables" / "dlaas-scaling.csv").exists()
+
+    rerun = snakemake(workflow_copy, *TINY, str(slow))
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
+    assert len(list((run_dir / "attempts").iterdir())) == 1
+    table = pd.read_csv(workflow_copy / "results" / "tables" / "dlaas-scaling.csv")
+    assert set(table["point_id"]) == {run_dir.name}
