@@ -22,6 +22,7 @@ $(STAMP): envs/requirements.txt pyproject.toml
 
 reproduce: env
 	$(BIN)/snakemake --profile profiles/local --cores $(CORES)
+	$(BIN)/snakemake --profile profiles/local --report results/snakemake-report.html
 
 test: env
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)

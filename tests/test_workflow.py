@@ -41,6 +41,7 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
     for figure in FIGURE_IDS:
         assert f'id="{figure}"' in html
     assert html.count("data:image/png;base64,") == 2
+    assert snakemake(workflow_copy, *TINY, "--report", "results/snakemake-report.html").returncode == 0
 
     assert planned_jobs(snakemake(workflow_copy, *TINY, "-n").stdout) == {}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -39,7 +41,7 @@ def new_figure(panels: int, title: str) -> tuple[plt.Figure, list[plt.Axes]]:
     return figure, list(axes[0])
 
 
-def workers_axis(axis: plt.Axes, workers: pd.Series) -> None:
+def workers_axis(axis: plt.Axes, workers: Iterable[int]) -> None:
     """Log-2 axis ticked at the measured worker counts."""
     ticks = sorted(set(int(n) for n in workers))
     axis.set_xscale("log", base=2)

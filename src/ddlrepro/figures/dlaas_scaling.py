@@ -67,8 +67,9 @@ def plot(table: pd.DataFrame, scale: str) -> tuple[Figure, pd.DataFrame]:
     rate.set_ylabel("images/s (all workers)")
     efficiency.set_ylabel("scaling efficiency  rate_N / (N × rate_1)")
     efficiency.set_ylim(0, 1.1)
+    plotting.workers_axis(rate, summary["workers"])
+    plotting.workers_axis(efficiency, [*summary["workers"], *(n for series in PAPER.values() for n in series)])
     for axis in (rate, efficiency):
-        plotting.workers_axis(axis, summary["workers"])
         axis.legend(fontsize="small")
     columns = ["model", "batch_size", "workers", "total", "per_worker", "confidence", "efficiency"]
     return figure, summary[columns].rename(columns={"total": "images_per_sec"})
