@@ -10,7 +10,7 @@ import pandas as pd
 from ddlrepro.rundir import RESULT
 
 POINT_COLUMNS = ["figure", "point_id", "workload", "workers", "threads_per_worker"]
-RECORD_COLUMNS = ["rank", "iteration", "time", "metric", "value"]
+RECORD_COLUMNS = ["rank", "iteration", "step", "time", "metric", "value"]
 
 
 def run_rows(run_dir: Path) -> pd.DataFrame:
@@ -34,9 +34,9 @@ def run_rows(run_dir: Path) -> pd.DataFrame:
 
 def tidy_table(run_dirs: list[Path]) -> pd.DataFrame:
     table = pd.concat([run_rows(run_dir) for run_dir in run_dirs], ignore_index=True)
-    table["iteration"] = table["iteration"].astype("Int64")
+    table[["iteration", "step"]] = table[["iteration", "step"]].astype("Int64")
     return table.sort_values(["point_id", "metric", "rank", "time"], kind="stable", ignore_index=True)
 
 
 def read_table(path: Path) -> pd.DataFrame:
-    return pd.read_csv(path, dtype={"iteration": "Int64"})
+    return pd.read_csv(path, dtype={"iteration": "Int64", "step": "Int64"})

@@ -20,22 +20,29 @@ def threads_per_worker(launcher: dict[str, Any], workers: int) -> int:
     return max(1, usable_cores() // workers) if setting == "auto" else int(setting)
 
 
+def throughput_point(
+    figure: str, section: dict[str, Any], model: str, workers: int, launcher: dict[str, Any], **extra: Any
+) -> Point:
+    """A throughput run of `model` on `workers` workers with the section's protocol; `extra` adds parameters."""
+    return Point(
+        figure=figure,
+        workload="throughput",
+        workers=workers,
+        threads_per_worker=threads_per_worker(launcher, workers),
+        params={
+            "model": model,
+            **{key: section[key] for key in PROTOCOL_KEYS if key in section},
+            "backend": launcher["backend"],
+            "sample_interval_s": launcher["sample_interval_s"],
+            **extra,
+        },
+    )
+
+
 def throughput_points(figure: str, section: dict[str, Any], models: list[str], launcher: dict[str, Any]) -> list[Point]:
     """One throughput point per (model, number of workers) of a figure's section."""
-    protocol = {key: section[key] for key in PROTOCOL_KEYS if key in section}
     return [
-        Point(
-            figure=figure,
-            workload="throughput",
-            workers=workers,
-            threads_per_worker=threads_per_worker(launcher, workers),
-            params={
-                "model": model,
-                **protocol,
-                "backend": launcher["backend"],
-                "sample_interval_s": launcher["sample_interval_s"],
-            },
-        )
+        throughput_point(figure, section, model, workers, launcher)
         for model in models
         for workers in section["workers"]
     ]

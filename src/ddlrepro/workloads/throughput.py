@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddlrepro.models import MODELS, build_model
+from ddlrepro.monitors import GradientMonitor
 from ddlrepro.workloads.records import emit, say
 from ddlrepro.workloads.runtime import RankContext
 
@@ -68,13 +69,40 @@ def data_parallel(model: nn.Module, ctx: RankContext) -> nn.Module:
     return DistributedDataParallel(model, device_ids=device_ids)
 
 
+def attach_monitor(model: nn.Module, params: dict[str, Any], ctx: RankContext) -> GradientMonitor | None:
+    """The configured online monitor (`monitor`, `monitor_interval`, `noise_scale_alpha`), if any."""
+    kind = params.get("monitor", "none")
+    if kind == "none":
+        return None
+    if not isinstance(model, DistributedDataParallel):
+        raise ValueError(f"monitor {kind!r} needs at least 2 workers: it compares local and all-reduced gradients")
+    monitor = GradientMonitor(
+        kind,
+        params.get("monitor_interval", 1),
+        params["batch_size"],
+        ctx.world_size,
+        params.get("noise_scale_alpha", 0.6),
+    )
+    monitor.attach(model)
+    return monitor
+
+
 def run(params: dict[str, Any], ctx: RankContext) -> None:
     torch.manual_seed(params.get("seed", 0))
     model = build_model(params["model"]).to(ctx.device)
     images, labels = synthetic_batch(
         params["model"], params["batch_size"], params.get("image_size"), ctx.device, seed=ctx.rank
     )
-    step = make_train_step(data_parallel(model, ctx), images, labels)
+    trained = data_parallel(model, ctx)
+    monitor = attach_monitor(trained, params, ctx)
+    train_step = make_train_step(trained, images, labels)
+
+    def step() -> torch.Tensor:
+        loss = train_step()
+        measured = monitor.end_step() if monitor else None
+        if measured:
+            emit("metric", rank=ctx.rank, step=monitor.step - 1, metric=measured[0], value=measured[1])
+        return loss
 
     for _ in range(params["warmup_batches"]):
         step()
@@ -98,6 +126,7 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
             "framework": "torch",
             "np": ctx.world_size,
             "strategy": "RING",
+            "monitor": params.get("monitor", "none"),
             "bs": params["batch_size"],
             "model": params["model"],
         }
