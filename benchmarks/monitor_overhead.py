@@ -54,8 +54,8 @@ def worker(rank: int, port: int, args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     model = build_model(args.model)
     batch = synthetic_batch(args.model, args.batch_size, None, torch.device("cpu"), seed=rank)
-    steps = {setting: trainer(model, setting, batch, args.batch_size) for setting in SETTINGS}
-    rates: dict[str, list[float]] = {setting: [] for setting in SETTINGS}
+    steps = {setting: trainer(model, setting, batch, args.batch_size) for setting in args.settings}
+    rates: dict[str, list[float]] = {setting: [] for setting in args.settings}
     for _ in range(args.rounds):
         for setting, step in steps.items():
             step()
@@ -72,7 +72,7 @@ def worker(rank: int, port: int, args: argparse.Namespace) -> None:
 def report(rates: dict[str, list[float]], args: argparse.Namespace) -> None:
     baseline = statistics.median(rates["none"])
     print(f"model {args.model}, batch {args.batch_size}, {WORLD} workers x 1 thread, gloo, {args.rounds} rounds")
-    for setting in SETTINGS:
+    for setting in args.settings:
         rate = statistics.median(rates[setting])
         overhead = 100 * (1 - rate / baseline)
         target = f"  (target <= {TARGETS[setting]:g} %)" if setting in TARGETS else ""
@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--settings", nargs="+", default=SETTINGS, help="none first: the baseline")
     args = parser.parse_args()
     mp.spawn(worker, args=(free_loopback_port(), args), nprocs=WORLD, join=True)
 

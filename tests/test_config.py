@@ -70,9 +70,30 @@ def test_schema_model_names_match_the_package() -> None:
     assert set(schema["properties"]["figures"]["properties"]) == set(FIGURES)
 
 
+def test_monitor_settings_are_checked(smoke: dict) -> None:
+    smoke["figures"]["kungfu-fig8"]["workers"] = 1
+    smoke["figures"]["kungfu-fig8"]["monitors"] = ["none", "variance@0", "curvature@1"]
+    message = problems(smoke)
+    assert "figures.kungfu-fig8.workers: 1 is less than the minimum of 2" in message
+    assert "figures.kungfu-fig8.monitors[1]: 'variance@0' does not match" in message
+    assert "figures.kungfu-fig8.monitors[2]" in message
+
+
+def test_monitor_settings_become_points(smoke: dict) -> None:
+    points = list(figure_points(smoke)["kungfu-fig8"].values())
+    assert [(p.params["monitor"], p.params.get("monitor_interval")) for p in points] == [
+        ("none", None),
+        ("noise-scale", 1),
+        ("noise-scale", 8),
+        ("variance", 1),
+        ("variance", 8),
+    ]
+    assert {p.workers for p in points} == {2}
+
+
 def test_disabled_figure_has_no_points(smoke: dict) -> None:
     smoke["figures"]["dlaas-scaling"]["enabled"] = False
-    assert list(figure_points(smoke)) == ["kungfu-fig9"]
+    assert list(figure_points(smoke)) == ["kungfu-fig8", "kungfu-fig9"]
 
 
 def test_conda_environment_pins_equal_requirements() -> None:

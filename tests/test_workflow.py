@@ -16,7 +16,7 @@ from test_local_launcher import wait_for, worker_pids
 
 # Extra config files go after TINY's (one --configfile with several files: a second flag would replace the first).
 TINY = ["--configfile", "tests/configs/tiny.yaml"]
-FIGURE_IDS = ["kungfu-fig9", "dlaas-scaling"]
+FIGURE_IDS = ["kungfu-fig8", "kungfu-fig9", "dlaas-scaling"]
 
 
 @pytest.mark.slow
@@ -40,7 +40,12 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
     html = (results / "report.html").read_text()
     for figure in FIGURE_IDS:
         assert f'id="{figure}"' in html
-    assert html.count("data:image/png;base64,") == 2
+    assert html.count("data:image/png;base64,") == 3
+    monitored = pd.read_csv(results / "tables" / "kungfu-fig8.csv")
+    assert set(monitored.loc[monitored["metric"] == "gradient_variance", "step"]) == {0, 2, 4}
+    assert len(monitored[monitored["metric"] == "noise_scale"]) == 2 * 5
+    overheads = pd.read_csv(results / "tables" / "kungfu-fig8.summary.csv")
+    assert list(overheads["setting"]) == ["none", "noise-scale@1", "variance@2"]
     assert snakemake(workflow_copy, *TINY, "--report", "results/snakemake-report.html").returncode == 0
 
     assert planned_jobs(snakemake(workflow_copy, *TINY, "-n").stdout) == {}
