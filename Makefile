@@ -41,6 +41,7 @@ format: env
 benchmarks: env
 	$(BIN)/python benchmarks/harness_fidelity.py
 	$(BIN)/python benchmarks/workflow_overhead.py
+	$(BIN)/python benchmarks/monitor_overhead.py
 
 clean:
 	rm -rf results .snakemake
