@@ -21,4 +21,9 @@ rule all:
     default_target: True
     input:
         figure_outputs(ENABLED),
+        "results/checks.tsv",
         "results/report.html",
+
+
+onstart:
+    record_invocation(config, Path("results/provenance"))

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 from ddlrepro.config import ConfigError, load_config
 from ddlrepro.launchers.base import RunFailed
 from ddlrepro.points import Point
+from ddlrepro.redaction import redact
 
 
 def _exit_on_sigterm() -> None:
@@ -25,7 +28,7 @@ def cmd_run_point(args: argparse.Namespace) -> None:
     try:
         record = run_point(point, Path(args.run_dir), args.launcher, args.timeout)
     except RunFailed as failure:
-        sys.exit(f"run {point.figure}/{point.id} failed: {failure}\nlogs kept in {args.run_dir}")
+        sys.exit(redact(f"run {point.figure}/{point.id} failed: {failure}\nlogs kept in {args.run_dir}"))
     print(f"run {point.figure}/{point.id} ok in {record['duration_s']:.1f} s: {record['summary']}")
 
 
@@ -38,15 +41,79 @@ def cmd_tabulate(args: argparse.Namespace) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> None:
+    from ddlrepro.checks import load_references
     from ddlrepro.figures import render_figure
 
-    render_figure(args.figure, Path(args.table), Path(args.png), Path(args.pdf), Path(args.summary), args.scale)
+    references = load_references(Path(args.references)).get(args.figure, [])
+    render_figure(
+        args.figure, Path(args.table), Path(args.png), Path(args.pdf), Path(args.summary), args.scale, references
+    )
+
+
+def cmd_check(args: argparse.Namespace) -> None:
+    import pandas as pd
+
+    from ddlrepro.checks import check_figure, load_references
+
+    references = load_references(Path(args.references)).get(args.figure, [])
+    checks = check_figure(args.figure, pd.read_csv(args.summary), references, args.scale)
+    checks.to_csv(args.out, sep="\t", index=False)
+    print(f"{args.figure}: " + ", ".join(f"{n} {s}" for s, n in checks["status"].value_counts().items()))
+
+
+def cmd_collect_checks(args: argparse.Namespace) -> None:
+    import pandas as pd
+
+    tables = [pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False) for path in args.checks]
+    pd.concat(tables, ignore_index=True).to_csv(args.out, sep="\t", index=False)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
     from ddlrepro.report import write_report
 
     write_report(Path(args.out), args.figures, args.scale, args.launcher, Path(args.results))
+
+
+def cmd_bundle(args: argparse.Namespace) -> None:
+    from ddlrepro.bundle import create_bundle
+    from ddlrepro.config import REPO_ROOT
+
+    run_dirs = [Path(path).parent for path in args.runs]
+    config = json.loads(args.config_json)
+    out = create_bundle(
+        Path(args.out), Path(args.results), args.figures, run_dirs, config, Path(args.references), REPO_ROOT
+    )
+    print(f"{out}: {len(run_dirs)} runs, figures {', '.join(args.figures)}")
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    from ddlrepro.bundle import verify_bundle
+
+    problems = verify_bundle(Path(args.bundle), render=not args.hashes_only)
+    if problems:
+        sys.exit(f"{args.bundle} does NOT verify:\n" + "\n".join(f"  - {problem}" for problem in problems))
+    print(
+        f"{args.bundle} verifies: every hash matches"
+        + ("" if args.hashes_only else ", every figure re-renders the same")
+    )
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    from ddlrepro.compare import compare_environments
+
+    environments = dict(parse_environment(text) for text in args.env)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png, csv = out_dir / f"{args.figure}.png", out_dir / f"{args.figure}.csv"
+    merged = compare_environments(args.figure, environments, png, csv)
+    print(f"{png}, {csv}: {len(merged)} rows from {', '.join(environments)}")
+
+
+def parse_environment(text: str) -> tuple[str, Path]:
+    name, separator, source = text.partition("=")
+    if not separator or not name or not source:
+        raise SystemExit(f"--env takes NAME=RESULTS_FOLDER_OR_BUNDLE, got {text!r}")
+    return name, Path(source)
 
 
 def cmd_validate(args: argparse.Namespace) -> None:
@@ -77,7 +144,21 @@ def parser() -> argparse.ArgumentParser:
     plot.add_argument("--pdf", required=True)
     plot.add_argument("--summary", required=True)
     plot.add_argument("--scale", default="smoke", help="paper scale also draws the papers' absolute numbers")
+    plot.add_argument("--references", required=True, help="references.yaml: what the figure draws in")
     plot.set_defaults(handler=cmd_plot)
+
+    check = commands.add_parser("check", help="check a figure's summary table against the papers")
+    check.add_argument("figure")
+    check.add_argument("--summary", required=True)
+    check.add_argument("--references", required=True)
+    check.add_argument("--scale", required=True)
+    check.add_argument("--out", required=True, help="TSV of the figure's checks")
+    check.set_defaults(handler=cmd_check)
+
+    collect = commands.add_parser("collect-checks", help="concatenate per-figure check tables")
+    collect.add_argument("checks", nargs="+")
+    collect.add_argument("--out", required=True)
+    collect.set_defaults(handler=cmd_collect_checks)
 
     report = commands.add_parser("report", help="self-contained HTML report of the built figures")
     report.add_argument("--out", required=True)
@@ -86,6 +167,26 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--launcher", default="local")
     report.add_argument("figures", nargs="+", help="ids of the built figures")
     report.set_defaults(handler=cmd_report)
+
+    bundle = commands.add_parser("bundle", help="pack results, code and config into a verifiable tarball")
+    bundle.add_argument("--out", required=True)
+    bundle.add_argument("--results", default="results")
+    bundle.add_argument("--figures", nargs="+", required=True)
+    bundle.add_argument("--runs", nargs="+", required=True, help="result.json of every run to include")
+    bundle.add_argument("--config-json", required=True, help="the configuration as used")
+    bundle.add_argument("--references", required=True)
+    bundle.set_defaults(handler=cmd_bundle)
+
+    verify = commands.add_parser("verify", help="check a bundle's hashes and re-render its figures")
+    verify.add_argument("bundle")
+    verify.add_argument("--hashes-only", action="store_true", help="skip re-rendering the figures")
+    verify.set_defaults(handler=cmd_verify)
+
+    compare = commands.add_parser("compare", help="one figure across environments (results folders or bundles)")
+    compare.add_argument("figure")
+    compare.add_argument("--env", action="append", required=True, help="NAME=RESULTS_FOLDER_OR_BUNDLE, twice or more")
+    compare.add_argument("--out-dir", default="results/compare")
+    compare.set_defaults(handler=cmd_compare)
 
     validate = commands.add_parser("validate", help="check config files (merged in order) against the schema")
     validate.add_argument("configs", nargs="+")
@@ -98,7 +199,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args.handler(args)
     except ConfigError as error:
-        sys.exit(str(error))
+        sys.exit(redact(str(error)))
+    except Exception:
+        sys.exit(redact(traceback.format_exc()))
 
 
 if __name__ == "__main__":

@@ -47,20 +47,27 @@ def _property_names(subschema: dict[str, Any], schema: dict[str, Any]) -> set[st
     return names
 
 
-def validate_config(config: dict[str, Any], schema_path: Path = CONFIG_SCHEMA) -> None:
-    """Raise ConfigError listing every schema violation in `config`, each with its key path."""
+def validate_against(instance: Any, schema_path: Path, name: str) -> None:
+    """Raise ConfigError listing every violation of the schema in `instance` (`name`: the file, for the message)."""
     schema = yaml.safe_load(schema_path.read_text())
     validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    errors = sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         lines = "\n".join(f"  - {describe(leaf, schema)}" for error in errors for leaf in _leaves(error))
-        raise ConfigError(f"invalid configuration ({schema_path.name}):\n{lines}")
+        raise ConfigError(f"invalid {name} (schema {schema_path.name}):\n{lines}")
+
+
+def validate_config(config: dict[str, Any], schema_path: Path = CONFIG_SCHEMA) -> None:
+    """Raise ConfigError listing every schema violation in `config`, each with its key path."""
+    validate_against(config, schema_path, "configuration")
 
 
 def _leaves(error: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:
     """For allOf/anyOf errors report the specific failing sub-errors, not the umbrella."""
     if error.validator == "allOf" and error.context:
         return [leaf for sub in error.context for leaf in _leaves(sub)]
+    if error.validator in ("oneOf", "anyOf") and error.context and "description" not in error.schema:
+        return _leaves(jsonschema.exceptions.best_match(error.context))
     return [error]
 
 

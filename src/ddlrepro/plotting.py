@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import matplotlib
 
@@ -32,6 +33,20 @@ def throughput_summary(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     summary["ideal_total"] = summary["workers"] * summary.pop("base_per_worker")
     summary["efficiency"] = summary["total"] / summary["ideal_total"]
     return summary
+
+
+def drawn_references(references: list[dict[str, Any]], column: str, key: str, scale: str) -> pd.DataFrame:
+    """The references to draw on a panel of `column`: (series, the `key` of their selector, value).
+
+    References with a `series` label are drawn; those with a unit (absolute numbers of the papers' hardware) only
+    at paper scale, unitless ones (efficiencies, ratios) at every scale.
+    """
+    rows = [
+        {"series": r["series"], key: r["measured"].get("where", {}).get(key), "value": r["value"]}
+        for r in references
+        if "series" in r and r["measured"]["column"] == column and (scale == "paper" or "unit" not in r)
+    ]
+    return pd.DataFrame(rows, columns=["series", key, "value"])
 
 
 def new_figure(panels: int, title: str) -> tuple[plt.Figure, list[plt.Axes]]:

@@ -7,6 +7,7 @@ import platform
 import socket
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -92,3 +93,39 @@ def run_provenance(
         "jobspec": jobspec,
         "point": point,
     }
+
+
+def profile_from_command(argv: list[str]) -> str | None:
+    """The Snakemake profile named on the command line (--profile or --workflow-profile), else SNAKEMAKE_PROFILE."""
+    for flag in ("--profile", "--workflow-profile"):
+        for index, argument in enumerate(argv):
+            if argument == flag and index + 1 < len(argv):
+                return argv[index + 1]
+            if argument.startswith(flag + "="):
+                return argument.split("=", 1)[1]
+    return os.environ.get("SNAKEMAKE_PROFILE")
+
+
+def invocation_provenance(config: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    """One workflow invocation: Snakemake, the command and profile, the config as used, code, software, host."""
+    return {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "snakemake": package_versions(["snakemake"])["snakemake"],
+        "command": argv,
+        "profile": profile_from_command(argv),
+        "config": config,
+        "git": git_state(),
+        "python": sys.version.split()[0],
+        "packages": package_versions(),
+        "host": host_inventory(),
+    }
+
+
+def record_invocation(config: dict[str, Any], folder: Path) -> Path:
+    """Write this invocation's provenance as `invocation-<UTC time>.json` under `folder` (secrets redacted)."""
+    from ddlrepro.rundir import write_json_atomic
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"invocation-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.json"
+    write_json_atomic(path, invocation_provenance(config, sys.argv))
+    return path

@@ -1,4 +1,5 @@
-"""A self-contained HTML report: every built figure with its caption and summary table, and where it was built."""
+"""A self-contained HTML report: a summary of the checks against the papers, then every built figure with its
+caption, summary table and checks, and where it was built."""
 
 from __future__ import annotations
 
@@ -13,12 +14,17 @@ import pandas as pd
 from ddlrepro.config import REPO_ROOT
 from ddlrepro.figures import FIGURES, figure_module
 from ddlrepro.provenance import git_state, host_inventory
+from ddlrepro.redaction import redact
 
 CAPTIONS = REPO_ROOT / "workflow" / "report"
 
 
-def figure_entry(figure: str, results: Path) -> dict[str, Any]:
+CHECK_COLUMNS = ["check", "status", "measured", "reference", "unit", "reason", "claim"]
+
+
+def figure_entry(figure: str, results: Path, checks: pd.DataFrame) -> dict[str, Any]:
     summary = pd.read_csv(results / "tables" / f"{figure}.summary.csv")
+    own_checks = checks[checks["figure"] == figure]
     caption = CAPTIONS / f"{figure}.rst"
     return {
         "id": figure,
@@ -26,6 +32,7 @@ def figure_entry(figure: str, results: Path) -> dict[str, Any]:
         "caption": caption.read_text().strip() if caption.exists() else "",
         "png": base64.b64encode((results / "figures" / f"{figure}.png").read_bytes()).decode(),
         "summary": summary.to_html(index=False, float_format=lambda v: f"{v:.3g}", border=0),
+        "checks": own_checks[CHECK_COLUMNS].to_dict("records"),
         "runs": sum(1 for _ in (results / "runs" / figure).glob("*/result.json")),
     }
 
@@ -42,9 +49,12 @@ def write_report(out: Path, figures: list[str], scale: str, launcher: str, resul
         "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "host": host_inventory(),
     }
+    checks = pd.read_csv(results / "checks.tsv", sep="\t", dtype=str, keep_default_na=False)
     html = environment.get_template("report.html.j2").render(
         meta=meta,
-        figures=[figure_entry(figure, results) for figure in figures],
+        counts=checks["status"].value_counts().to_dict(),
+        failed=checks[checks["status"] == "fail"].to_dict("records"),
+        figures=[figure_entry(figure, results, checks) for figure in figures],
         disabled=[figure for figure in FIGURES if figure not in figures],
     )
-    out.write_text(html)
+    out.write_text(redact(html))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlrepro.points import Point
+from ddlrepro.redaction import redact, secret_values
 from ddlrepro.workloads.records import RECORD_PREFIX
 
 RESULT = "result.json"
@@ -30,12 +31,13 @@ STDERR_TAIL_LINES = 20
 
 
 def write_json_atomic(path: Path, value: Any) -> None:
-    """Write JSON so that readers see either the old file or the whole new one, never a partial file."""
+    """Write JSON (secrets redacted) so that readers see either the old file or the whole new one, never a part."""
+    text = redact(json.dumps(value, indent=2, sort_keys=True)) + "\n"
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
-        json.dump(value, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+        handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
+    os.chmod(handle.name, 0o644)
     os.replace(handle.name, path)
 
 
@@ -63,8 +65,11 @@ class OutputCollector:
         self.result: dict[str, Any] | None = None
         self._stderr: dict[int, deque[str]] = {}
         self._lock = threading.Lock()
+        self._secrets = secret_values()
 
     def add_line(self, rank: int, stream: str, line: str) -> None:
+        """File one line a rank printed, secrets redacted."""
+        line = redact(line, self._secrets)
         with self._lock:
             self.log.write(f"[rank {rank}{' stderr' if stream == 'stderr' else ''}] {line}\n")
             if stream == "stderr":

@@ -1,4 +1,5 @@
 # Configuration validation and point expansion: runs before any job, so bad input never starts one.
+import json
 import shlex
 import sys
 
@@ -10,8 +11,11 @@ from ddlrepro.jobenv import expose_to_jobs
 
 expose_to_jobs(Path(workflow.basedir) / "src")
 
+from ddlrepro.checks import load_references
 from ddlrepro.config import ConfigError, validate_config
+from ddlrepro.bundle import bundle_name
 from ddlrepro.figures import FIGURES, enabled_figures, figure_points, figure_source
+from ddlrepro.provenance import git_state, record_invocation
 
 try:
     validate_config(
@@ -23,6 +27,7 @@ except ConfigError as error:
 SOFTWARE = "../../envs/ddlrepro.yaml"
 ENABLED = enabled_figures(config)
 POINTS = figure_points(config)
+BUNDLE = f"results/bundle/{bundle_name(git_state(Path(workflow.basedir)))}.tar.gz"
 
 
 wildcard_constraints:
@@ -39,6 +44,14 @@ def lookup_point(wildcards):
         ) from None
 
 
+def all_point_results(figures):
+    return [
+        f"results/runs/{figure}/{point}/result.json"
+        for figure in figures
+        for point in POINTS[figure]
+    ]
+
+
 def run_threads(wildcards):
     """Cores a run reserves: its workers' threads, or all of them when runs must not share the machine."""
     point = lookup_point(wildcards)
@@ -51,6 +64,10 @@ def point_results(wildcards):
         f"results/runs/{wildcards.figure}/{point}/result.json"
         for point in POINTS[wildcards.figure]
     ]
+
+
+def figure_checks(figures):
+    return [f"results/checks/{figure}.tsv" for figure in figures]
 
 
 def figure_outputs(figures):

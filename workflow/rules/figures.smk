@@ -4,6 +4,7 @@
 rule plot:
     input:
         table="results/tables/{figure}.csv",
+        references=config["references"],
         code=lambda wildcards: figure_source(wildcards.figure),
     output:
         png=report(
@@ -27,7 +28,8 @@ rule plot:
         scale=config["scale"],
     shell:
         "python -m ddlrepro plot {wildcards.figure} --table {input.table} --png {output.png}"
-        " --pdf {output.pdf} --summary {output.summary} --scale {params.scale} > {log} 2>&1"
+        " --pdf {output.pdf} --summary {output.summary} --scale {params.scale}"
+        " --references {input.references} > {log} 2>&1"
 
 
 for figure_id in ENABLED:
@@ -38,3 +40,4 @@ for figure_id in ENABLED:
         default_target: False
         input:
             figure_outputs([figure_id]),
+            figure_checks([figure_id]),

@@ -1,9 +1,40 @@
-# The HTML report of every enabled figure (also: `snakemake --report` for Snakemake's own report).
+# Checks against the papers, the HTML report of every enabled figure, and the bundle.
+
+
+rule check_figure:
+    input:
+        summary="results/tables/{figure}.summary.csv",
+        references=config["references"],
+    output:
+        "results/checks/{figure}.tsv",
+    log:
+        "results/logs/check_figure/{figure}.log",
+    conda:
+        SOFTWARE
+    params:
+        scale=config["scale"],
+    shell:
+        "python -m ddlrepro check {wildcards.figure} --summary {input.summary} --references {input.references}"
+        " --scale {params.scale} --out {output} > {log} 2>&1"
+
+
+rule collect_checks:
+    input:
+        figure_checks(ENABLED),
+    output:
+        report("results/checks.tsv", caption="../report/checks.rst", category="Checks"),
+    log:
+        "results/logs/collect_checks.log",
+    conda:
+        SOFTWARE
+    shell:
+        "python -m ddlrepro collect-checks {input} --out {output} > {log} 2>&1"
 
 
 rule report:
     input:
         figure_outputs(ENABLED),
+        checks="results/checks.tsv",
     output:
         "results/report.html",
     log:
@@ -17,3 +48,25 @@ rule report:
     shell:
         "python -m ddlrepro report {params.figures} --out {output} --scale {params.scale}"
         " --launcher {params.launcher} > {log} 2>&1"
+
+
+rule bundle:
+    input:
+        "results/report.html",
+        "results/checks.tsv",
+        figure_outputs(ENABLED),
+        figure_checks(ENABLED),
+        references=config["references"],
+        runs=all_point_results(ENABLED),
+    output:
+        BUNDLE,
+    log:
+        "results/logs/bundle.log",
+    conda:
+        SOFTWARE
+    params:
+        figures=" ".join(ENABLED),
+        config=shlex.quote(json.dumps(config)),
+    shell:
+        "python -m ddlrepro bundle --out {output} --figures {params.figures} --runs {input.runs}"
+        " --config-json {params.config} --references {input.references} > {log} 2>&1"

@@ -44,10 +44,12 @@ def figure_source(figure: str) -> list[str]:
     return [str(here / f"{FIGURES[figure].rsplit('.', 1)[1]}.py"), str(here.parent / "plotting.py")]
 
 
-def render_figure(figure: str, table: Path, png: Path, pdf: Path, summary: Path, scale: str) -> None:
+def render_figure(
+    figure: str, table: Path, png: Path, pdf: Path, summary: Path, scale: str, references: list[dict[str, Any]]
+) -> None:
     from ddlrepro import plotting
     from ddlrepro.tables import read_table
 
-    drawing, summary_table = figure_module(figure).plot(read_table(table), scale)
+    drawing, summary_table = figure_module(figure).plot(read_table(table), scale, references)
     plotting.save(drawing, str(png), str(pdf))
     summary_table.to_csv(summary, index=False)

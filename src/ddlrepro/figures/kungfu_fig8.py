@@ -19,8 +19,6 @@ if TYPE_CHECKING:
 ID = "kungfu-fig8"
 TITLE = "KungFu Fig 8: throughput cost of online monitoring"
 
-# 4 workers, ResNet-50, batch 8: per-worker img/s with the monitor ÷ without (30.5 img/s).
-PAPER_RATIO = {"noise-scale@1": 29.1 / 30.5, "variance@1": 24.3 / 30.5, "variance@8": 29.6 / 30.5}
 MONITORED_METRICS = {"noise-scale": "noise_scale", "variance": "gradient_variance"}
 
 
@@ -52,7 +50,7 @@ def setting_labels(table: pd.DataFrame) -> pd.Series:
     return table["monitor"].where(table["monitor"] == "none", table["monitor"] + "@" + interval)
 
 
-def plot(table: pd.DataFrame, scale: str) -> tuple[Figure, pd.DataFrame]:
+def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
     from ddlrepro import plotting
 
     table = table.assign(setting=setting_labels(table))
@@ -63,7 +61,9 @@ def plot(table: pd.DataFrame, scale: str) -> tuple[Figure, pd.DataFrame]:
     summary = plotting.throughput_summary(table, by=["setting"]).set_index("setting").loc[order].reset_index()
     baseline = summary.set_index("setting")["per_worker"].get("none")
     summary["overhead_percent"] = 100 * (1 - summary["per_worker"] / baseline) if baseline else float("nan")
-    summary["paper_ratio"] = summary["setting"].map(PAPER_RATIO)
+    summary["measured_ratio"] = summary["per_worker"] / baseline if baseline else float("nan")
+    paper_ratios = plotting.drawn_references(references, "measured_ratio", "setting", scale)
+    summary["paper_ratio"] = summary["setting"].map(paper_ratios.set_index("setting")["value"])
 
     figure, (rates, noise, variance) = plotting.new_figure(3, TITLE)
     positions = range(len(summary))
@@ -101,7 +101,5 @@ def plot(table: pd.DataFrame, scale: str) -> tuple[Figure, pd.DataFrame]:
             axis.text(0.5, 0.5, f"no {monitor} point configured", ha="center", transform=axis.transAxes)
         else:
             axis.legend(fontsize="small")
-    columns = ["setting", "workers", "per_worker", "confidence", "overhead_percent", "paper_ratio"]
-    return figure, summary.assign(measured_ratio=summary["per_worker"] / baseline if baseline else float("nan"))[
-        [*columns, "measured_ratio"]
-    ]
+    columns = ["setting", "workers", "per_worker", "confidence", "overhead_percent", "measured_ratio", "paper_ratio"]
+    return figure, summary[columns]

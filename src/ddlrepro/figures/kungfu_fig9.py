@@ -18,26 +18,20 @@ if TYPE_CHECKING:
 ID = "kungfu-fig9"
 TITLE = "KungFu Fig 9: training throughput vs number of workers"
 
-# Paper scale only (32 K80 GPUs, ResNet-50, batch 32): per-worker img/s, mean ± 1.96·std.
-PAPER_PER_WORKER = {"KungFu (paper)": (32, 43.4, 1.2), "Horovod (paper)": (32, 12.7, 0.7)}
-
 
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     return throughput_points(ID, section, section["models"], launcher)
 
 
-def plot(table: pd.DataFrame, scale: str) -> tuple[Figure, pd.DataFrame]:
+def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
     from ddlrepro import plotting
 
     summary = plotting.throughput_summary(table, by=["model"])
     figure, (per_worker, total) = plotting.new_figure(2, TITLE)
 
     plotting.errorbar_lines(per_worker, summary, "per_worker", "confidence", hue="model")
-    if scale == "paper":
-        for label, (workers, value, confidence) in PAPER_PER_WORKER.items():
-            per_worker.errorbar(
-                [workers], [value], yerr=[confidence], label=label, capsize=4, **plotting.REFERENCE_STYLE
-            )
+    for series, rows in plotting.drawn_references(references, "per_worker", "workers", scale).groupby("series"):
+        per_worker.plot(rows["workers"], rows["value"], label=series, **plotting.REFERENCE_STYLE)
     per_worker.set_ylabel("images/s per worker (mean ± 1.96·std)")
     per_worker.set_ylim(bottom=0)
     per_worker.legend(title="model")
