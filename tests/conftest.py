@@ -30,17 +30,27 @@ def tiny_point(workers: int = 2, figure: str = "kungfu-fig9", **params) -> Point
     return Point(figure, "throughput", workers, 1, {**defaults, **params})
 
 
+def copy_workflow(target: Path, commit: bool = False) -> Path:
+    """A private copy of the workflow (optionally a git repository with one commit, as a user's clone is)."""
+    for part in WORKFLOW_PARTS:
+        source, destination = REPO / part, target / part
+        if source.is_dir():
+            shutil.copytree(source, destination, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination)
+    if commit:
+        git = ["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid", "-C", str(target)]
+        (target / ".gitignore").write_text("results/\n.snakemake/\n")
+        for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "copy"]):
+            subprocess.run([*git, *command], check=True, capture_output=True)
+    return target
+
+
 @pytest.fixture
 def workflow_copy(tmp_path: Path) -> Path:
     """A private copy of the workflow, so tests may edit code and config without touching the repository."""
-    for part in WORKFLOW_PARTS:
-        source, target = REPO / part, tmp_path / part
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target)
-    return tmp_path
+    return copy_workflow(tmp_path)
 
 
 def snakemake(workdir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

@@ -52,19 +52,20 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
 
     plot_code = workflow_copy / "src" / "ddlrepro" / "figures" / "kungfu_fig9.py"
     plot_code.write_text(plot_code.read_text() + "\n# edited\n")
-    assert planned_jobs(snakemake(workflow_copy, *TINY, "-n").stdout) == {"plot": 1, "report": 1, "all": 1}
+    downstream_of_one_plot = {"plot": 1, "check_figure": 1, "collect_checks": 1, "report": 1, "all": 1}
+    assert planned_jobs(snakemake(workflow_copy, *TINY, "-n").stdout) == downstream_of_one_plot
     assert snakemake(workflow_copy, *TINY).returncode == 0
 
     changed = workflow_copy / "changed.yaml"
     changed.write_text("figures:\n  dlaas-scaling:\n    workers: [1, 3]\n")
     plan = snakemake(workflow_copy, *TINY, str(changed), "-n").stdout
-    assert planned_jobs(plan) == {"run_point": 1, "tabulate": 1, "plot": 1, "report": 1, "all": 1}
+    assert planned_jobs(plan) == {"run_point": 1, "tabulate": 1, **downstream_of_one_plot}
     assert "results/runs/dlaas-scaling/resnet20-np3-" in plan
 
     (results / "figures" / "kungfu-fig9.png").unlink()
     one_figure = snakemake(workflow_copy, "kungfu_fig9", *TINY)
     assert one_figure.returncode == 0
-    assert planned_jobs(one_figure.stderr) == {"plot": 1, "kungfu_fig9": 1}
+    assert planned_jobs(one_figure.stderr) == {"plot": 1, "check_figure": 1, "kungfu_fig9": 1}
 
 
 @pytest.mark.slow

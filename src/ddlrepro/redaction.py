@@ -16,13 +16,13 @@ SECRET_NAME = re.compile(
     r"|^(AWS|AZURE|GOOGLE|GCP|GCLOUD|ALIBABA|ALICLOUD|IBM|COS|OCI|DO|DIGITALOCEAN|HF|HUGGING_FACE|WANDB|MLFLOW)_",
     re.IGNORECASE,
 )
-NOT_SECRET_NAME = re.compile(r"^(AWS_REGION|AWS_DEFAULT_REGION|AWS_PROFILE|AZURE_LOCATION)$", re.IGNORECASE)
+NOT_SECRET_NAME = re.compile(r"(_REGION|_PROFILE|_LOCATION|_CA_BUNDLE|_ENDPOINT_URL)$", re.IGNORECASE)
 MIN_SECRET_LENGTH = 6
 MARKER = "[REDACTED]"
 
 
 def looks_secret(name: str) -> bool:
-    return bool(SECRET_NAME.search(name)) and not NOT_SECRET_NAME.match(name)
+    return bool(SECRET_NAME.search(name)) and not NOT_SECRET_NAME.search(name)
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
