@@ -25,7 +25,7 @@ def run_point(point: Point, run_dir: Path, launcher_name: str = "local", timeout
     launcher = get_launcher(launcher_name)
     run_dir.mkdir(parents=True, exist_ok=True)
     set_aside_previous_attempt(run_dir)
-    spec = launcher.render(point, timeout_s)
+    spec = launcher.render(point, timeout_s, run_dir)
     write_json_atomic(run_dir / "jobspec.json", spec.to_dict())
     started = time.time()
     with OutputCollector(run_dir) as output:

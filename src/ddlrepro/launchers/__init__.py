@@ -1,4 +1,4 @@
-"""Launchers turn a point into a job: `render(point, timeout_s) -> JobSpec` and `execute(spec, output)`."""
+"""Launchers turn a point into a job: `render(point, timeout_s, run_dir) -> JobSpec` and `execute(spec, output)`."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
 from ddlrepro.points import Point
@@ -30,7 +31,7 @@ def free_loopback_port() -> int:
         return probe.getsockname()[1]
 
 
-def render(point: Point, timeout_s: float) -> JobSpec:
+def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
     """The exact commands and environment each worker will get (no process is started)."""
     port = free_loopback_port()
     workers = []
@@ -44,6 +45,7 @@ def render(point: Point, timeout_s: float) -> JobSpec:
             "LOCAL_WORLD_SIZE": str(point.workers),
             "OMP_NUM_THREADS": str(point.threads_per_worker),
             "PYTHONUNBUFFERED": "1",
+            "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
         }
         workers.append(WorkerSpec(rank, [sys.executable, "-m", "ddlrepro.workloads", point.to_json()], env))
     return JobSpec("local", workers, timeout_s, {"master_addr": "127.0.0.1", "master_port": port})

@@ -3,4 +3,7 @@
 Workload modules import torch, so nothing here is imported while Snakemake builds its DAG.
 """
 
-WORKLOADS = {"throughput": "ddlrepro.workloads.throughput"}
+WORKLOADS = {
+    "throughput": "ddlrepro.workloads.throughput",
+    "consistent": "ddlrepro.workloads.consistent",
+}
