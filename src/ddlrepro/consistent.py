@@ -92,7 +92,9 @@ class ConsistentTrainer:
         if params["mode"] not in MODES:
             raise ValueError(f"unknown mode {params['mode']!r}; valid modes: {', '.join(MODES)}")
         if sum(placement) != params["logical_workers"]:
-            raise ValueError(f"placement {placement} runs {sum(placement)} ESTs, the job has {params['logical_workers']}")
+            raise ValueError(
+                f"placement {placement} runs {sum(placement)} ESTs, the job has {params['logical_workers']}"
+            )
         if params["mode"] == "ddp" and set(placement) != {1}:
             raise ValueError("plain DDP runs one logical worker per process")
         self.params, self.rank, self.placement = params, rank, placement

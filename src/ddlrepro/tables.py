@@ -26,10 +26,15 @@ def run_rows(run_dir: Path) -> pd.DataFrame:
         "workload": point["workload"],
         "workers": point["workers"],
         "threads_per_worker": point["threads_per_worker"],
-        **point["params"],
+        **{key: scalar(value) for key, value in point["params"].items()},
         "backend_used": provenance["torch"]["backend"],
     }
     return rows.assign(**constants)[[*constants, *RECORD_COLUMNS]]
+
+
+def scalar(value: object) -> object:
+    """A table cell: lists and mappings (e.g. a placement [2, 1, 1]) as compact JSON."""
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, list | dict) else value
 
 
 def tidy_table(run_dirs: list[Path]) -> pd.DataFrame:

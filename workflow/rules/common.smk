@@ -44,6 +44,12 @@ def lookup_point(wildcards):
         ) from None
 
 
+def resumed_point_result(wildcards):
+    """A run that continues another run's checkpoint (an elastic stage) waits for that run."""
+    resumed = lookup_point(wildcards).params.get("resume_from")
+    return [f"results/runs/{wildcards.figure}/{resumed}/result.json"] if resumed else []
+
+
 def all_point_results(figures):
     return [
         f"results/runs/{figure}/{point}/result.json"

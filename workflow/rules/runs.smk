@@ -2,6 +2,8 @@
 
 
 rule run_point:
+    input:
+        resumed_point_result,
     output:
         "results/runs/{figure}/{point}/result.json",
     log:

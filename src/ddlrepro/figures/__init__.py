@@ -16,6 +16,10 @@ FIGURES = {
     "kungfu-fig8": "ddlrepro.figures.kungfu_fig8",
     "kungfu-fig9": "ddlrepro.figures.kungfu_fig9",
     "dlaas-scaling": "ddlrepro.figures.dlaas_scaling",
+    "easyscale-fig9": "ddlrepro.figures.easyscale_fig9",
+    "easyscale-fig10": "ddlrepro.figures.easyscale_fig10",
+    "easyscale-fig11": "ddlrepro.figures.easyscale_fig11",
+    "easyscale-fig12": "ddlrepro.figures.easyscale_fig12",
 }
 
 
@@ -39,9 +43,11 @@ def figure_points(config: dict[str, Any]) -> dict[str, dict[str, Point]]:
 
 
 def figure_source(figure: str) -> list[str]:
-    """The code a figure's plot depends on: editing it reruns that plot and nothing else."""
+    """The code a figure's plot depends on: its module, the helpers beside it, and plotting.py."""
     here = Path(__file__).parent
-    return [str(here / f"{FIGURES[figure].rsplit('.', 1)[1]}.py"), str(here.parent / "plotting.py")]
+    figure_files = {f"{module.rsplit('.', 1)[1]}.py" for module in FIGURES.values()}
+    helpers = [str(path) for path in sorted(here.glob("*.py")) if path.name not in figure_files]
+    return [str(here / f"{FIGURES[figure].rsplit('.', 1)[1]}.py"), *helpers, str(here.parent / "plotting.py")]
 
 
 def render_figure(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ddlrepro.config import ConfigError
 from ddlrepro.points import Point
 
 PROTOCOL_KEYS = ["batch_size", "image_size", "warmup_batches", "iterations", "batches_per_iteration"]
@@ -46,3 +47,32 @@ def throughput_points(figure: str, section: dict[str, Any], models: list[str], l
         for model in models
         for workers in section["workers"]
     ]
+
+
+def consistent_point(figure: str, section: dict[str, Any], launcher: dict[str, Any], **params: Any) -> Point:
+    """A consistent-training run (workload `consistent`) of the section's model, one worker per placement entry.
+
+    Every such run uses the section's fixed thread count: bitwise consistency on CPU needs the same kernels, and
+    so the same intra-op threads, in every placement.
+    """
+    return Point(
+        figure=figure,
+        workload="consistent",
+        workers=len(params["placement"]),
+        threads_per_worker=section["threads_per_worker"],
+        params={
+            "model": section["model"],
+            "batch_size": section["batch_size"],
+            "learning_rate": section["learning_rate"],
+            "backend": launcher["backend"],
+            "sample_interval_s": launcher["sample_interval_s"],
+            **({"warmup_steps": section["warmup_steps"]} if "warmup_steps" in section else {}),
+            **params,
+        },
+    )
+
+
+def require(condition: bool, figure: str, key: str, problem: str) -> None:
+    """A check the schema cannot express; the error names the key path, like a schema error."""
+    if not condition:
+        raise ConfigError(f"invalid configuration:\n  - figures.{figure}.{key}: {problem}")
