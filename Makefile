@@ -42,6 +42,7 @@ benchmarks: env
 	$(BIN)/python benchmarks/harness_fidelity.py
 	$(BIN)/python benchmarks/workflow_overhead.py
 	$(BIN)/python benchmarks/monitor_overhead.py
+	$(BIN)/python benchmarks/easyscale_overheads.py
 
 clean:
 	rm -rf results .snakemake

@@ -15,11 +15,12 @@ import pytest
 from conftest import copy_workflow, planned_jobs, snakemake, tiny_point
 
 from ddlrepro.bundle import MANIFEST, MANIFEST_DIGEST, create_bundle, read_bundle, sha256, verify_bundle, write_tarball
+from ddlrepro.figures import FIGURES
 from ddlrepro.redaction import MARKER, redact, secret_values
 from ddlrepro.rundir import OutputCollector
 
 CANARY = {"MY_SERVICE_TOKEN": "canary-8f3a-token-value", "AWS_SECRET_ACCESS_KEY": "canary-aws-secret-4c1d"}
-TINY = ["--configfile", "tests/configs/tiny.yaml", "tests/configs/no-fig8.yaml"]
+TINY = ["--configfile", "tests/configs/tiny.yaml", "tests/configs/two-figures.yaml"]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny workflow built and bundled with secret-looking variables set in its environment."""
 
     workdir = copy_workflow(tmp_path_factory.mktemp("workflow"), commit=True)
-    (workdir / "tests" / "configs" / "no-fig8.yaml").write_text("figures:\n  kungfu-fig8: {enabled: false}\n")
+    kept = ("kungfu-fig9", "dlaas-scaling")
+    disabled = "".join(f"  {figure}: {{enabled: false}}\n" for figure in FIGURES if figure not in kept)
+    (workdir / "tests" / "configs" / "two-figures.yaml").write_text(f"figures:\n{disabled}")
     environment = {**os.environ, **CANARY}
     for target in (["bundle"], ["--report", "results/snakemake-report.html"]):
         done = subprocess.run(

@@ -14,9 +14,11 @@ import pytest
 from conftest import SNAKEMAKE, planned_jobs, snakemake
 from test_local_launcher import wait_for, worker_pids
 
+from ddlrepro.figures import FIGURES
+
 # Extra config files go after TINY's (one --configfile with several files: a second flag would replace the first).
 TINY = ["--configfile", "tests/configs/tiny.yaml"]
-FIGURE_IDS = ["kungfu-fig8", "kungfu-fig9", "dlaas-scaling"]
+FIGURE_IDS = ["kungfu-fig8", "kungfu-fig9", "dlaas-scaling", "easyscale-fig9"]
 
 
 @pytest.mark.slow
@@ -40,7 +42,9 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
     html = (results / "report.html").read_text()
     for figure in FIGURE_IDS:
         assert f'id="{figure}"' in html
-    assert html.count("data:image/png;base64,") == 3
+    assert html.count("data:image/png;base64,") == 4
+    checks = pd.read_csv(results / "checks.tsv", sep="\t").set_index(["figure", "check"])
+    assert checks.loc[("easyscale-fig9", "d1-exactly-zero"), "status"] == "pass"
     monitored = pd.read_csv(results / "tables" / "kungfu-fig8.csv")
     assert set(monitored.loc[monitored["metric"] == "gradient_variance", "step"]) == {0, 2, 4}
     assert len(monitored[monitored["metric"] == "noise_scale"]) == 2 * 5
@@ -71,9 +75,8 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
 @pytest.mark.slow
 def test_killed_worker_fails_its_run_and_a_rerun_completes(workflow_copy: Path) -> None:
     slow = workflow_copy / "slow.yaml"
-    slow.write_text(
-        "figures:\n  kungfu-fig9: {enabled: false}\n  dlaas-scaling: {workers: [2], iterations: 400, batch_size: 4}\n"
-    )
+    others = "".join(f"  {figure}: {{enabled: false}}\n" for figure in FIGURES if figure != "dlaas-scaling")
+    slow.write_text(f"figures:\n{others}  dlaas-scaling: {{workers: [2], iterations: 400, batch_size: 4}}\n")
     args = [SNAKEMAKE, "--cores", "2", *TINY, str(slow)]
     workflow = subprocess.Popen(args, cwd=workflow_copy, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     runs = workflow_copy / "results" / "runs" / "dlaas-scaling"
