@@ -53,9 +53,7 @@ def main() -> None:
         median = statistics.median(ratios[mode])
         print(f"{mode} step time / plain DDP (median of {args.rounds} rounds): {median:.3f}{target}")
     ratio = ests / packed
-    print(
-        f"memory, 4 ESTs in 1 process / 4 packed processes: {ests:.0f} / {packed:.0f} MiB = {ratio:.3f}  (target <= 0.35)"
-    )
+    print(f"memory, 4 ESTs in 1 process / 4 packed: {ests:.0f} / {packed:.0f} MiB = {ratio:.3f}  (target <= 0.35)")
 
 
 if __name__ == "__main__":
