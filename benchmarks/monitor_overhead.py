@@ -4,7 +4,7 @@ All settings live in the same two processes (one DDP model each, same weights) a
 `--steps` steps for `--rounds` rounds, so machine noise hits them alike; the median block rate of each setting is
 compared with plain DDP's. Targets: noise-scale@1 ≤ 2 %, variance@1 ≤ 10 %, variance@8 ≤ 2 %.
 
-    python benchmarks/monitor_overhead.py [--model resnet20] [--batch-size 32] [--rounds 12] [--steps 8]
+    python benchmarks/monitor_overhead.py [--model resnet20] [--batch-size 32] [--image-size N] [--rounds 12] [--steps 8]
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def worker(rank: int, port: int, args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     torch.manual_seed(0)
     model = build_model(args.model)
-    batch = synthetic_batch(args.model, args.batch_size, None, torch.device("cpu"), seed=rank)
+    batch = synthetic_batch(args.model, args.batch_size, args.image_size, torch.device("cpu"), seed=rank)
     steps = {setting: trainer(model, setting, batch, args.batch_size) for setting in args.settings}
     rates: dict[str, list[float]] = {setting: [] for setting in args.settings}
     for _ in range(args.rounds):
@@ -83,6 +83,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--image-size", type=int, default=None, help="default: the model's own")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--settings", nargs="+", default=SETTINGS, help="none first: the baseline")
