@@ -4,7 +4,7 @@ All settings live in the same two processes (one DDP model each, same weights) a
 `--steps` steps for `--rounds` rounds, so machine noise hits them alike; the median block rate of each setting is
 compared with plain DDP's. Targets: noise-scale@1 ≤ 2 %, variance@1 ≤ 10 %, variance@8 ≤ 2 %.
 
-    python benchmarks/monitor_overhead.py [--model resnet20] [--batch-size 32] [--image-size N] [--rounds 12] [--steps 8]
+    python benchmarks/monitor_overhead.py [--model resnet20] [--batch-size 32] [--image-size N] [--rounds 12]
 """
 
 from __future__ import annotations
