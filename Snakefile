@@ -17,6 +17,17 @@ include: "workflow/rules/figures.smk"
 include: "workflow/rules/report.smk"
 
 
+# Only the distributed runs go to a cluster; tables, plots, checks, report and bundle run where Snakemake runs.
+localrules:
+    all,
+    tabulate,
+    plot,
+    check_figure,
+    collect_checks,
+    report,
+    bundle,
+
+
 rule all:
     default_target: True
     input:

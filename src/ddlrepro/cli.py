@@ -26,7 +26,7 @@ def cmd_run_point(args: argparse.Namespace) -> None:
     _exit_on_sigterm()
     point = Point.from_json(args.point)
     try:
-        record = run_point(point, Path(args.run_dir), args.launcher, args.timeout)
+        record = run_point(point, Path(args.run_dir), args.launcher, args.timeout, args.container)
     except RunFailed as failure:
         sys.exit(redact(f"run {point.figure}/{point.id} failed: {failure}\nlogs kept in {args.run_dir}"))
     print(f"run {point.figure}/{point.id} ok in {record['duration_s']:.1f} s: {record['summary']}")
@@ -130,6 +130,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", required=True)
     run.add_argument("--launcher", default="local")
     run.add_argument("--timeout", type=float, default=3600, help="seconds before the run is stopped")
+    run.add_argument("--container", help="image every worker runs inside (Slurm: an Apptainer .sif)")
     run.set_defaults(handler=cmd_run_point)
 
     tabulate = commands.add_parser("tabulate", help="tidy table from run folders")

@@ -20,12 +20,16 @@ from ddlrepro.rundir import (
 )
 
 
-def run_point(point: Point, run_dir: Path, launcher_name: str = "local", timeout_s: float = 3600) -> dict:
-    """Run `point` into `run_dir` and return its result record; raise RunFailed if any rank fails."""
+def run_point(
+    point: Point, run_dir: Path, launcher_name: str = "local", timeout_s: float = 3600, container: str | None = None
+) -> dict:
+    """Run `point` into `run_dir` and return its result record; raise RunFailed if any rank fails.
+
+    `container`: an image every worker runs inside (Slurm launcher: an Apptainer `.sif`)."""
     launcher = get_launcher(launcher_name)
     run_dir.mkdir(parents=True, exist_ok=True)
     set_aside_previous_attempt(run_dir)
-    spec = launcher.render(point, timeout_s, run_dir)
+    spec = launcher.render(point, timeout_s, run_dir, **({"container": container} if container else {}))
     write_json_atomic(run_dir / "jobspec.json", spec.to_dict())
     started = time.time()
     with OutputCollector(run_dir) as output:

@@ -14,6 +14,7 @@ expose_to_jobs(Path(workflow.basedir) / "src")
 from ddlrepro.checks import load_references
 from ddlrepro.config import ConfigError, validate_config
 from ddlrepro.bundle import bundle_name
+from ddlrepro.launchers.slurm import allocation
 from ddlrepro.figures import FIGURES, enabled_figures, figure_points, figure_source
 from ddlrepro.provenance import git_state, record_invocation
 
@@ -42,6 +43,26 @@ def lookup_point(wildcards):
         raise WorkflowError(
             f"no point {wildcards.point!r} in figure {wildcards.figure!r} under the current configuration"
         ) from None
+
+
+def run_allocation(wildcards):
+    """What a run asks a Slurm cluster for (ignored by the local launcher)."""
+    runtime = max(1, int(config["launcher"]["timeout_s"] // 60))
+    return allocation(lookup_point(wildcards), config["launcher"]["slurm"], runtime)
+
+
+def container_option():
+    image = config["launcher"]["slurm"]["container"]
+    return (
+        f"--container {shlex.quote(image)}"
+        if image and config["launcher"]["name"] == "slurm"
+        else ""
+    )
+
+
+def allocated(name):
+    """One setting of a run's Slurm allocation, as a Snakemake resource."""
+    return lambda wildcards: run_allocation(wildcards).get(name, "")
 
 
 def resumed_point_result(wildcards):

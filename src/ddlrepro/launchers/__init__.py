@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-LAUNCHERS = {"local": "ddlrepro.launchers.local"}
+LAUNCHERS = {"local": "ddlrepro.launchers.local", "slurm": "ddlrepro.launchers.slurm"}
 
 
 def get_launcher(name: str) -> ModuleType:

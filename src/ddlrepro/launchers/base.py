@@ -8,9 +8,10 @@ from typing import Any
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """One rank: the command it runs and the environment the launcher sets for it (never the caller's secrets)."""
+    """One rank (or, with rank None, one command that starts every rank, as srun does): the command and the
+    environment the launcher sets for it (never the caller's secrets)."""
 
-    rank: int
+    rank: int | None
     command: list[str]
     env: dict[str, str]
 

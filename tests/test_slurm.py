@@ -1,0 +1,179 @@
+"""The Slurm launcher's rendering, and the Slurm profile end to end on a real single-node Slurm cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import REPO, copy_workflow, tiny_point
+from test_local_launcher import wait_for, worker_pids
+
+from ddlrepro.figures import FIGURES
+from ddlrepro.launchers.slurm import allocation, first_host, render
+
+GPU_CLUSTER = {
+    "partition": "gpu",
+    "account": "proj42",
+    "tasks_per_node": 4,
+    "gpus_per_node": 4,
+    "mem_mb_per_worker": 32000,
+}
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+
+
+def test_allocation_of_32_workers_on_8_nodes_with_4_gpus() -> None:
+    point = tiny_point(workers=32)
+    settings = allocation(point, GPU_CLUSTER, runtime_min=120)
+    assert settings == {
+        "nodes": 8,
+        "tasks": 32,
+        "tasks_per_node": 4,
+        "cpus_per_task": 1,
+        "mem_mb": 4 * 32000,
+        "runtime": 120,
+        "slurm_partition": "gpu",
+        "slurm_account": "proj42",
+        "mpi": "srun",
+        "gres": "gpu:4",
+    }
+
+
+def test_single_worker_is_not_an_mpi_job() -> None:
+    settings = allocation(tiny_point(workers=1), {**GPU_CLUSTER, "gpus_per_node": 0}, runtime_min=5)
+    assert (settings["nodes"], settings["tasks"], settings["mpi"]) == (1, 1, "")
+    assert "gres" not in settings
+
+
+def test_render_takes_the_rendezvous_from_the_allocation(tmp_path: Path) -> None:
+    environ = {"SLURM_JOB_ID": "123456", "SLURM_JOB_NODELIST": "gpu[01-08]", "SLURM_GPUS_ON_NODE": "4"}
+    spec = render(tiny_point(workers=32), 600, tmp_path, environ)
+    (step,) = spec.workers
+    assert step.rank is None
+    assert step.command[:8] == [
+        "srun",
+        "--ntasks=32",
+        "--cpus-per-task=1",
+        "--kill-on-bad-exit=1",
+        "--overlap",
+        "--label",
+        "--unbuffered",
+        "--gpus-per-task=1",
+    ]
+    assert step.command[-3:-1] == ["-m", "ddlrepro.workloads"]
+    assert step.env["MASTER_ADDR"] == "gpu01"
+    assert step.env["MASTER_PORT"] == str(15000 + 123456 % 20000)
+    assert spec.rendezvous["job_id"] == "123456"
+
+
+def test_workers_run_inside_the_container_image(tmp_path: Path) -> None:
+    environ = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "4"}
+    (step,) = render(tiny_point(workers=2), 600, tmp_path, environ, container="/images/ddlrepro.sif").workers
+    index = step.command.index("apptainer")
+    assert step.command[index : index + 6] == ["apptainer", "exec", "--nv", "/images/ddlrepro.sif", "python", "-m"]
+    (cpu_step,) = render(tiny_point(workers=2), 600, tmp_path, {"SLURM_JOB_ID": "7"}, container="/i.sif").workers
+    assert "--nv" not in cpu_step.command
+
+
+def test_first_host_of_node_lists() -> None:
+    assert first_host("gpu[01-08],login1") == "gpu01"
+    assert first_host("node[3,5-7]") == "node3"
+    assert first_host("a1,b2") == "a1"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A real single-node Slurm cluster (installed from Debian's packages when root), stopped afterwards."""
+    if os.geteuid() != 0 and not shutil.which("slurmctld"):
+        pytest.skip("Slurm is not installed and installing it needs root")
+    state = tmp_path_factory.mktemp("slurm")
+    script = str(REPO / "scripts" / "slurm-cluster")
+    subprocess.run([script, "start", str(state)], check=True, capture_output=True, timeout=600)
+    yield {**os.environ, "SLURM_CONF": str(state / "slurm.conf")}
+    subprocess.run([script, "stop", str(state)], capture_output=True, timeout=60)
+
+
+def only(workdir: Path, name: str, sections: dict[str, str]) -> str:
+    """A config file enabling just `sections` (figure id → YAML flow mapping of overrides)."""
+    lines = [f"  {figure}: {sections.get(figure, '{enabled: false}')}" for figure in FIGURES]
+    (workdir / name).write_text("figures:\n" + "\n".join(lines) + "\n")
+    return name
+
+
+def slurm_snakemake(workdir: Path, env: dict[str, str], *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Snakemake with the Slurm profile, killed hard on a hang (a wrong status setting hangs it for good)."""
+    command = ["timeout", "-s", "KILL", str(timeout), SNAKEMAKE, "--profile", "profiles/slurm", *args]
+    return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
+
+
+@pytest.mark.slow
+def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, str], tmp_path: Path) -> None:
+    workdir = copy_workflow(tmp_path)
+    sections = {"kungfu-fig9": "{workers: [1, 2]}", "easyscale-fig9": "{enabled: true}"}
+    done = slurm_snakemake(
+        workdir, cluster, "--configfile", "tests/configs/tiny.yaml", only(workdir, "slurm.yaml", sections)
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "has been submitted with SLURM jobid" in done.stderr
+    table = pd.read_csv(workdir / "results" / "tables" / "kungfu-fig9.csv")
+    rates = table[table["metric"] == "img_per_sec"]
+    assert sorted(rates.groupby("workers")["rank"].nunique().items()) == [(1, 1), (2, 2)]
+    for spec_path in (workdir / "results" / "runs").glob("*/*/jobspec.json"):
+        spec = json.loads(spec_path.read_text())
+        assert spec["launcher"] == "slurm"
+        assert spec["workers"][0]["command"][0] == "srun"
+    checks = pd.read_csv(workdir / "results" / "checks.tsv", sep="\t").set_index(["figure", "check"])
+    assert checks.loc[("easyscale-fig9", "d1-exactly-zero"), "status"] == "pass"
+
+
+def kill_one_worker_during(workdir: Path, cluster: dict[str, str], *configs: str) -> tuple[Path, int, str]:
+    """Run the Slurm profile, kill rank 1 of the (only) run's first attempt in this invocation once it trains;
+    return the run folder, Snakemake's exit code and its stderr."""
+    command = ["timeout", "-s", "KILL", "600", SNAKEMAKE, "--profile", "profiles/slurm", "--configfile", *configs]
+    workflow = subprocess.Popen(
+        command, cwd=workdir, env=cluster, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    runs = workdir / "results" / "runs" / "dlaas-scaling"
+    run_dir = wait_for(lambda: runs.exists() and next(runs.iterdir(), None), 120, "the run folder")
+    earlier = {pid for attempt in (run_dir / "attempts").glob("*") for pid in worker_pids(attempt).values()}
+    earlier |= set(worker_pids(run_dir).values())
+
+    def fresh_workers() -> dict[int, int] | None:
+        pids = worker_pids(run_dir)
+        return pids if len(pids) == 2 and not set(pids.values()) & earlier else None
+
+    pids = wait_for(fresh_workers, 120, "both workers of a new attempt")
+    wait_for(lambda: "img_per_sec" in (run_dir / "metrics.jsonl").read_text(), 120, "a timed iteration")
+    os.kill(pids[1], 9)
+    _, stderr = workflow.communicate(timeout=600)
+    return run_dir, workflow.returncode, stderr
+
+
+@pytest.mark.slow
+def test_failed_slurm_job_names_its_id_and_retries_recover(cluster: dict[str, str], tmp_path: Path) -> None:
+    workdir = copy_workflow(tmp_path)
+    slow = only(workdir, "slow.yaml", {"dlaas-scaling": "{workers: [2], iterations: 300, batch_size: 4}"})
+    run_dir, code, stderr = kill_one_worker_during(workdir, cluster, "tests/configs/tiny.yaml", slow)
+    assert code != 0
+    job_id = json.loads((run_dir / "jobspec.json").read_text())["rendezvous"]["job_id"]
+    assert f"SLURM jobid {job_id}" in stderr
+    assert f"slurm_logs/rule_run_point/dlaas-scaling_{run_dir.name}/{job_id}.log" in stderr
+    job_log = (workdir / "results" / "logs" / "run_point" / "dlaas-scaling" / f"{run_dir.name}.log").read_text()
+    assert f"failed in Slurm job {job_id}" in job_log
+    assert not (run_dir / "result.json").exists()
+
+    retry = workdir / "retry.yaml"
+    retry.write_text("launcher:\n  retries: 1\n")
+    run_dir, code, stderr = kill_one_worker_during(workdir, cluster, "tests/configs/tiny.yaml", slow, str(retry))
+    assert code == 0, stderr[-4000:]
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
+    attempts = sorted((run_dir / "attempts").iterdir())
+    assert len(attempts) == 2
+    for attempt in attempts:
+        assert not (attempt / "result.json").exists()
+        assert "srun: error" in (attempt / "log.txt").read_text()
