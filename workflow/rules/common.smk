@@ -80,10 +80,12 @@ def all_point_results(figures):
 
 
 def run_threads(wildcards):
-    """Cores a run reserves: its workers' threads, or all of them when runs must not share the machine."""
+    """Cores a run reserves: its workers' threads, or every core of this machine when local runs must not share it
+    (on a cluster each run has its own allocation)."""
     point = lookup_point(wildcards)
     needed = point.workers * point.threads_per_worker
-    return max(needed, workflow.cores) if config["launcher"]["exclusive"] else needed
+    sharing_this_machine = config["launcher"]["name"] == "local"
+    return max(needed, workflow.cores) if config["launcher"]["exclusive"] and sharing_this_machine else needed
 
 
 def point_results(wildcards):
