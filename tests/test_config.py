@@ -115,3 +115,17 @@ def test_snakemake_rejects_bad_config_before_any_job(workflow_copy: Path) -> Non
     assert "figures.kungfu-fig9.models[0]: 'resnet51' is not valid" in done.stderr
     assert "figures.kungfu-fig9.workers[0]: 'two' is not of type 'integer'" in done.stderr
     assert not (workflow_copy / "results").exists()
+
+
+def test_snakemake_rejects_bad_references_and_stages_before_any_job(workflow_copy: Path) -> None:
+    references = workflow_copy / "bad-references.yaml"
+    references.write_text("kungfu-fig9:\n  - {id: x, claim: y, scale: any, measured: {column: per_worker}, value: 3}\n")
+    bad = workflow_copy / "bad.yaml"
+    bad.write_text(f"references: {references}\n")
+    done = snakemake(workflow_copy, "--configfile", str(bad))
+    assert done.returncode != 0
+    assert "kungfu-fig9[0]: 'tolerance' is a required property" in done.stderr
+    bad.write_text("figures:\n  easyscale-fig9: {stages: [[1, 1, 1, 1], [3]]}\n")
+    done = snakemake(workflow_copy, "--configfile", str(bad))
+    assert "figures.easyscale-fig9.stages[1]: [3] runs 3 ESTs, logical_workers is 4" in done.stderr
+    assert not (workflow_copy / "results").exists()

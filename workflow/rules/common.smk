@@ -22,12 +22,13 @@ try:
     validate_config(
         config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
     )
-except ConfigError as error:
+    load_references(Path(config["references"]))
+    POINTS = figure_points(config)
+except (ConfigError, OSError) as error:
     raise WorkflowError(str(error)) from None
 
 SOFTWARE = "../../envs/ddlrepro.yaml"
 ENABLED = enabled_figures(config)
-POINTS = figure_points(config)
 BUNDLE = f"results/bundle/{bundle_name(git_state(Path(workflow.basedir)))}.tar.gz"
 
 
@@ -85,7 +86,11 @@ def run_threads(wildcards):
     point = lookup_point(wildcards)
     needed = point.workers * point.threads_per_worker
     sharing_this_machine = config["launcher"]["name"] == "local"
-    return max(needed, workflow.cores) if config["launcher"]["exclusive"] and sharing_this_machine else needed
+    return (
+        max(needed, workflow.cores)
+        if config["launcher"]["exclusive"] and sharing_this_machine
+        else needed
+    )
 
 
 def point_results(wildcards):
