@@ -6,23 +6,16 @@ a run past its time limit is stopped the same way. Nothing is left running when 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
+from ddlrepro.launchers.processes import POLL_INTERVAL_S, Started, describe_exit, drain, start, stop
 from ddlrepro.points import Point
 from ddlrepro.rundir import OutputCollector
-
-POLL_INTERVAL_S = 0.05
-STOP_GRACE_S = 3.0
 
 
 def free_loopback_port() -> int:
@@ -51,91 +44,32 @@ def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
     return JobSpec("local", workers, timeout_s, {"master_addr": "127.0.0.1", "master_port": port})
 
 
-@dataclass
-class _Worker:
-    spec: WorkerSpec
-    process: subprocess.Popen[str]
-    readers: list[threading.Thread]
-
-
 def execute(spec: JobSpec, output: OutputCollector) -> None:
     """Run every worker to completion; raise RunFailed naming the first rank that failed."""
-    workers: list[_Worker] = []
+    workers: list[Started] = []
     try:
-        for worker_spec in spec.workers:
-            workers.append(_start(worker_spec, output))
+        for worker in spec.workers:
+            workers.append(start(worker, partial(output.add_line, worker.rank)))
         _wait(workers, spec.timeout_s, output)
     finally:
-        _stop(workers)
+        stop(workers)
 
 
-def _start(spec: WorkerSpec, output: OutputCollector) -> _Worker:
-    process = subprocess.Popen(
-        spec.command,
-        env={**os.environ, **spec.env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    readers = [
-        threading.Thread(target=_pump, args=(stream, spec.rank, name, output), daemon=True)
-        for stream, name in ((process.stdout, "stdout"), (process.stderr, "stderr"))
-    ]
-    for reader in readers:
-        reader.start()
-    return _Worker(spec, process, readers)
-
-
-def _pump(stream, rank: int, name: str, output: OutputCollector) -> None:
-    for line in stream:
-        output.add_line(rank, name, line.rstrip("\n"))
-
-
-def _wait(workers: list[_Worker], timeout_s: float, output: OutputCollector) -> None:
+def _wait(workers: list[Started], timeout_s: float, output: OutputCollector) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         failed = [w for w in workers if w.process.poll() not in (None, 0)]
         if failed:
             first = failed[0]
-            _stop(workers)
-            _drain(workers)
-            raise RunFailed(
-                first.spec.rank, _describe_exit(first.process.returncode), output.stderr_tail(first.spec.rank)
-            )
+            stop(workers)
+            drain(workers)
+            rank = first.spec.rank
+            raise RunFailed(rank, describe_exit(first.process.returncode), output.stderr_tail(rank))
         if all(w.process.returncode == 0 for w in workers):
-            _drain(workers)
+            drain(workers)
             return
         if time.monotonic() > deadline:
-            _stop(workers)
-            _drain(workers)
+            stop(workers)
+            drain(workers)
             raise RunFailed(None, f"timed out after {timeout_s:g} s", output.stderr_tail(0))
         time.sleep(POLL_INTERVAL_S)
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        return f"was killed by {signal.Signals(-code).name}"
-    return f"exited with code {code}"
-
-
-def _drain(workers: list[_Worker]) -> None:
-    for worker in workers:
-        for reader in worker.readers:
-            reader.join(timeout=STOP_GRACE_S)
-
-
-def _stop(workers: list[_Worker]) -> None:
-    """SIGTERM every live worker's process group, then SIGKILL what is left after a grace period."""
-    live = [w for w in workers if w.process.poll() is None]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for worker in live:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(worker.process.pid, sig)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and any(w.process.poll() is None for w in live):
-            time.sleep(POLL_INTERVAL_S)
-        live = [w for w in live if w.process.poll() is None]
-        if not live:
-            return

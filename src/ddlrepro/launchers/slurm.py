@@ -11,15 +11,14 @@ from __future__ import annotations
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
+from ddlrepro.launchers.processes import drain, start, stop
 from ddlrepro.points import Point
 from ddlrepro.rundir import OutputCollector
 
@@ -100,34 +99,15 @@ def render(
 def execute(spec: JobSpec, output: OutputCollector) -> None:
     """Run the srun step to completion; raise RunFailed naming the Slurm job and the failed task."""
     (step,) = spec.workers
-    process = subprocess.Popen(
-        step.command,
-        env={**os.environ, **step.env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
     failed_tasks: list[int] = []
-    readers = [
-        threading.Thread(target=_pump, args=(stream, name, output, failed_tasks), daemon=True)
-        for stream, name in ((process.stdout, "stdout"), (process.stderr, "stderr"))
-    ]
-    for reader in readers:
-        reader.start()
+    started = [start(step, partial(_file_line, output, failed_tasks))]
     try:
-        code = process.wait(timeout=spec.timeout_s)
+        code = started[0].process.wait(timeout=spec.timeout_s)
     except subprocess.TimeoutExpired:
         code = None
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            time.sleep(1)
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-        for reader in readers:
-            reader.join(timeout=5)
+        stop(started)
+        drain(started)
     job = f"in Slurm job {spec.rendezvous.get('job_id')}"
     if code is None:
         raise RunFailed(None, f"timed out after {spec.timeout_s:g} s {job}", output.stderr_tail(-1))
@@ -137,15 +117,13 @@ def execute(spec: JobSpec, output: OutputCollector) -> None:
         raise RunFailed(rank, f"failed {job} (srun exit code {code})", tail)
 
 
-def _pump(stream, name: str, output: OutputCollector, failed_tasks: list[int]) -> None:
+def _file_line(output: OutputCollector, failed_tasks: list[int], stream: str, line: str) -> None:
     """File srun's labelled lines under their rank; srun's own messages (unlabelled) under rank -1."""
-    for line in stream:
-        line = line.rstrip("\n")
-        labelled = LABEL.match(line)
-        if labelled:
-            output.add_line(int(labelled.group(1)), name, labelled.group(2))
-            continue
-        found = FAILED_TASK.search(line) if line.startswith("srun: error") else None
-        if found:
-            failed_tasks.append(int(found.group(1)))
-        output.add_line(-1, name, line)
+    labelled = LABEL.match(line)
+    if labelled:
+        output.add_line(int(labelled.group(1)), stream, labelled.group(2))
+        return
+    found = FAILED_TASK.search(line) if line.startswith("srun: error") else None
+    if found:
+        failed_tasks.append(int(found.group(1)))
+    output.add_line(-1, stream, line)
