@@ -37,7 +37,3 @@ def redact(text: str, secrets: list[str] | None = None) -> str:
     for value in secret_values() if secrets is None else secrets:
         text = text.replace(value, MARKER)
     return text
-
-
-def find_secret(text: str, secrets: list[str] | None = None) -> bool:
-    return any(value in text for value in (secret_values() if secrets is None else secrets))
