@@ -33,7 +33,7 @@ def figure_entry(figure: str, results: Path, checks: pd.DataFrame) -> dict[str, 
         "png": base64.b64encode((results / "figures" / f"{figure}.png").read_bytes()).decode(),
         "summary": summary.to_html(index=False, float_format=lambda v: f"{v:.3g}", border=0),
         "checks": own_checks[CHECK_COLUMNS].to_dict("records"),
-        "runs": sum(1 for _ in (results / "runs" / figure).glob("*/result.json")),
+        "runs": pd.read_csv(results / "tables" / f"{figure}.csv", usecols=["point_id"])["point_id"].nunique(),
     }
 
 
