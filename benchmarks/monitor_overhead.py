@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
+from ddlrepro.figures.kungfu_fig8 import parse_setting
 from ddlrepro.launchers.local import free_loopback_port
 from ddlrepro.models import build_model
 from ddlrepro.monitors import GradientMonitor
@@ -33,9 +34,9 @@ WORLD = 2
 def trainer(model: torch.nn.Module, setting: str, batch: tuple[torch.Tensor, torch.Tensor], size: int):
     ddp = DistributedDataParallel(copy.deepcopy(model))
     monitor = None
-    if setting != "none":
-        kind, interval = setting.split("@")
-        monitor = GradientMonitor(kind, int(interval), size, WORLD)
+    parsed = parse_setting(setting)
+    if parsed["monitor"] != "none":
+        monitor = GradientMonitor(parsed["monitor"], parsed["monitor_interval"], size, WORLD)
         monitor.attach(ddp)
     step = make_train_step(ddp, *batch)
 

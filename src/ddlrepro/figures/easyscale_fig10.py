@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ddlrepro.figures.common import consistent_point
-from ddlrepro.figures.easyscale_overheads import peak_memory, timed_steps
+from ddlrepro.figures.easyscale_overheads import median_step_time, peak_memory, timed_steps
 from ddlrepro.points import Point
 
 if TYPE_CHECKING:
@@ -37,8 +37,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
 
     steps = timed_steps(table, int(table["warmup_steps"].iloc[0]))
     steps["layout"] = steps["workers"].map(lambda workers: "ESTs in 1 process" if workers == 1 else "packed processes")
-    slowest = steps.groupby(["point_id", "step"], as_index=False).agg(step_time_s=("step_time_s", "max"))
-    timing = slowest.groupby("point_id", as_index=False)["step_time_s"].median()
+    timing = median_step_time(steps, by="point_id")
     runs = steps.drop_duplicates("point_id")[["point_id", "logical_workers", "layout"]]
     summary = runs.merge(timing, on="point_id").merge(peak_memory(table), on="point_id")
     summary = expand_single_worker(summary).sort_values(["layout", "logical_workers"], ignore_index=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ddlrepro.figures.common import consistent_point, require
-from ddlrepro.figures.easyscale_overheads import timed_steps
+from ddlrepro.figures.easyscale_overheads import median_step_time, timed_steps
 from ddlrepro.points import Point
 
 if TYPE_CHECKING:
@@ -46,9 +46,7 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
 
 
 def step_times(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
-    steps = timed_steps(table, warmup_steps)
-    slowest = steps.groupby(["mode", "step"], as_index=False)["step_time_s"].max()
-    summary = slowest.groupby("mode", as_index=False)["step_time_s"].median()
+    summary = median_step_time(timed_steps(table, warmup_steps), by="mode")
     summary["normalised_to_ddp"] = summary["step_time_s"] / summary.set_index("mode").loc["ddp", "step_time_s"]
     return summary.set_index("mode").loc[["ddp", "D0", "D1"]].reset_index()
 

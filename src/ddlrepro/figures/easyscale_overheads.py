@@ -22,6 +22,12 @@ def timed_steps(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
     )
 
 
+def median_step_time(steps: pd.DataFrame, by: str) -> pd.DataFrame:
+    """Per `by`: the median over steps of the slowest rank's step time (a step ends when its last rank does)."""
+    slowest = steps.groupby([by, "step"], as_index=False)["step_time_s"].max()
+    return slowest.groupby(by, as_index=False)["step_time_s"].median()
+
+
 def peak_memory(table: pd.DataFrame) -> pd.DataFrame:
     """Per run: the sum over its processes of each process's peak RSS, in MiB."""
     rss = table[table["metric"] == "rss_bytes"]
