@@ -212,7 +212,7 @@ class ConsistentTrainer:
             return None
         return {
             "step": self.step,
-            "model": {name: tensor for name, tensor in self.model.state_dict().items()},
+            "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "ests": sorted((state for part in gathered for state in part), key=lambda state: state["index"]),
             "logical_workers": self.logical_workers,
