@@ -80,8 +80,10 @@ class GradientMonitor:
         )
         self._small_sq: list[torch.Tensor] = []
         self._small_sq_mean = torch.zeros(())
-        self._big_sq: list[torch.Tensor] = []
-        self._variance_norms: list[torch.Tensor] = []
+        # Keyed by bucket index: reduction callbacks may finish in a different order on each rank, and the sums
+        # must be taken in one order for every rank to report the same float.
+        self._big_sq: dict[int, torch.Tensor] = {}
+        self._variance_norms: dict[int, torch.Tensor] = {}
 
     @property
     def active(self) -> bool:
@@ -105,37 +107,37 @@ class GradientMonitor:
         reduced = dist.all_reduce(gradient, async_op=True).get_future()
         if squares is None:
             return (
-                reduced.then(lambda done: self._after_reduce(done, carries_small_sq))
+                reduced.then(lambda done: self._after_reduce(done, bucket.index(), carries_small_sq))
                 if active
                 else reduced.then(_first_tensor)
             )
         squares_reduced = dist.all_reduce(squares, async_op=True).get_future()
         sizes = [parameter.numel() for parameter in bucket.parameters()]
         both = torch.futures.collect_all([reduced, squares_reduced])
-        return both.then(lambda done: self._variance(done, sizes))
+        return both.then(lambda done: self._variance(done, bucket.index(), sizes))
 
-    def _after_reduce(self, reduced: torch.futures.Future, carries_small_sq: bool) -> torch.Tensor:
+    def _after_reduce(self, reduced: torch.futures.Future, index: int, carries_small_sq: bool) -> torch.Tensor:
         mean = reduced.value()[0]
         if carries_small_sq:
             self._small_sq_mean, mean = mean[-1], mean[:-1]
-        self._big_sq.append(torch.dot(mean, mean))
+        self._big_sq[index] = torch.dot(mean, mean)
         return mean
 
-    def _variance(self, done: torch.futures.Future, sizes: list[int]) -> torch.Tensor:
+    def _variance(self, done: torch.futures.Future, index: int, sizes: list[int]) -> torch.Tensor:
         mean_future, squares_future = done.value()
         mean = mean_future.value()[0]
         variance = squares_future.value()[0].div_(self.world_size).sub_(mean.square())
-        self._variance_norms.extend(part.norm() for part in variance.split(sizes))
+        self._variance_norms[index] = torch.stack([part.norm() for part in variance.split(sizes)]).sum()
         return mean
 
     def end_step(self) -> tuple[str, float] | None:
         """Finish the step's measurement: (metric name, value) on monitored steps, else None."""
         measured = None
         if self.active and self.kind == "noise-scale":
-            big_sq = torch.stack(self._big_sq).sum()
+            big_sq = _sum_by_index(self._big_sq)
             measured = ("noise_scale", self.noise_scale.update(float(self._small_sq_mean), float(big_sq)))
         elif self.active and self.kind == "variance":
-            measured = ("gradient_variance", float(torch.stack(self._variance_norms).sum()))
+            measured = ("gradient_variance", float(_sum_by_index(self._variance_norms)))
         self._small_sq.clear()
         self._big_sq.clear()
         self._variance_norms.clear()
@@ -145,3 +147,8 @@ class GradientMonitor:
 
 def _first_tensor(reduced: torch.futures.Future) -> torch.Tensor:
     return reduced.value()[0]
+
+
+def _sum_by_index(parts: dict[int, torch.Tensor]) -> torch.Tensor:
+    """Sum per-bucket values in bucket order, the same on every rank."""
+    return torch.stack([parts[index] for index in sorted(parts)]).sum()
