@@ -25,8 +25,9 @@ def run_point(
 ) -> dict:
     """Run `point` into `run_dir` and return its result record; raise RunFailed if any rank fails.
 
-    `container`: an image every worker runs inside (Slurm launcher: an Apptainer `.sif`)."""
-    launcher = get_launcher(launcher_name)
+    `container`: an image every worker runs inside (Slurm launcher: an Apptainer `.sif`). A point that names its
+    own launcher (elastic points: `elastic` or `torchrun`) runs under it, on this machine or the allocation's node."""
+    launcher = get_launcher(point.params.get("launcher", launcher_name))
     run_dir.mkdir(parents=True, exist_ok=True)
     set_aside_previous_attempt(run_dir)
     spec = launcher.render(point, timeout_s, run_dir, **({"container": container} if container else {}))

@@ -5,7 +5,12 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-LAUNCHERS = {"local": "ddlrepro.launchers.local", "slurm": "ddlrepro.launchers.slurm"}
+LAUNCHERS = {
+    "local": "ddlrepro.launchers.local",
+    "slurm": "ddlrepro.launchers.slurm",
+    "elastic": "ddlrepro.launchers.elastic",
+    "torchrun": "ddlrepro.launchers.torchrun",
+}
 
 
 def get_launcher(name: str) -> ModuleType:

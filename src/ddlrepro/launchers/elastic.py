@@ -1,0 +1,143 @@
+"""Elastic launcher (in place): runs the config server and the store, and starts, keeps and watches the workers of
+an elastic point on this machine (or on the one node of its Slurm allocation).
+
+Workers are started cold when the cluster grows, or handed out from a pool of warm standbys (point parameter
+`standby`: processes started up front that imported torch and built the model; in that mode leavers return to
+the pool). A worker that dies is removed from the cluster at once; the survivors re-form without it. The run
+fails only if the job times out or no member is left alive before the schedule's stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import sys
+import time
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+
+from ddlrepro.elastic import cluster as membership
+from ddlrepro.elastic.schedule import parse_schedule
+from ddlrepro.elastic.server import ClusterConfig, ConfigServer, RequestError
+from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
+from ddlrepro.launchers.local import free_loopback_port
+from ddlrepro.launchers.processes import POLL_INTERVAL_S, Started, drain, start, stop
+from ddlrepro.points import Point
+from ddlrepro.rundir import OutputCollector
+
+WORKER_MODULE = "ddlrepro.elastic.worker"
+
+
+def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
+    """The worker command and environment (without the token, made at start), the initial members and the pool."""
+    parse_schedule(point.params["schedule"])
+    env = {
+        "OMP_NUM_THREADS": str(point.threads_per_worker),
+        "PYTHONUNBUFFERED": "1",
+        "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
+        membership.SERVER_ENV: f"127.0.0.1:{free_loopback_port()}",
+        membership.STORE_ENV: f"127.0.0.1:{free_loopback_port()}",
+    }
+    command = [sys.executable, "-m", WORKER_MODULE, point.to_json()]
+    rendezvous = {
+        "config_server": env[membership.SERVER_ENV],
+        "store": env[membership.STORE_ENV],
+        "schedule": point.params["schedule"],
+        "initial_workers": point.params["initial_workers"],
+        "standby": point.params.get("standby", 0),
+    }
+    return JobSpec("elastic", [WorkerSpec(None, command, env)], timeout_s, rendezvous)
+
+
+class WorkerPool:
+    """The job's worker processes by worker id; hands out ids for new members (idle warm standbys first)."""
+
+    def __init__(self, spec: JobSpec, output: OutputCollector, token: str) -> None:
+        (self.template,) = spec.workers
+        self.output = output
+        self.token = token
+        self.warm = spec.rendezvous["standby"] > 0
+        self.processes: dict[int, Started] = {}
+        self.removed: set[int] = set()
+
+    def spawn(self) -> int:
+        worker = len(self.processes)
+        env = {
+            **self.template.env,
+            membership.WORKER_ENV: str(worker),
+            membership.TOKEN_ENV: self.token,
+        }
+        spec = WorkerSpec(worker, self.template.command, env)
+        self.processes[worker] = start(spec, partial(self.output.add_line, worker))
+        return worker
+
+    def new_workers(self, count: int, members: list[int]) -> list[int]:
+        idle = [worker for worker in self.idle(members)][:count] if self.warm else []
+        return idle + [self.spawn() for _ in range(count - len(idle))]
+
+    def idle(self, members: list[int]) -> list[int]:
+        return [
+            worker for worker, one in self.processes.items() if worker not in members and one.process.poll() is None
+        ]
+
+    def dead(self) -> list[int]:
+        """Workers that exited with an error or were killed, each reported once."""
+        newly = [
+            w for w, one in self.processes.items() if one.process.poll() not in (None, 0) and w not in self.removed
+        ]
+        self.removed.update(newly)
+        return newly
+
+    def all_exited(self) -> bool:
+        return all(one.process.poll() is not None for one in self.processes.values())
+
+
+def execute(spec: JobSpec, output: OutputCollector) -> None:
+    """Run the elastic job until the schedule stops it; raise RunFailed on a timeout or if every member died."""
+    import torch.distributed as dist
+
+    token = secrets.token_urlsafe(24)
+    store_host, _, store_port = spec.workers[0].env[membership.STORE_ENV].rpartition(":")
+    store = dist.TCPStore(
+        store_host, int(store_port), is_master=True, wait_for_workers=False, timeout=timedelta(seconds=spec.timeout_s)
+    )
+    pool = WorkerPool(spec, output, token)
+    initial = spec.rendezvous["initial_workers"]
+    config = ClusterConfig(list(range(initial)), pool.new_workers)
+    server_host, _, server_port = spec.workers[0].env[membership.SERVER_ENV].rpartition(":")
+    try:
+        with ConfigServer(config, token, server_host, int(server_port)):
+            for _ in range(initial + spec.rendezvous["standby"]):
+                pool.spawn()
+            _await_ready(store, list(pool.processes), pool, spec.timeout_s)
+            membership.publish_agreed(store, 1)
+            _supervise(pool, config, time.monotonic() + spec.timeout_s, output)
+    finally:
+        stop(list(pool.processes.values()))
+        drain(list(pool.processes.values()))
+
+
+def _await_ready(store, workers: list[int], pool: WorkerPool, timeout_s: float) -> None:
+    """Start the job once every initial worker and warm standby has built its model."""
+    deadline = time.monotonic() + timeout_s
+    for worker in workers:
+        while not store.check([membership.ready_key(worker)]):
+            if pool.processes[worker].process.poll() is not None or time.monotonic() > deadline:
+                raise RunFailed(worker, "did not start", pool.output.stderr_tail(worker))
+            time.sleep(POLL_INTERVAL_S)
+
+
+def _supervise(pool: WorkerPool, config: ClusterConfig, deadline: float, output: OutputCollector) -> None:
+    while True:
+        for worker in pool.dead():
+            members = config.latest.members
+            if members == [worker]:
+                raise RunFailed(worker, "died, and it was the last member of the cluster", output.stderr_tail(worker))
+            with contextlib.suppress(RequestError):  # an idle standby, or a worker already out of the cluster
+                config.remove(worker)
+        if not config.latest.members and pool.all_exited():
+            return
+        if time.monotonic() > deadline:
+            raise RunFailed(None, "timed out", output.stderr_tail(0))
+        time.sleep(POLL_INTERVAL_S)
