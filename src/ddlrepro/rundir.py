@@ -4,6 +4,7 @@ results/runs/<figure>/<point-id>/
     jobspec.json      the launcher's rendered job (commands, environment it sets, rendezvous)
     log.txt           every rank's stdout and stderr, line by line, rank-prefixed
     metrics.jsonl     the ranks' metric records (per iteration, resource samples)
+    ledger.jsonl      elastic runs: the samples each rank's steps trained, and where training resumed after a resize
     provenance.json   code, software, hardware, hosts, job spec and point
     result.json       the run's summary; present only if every rank succeeded
     attempts/<time>/  earlier failed attempts, moved aside so two attempts never mix
@@ -61,6 +62,9 @@ class OutputCollector:
     def __init__(self, run_dir: Path) -> None:
         self.log = (run_dir / "log.txt").open("w")
         self.metrics = (run_dir / "metrics.jsonl").open("w")
+        self.ledger_path = run_dir / "ledger.jsonl"
+        self.ledger = None
+        self.ledger_records: list[dict[str, Any]] = []
         self.workers: dict[int, dict[str, Any]] = {}
         self.result: dict[str, Any] | None = None
         self._stderr: dict[int, deque[str]] = {}
@@ -85,14 +89,19 @@ class OutputCollector:
             self.workers[record["rank"]] = record
         elif kind == "result":
             self.result = record
+        elif kind == "ledger":
+            self.ledger = self.ledger or self.ledger_path.open("w")
+            self.ledger.write(json.dumps(record) + "\n")
+            self.ledger_records.append(record)
 
     def stderr_tail(self, rank: int) -> list[str]:
         with self._lock:
             return list(self._stderr.get(rank, []))
 
     def close(self) -> None:
-        self.log.close()
-        self.metrics.close()
+        for handle in (self.log, self.metrics, self.ledger):
+            if handle is not None:
+                handle.close()
 
     def __enter__(self) -> OutputCollector:
         return self

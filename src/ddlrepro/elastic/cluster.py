@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -18,7 +17,6 @@ import torch.distributed as dist
 
 from ddlrepro.elastic.client import ConfigClient
 from ddlrepro.elastic.server import Cluster
-from ddlrepro.workloads.records import emit
 
 SERVER_ENV = "DDLREPRO_ELASTIC_SERVER"
 STORE_ENV = "DDLREPRO_ELASTIC_STORE"
@@ -26,7 +24,6 @@ TOKEN_ENV = "DDLREPRO_ELASTIC_TOKEN"
 WORKER_ENV = "DDLREPRO_WORKER_ID"
 AGREED_KEY = "agreed"
 POLL_S = 0.002
-PHASES = ["detect", "agree", "spawn_join", "group_init", "state_sync", "first_step"]
 
 
 def connect_store(address: str, timeout_s: float) -> dist.TCPStore:
@@ -100,45 +97,6 @@ def elect_after_fault(client: ConfigClient, store: dist.Store, failed: Cluster, 
     if chosen > agreed_version(store):
         publish_agreed(store, chosen)
     return client.version(chosen)
-
-
-@dataclass
-class ResizeEvent:
-    """One resize as rank 0 lived it: wall-clock marks from seeing the new config to the first step after."""
-
-    step: int
-    from_size: int
-    fault: bool = False
-    marks: dict[str, float] = field(default_factory=dict)
-
-    def mark(self, name: str, at: float | None = None) -> None:
-        self.marks[name] = time.time() if at is None else at
-
-    def phases(self) -> dict[str, float]:
-        """Durations that add up to the total: detect, agree, spawn/join, group init, state sync, first step."""
-        m = self.marks
-        joined = max(m["agreed"], m.get("joiners_ready", 0.0))
-        return {
-            "detect": m["config"] - m["seen"],
-            "agree": m["agreed"] - m["config"],
-            "spawn_join": joined - m["agreed"],
-            "group_init": max(m["group"] - joined, 0.0),
-            "state_sync": m["synced"] - max(m["group"], joined),
-            "first_step": m["first_step"] - m["synced"],
-        }
-
-    def emit(self, to_size: int) -> None:
-        phases = self.phases()
-        values = {
-            "resize_latency_s": self.marks["first_step"] - self.marks["seen"],
-            "resize_to_sync_s": self.marks["synced"] - self.marks["seen"],
-            "resize_from_size": self.from_size,
-            "resize_to_size": to_size,
-            "resize_fault": float(self.fault),
-            **{f"resize_{name}_s": phases[name] for name in PHASES},
-        }
-        for metric, value in values.items():
-            emit("metric", rank=0, step=self.step, metric=metric, value=float(value))
 
 
 def worker_environment() -> tuple[str, str, str | None, int]:

@@ -9,8 +9,6 @@ without it, and continue from their in-memory state, losing at most the step in 
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 import time
 
@@ -19,10 +17,11 @@ import torch.distributed as dist
 
 from ddlrepro.elastic import cluster as membership
 from ddlrepro.elastic.client import ConfigClient
+from ddlrepro.elastic.events import IN_PLACE_PHASES, ResizeEvent
 from ddlrepro.elastic.schedule import parse_schedule
 from ddlrepro.elastic.server import Cluster
 from ddlrepro.points import Point
-from ddlrepro.workloads.elastic import ElasticTrainer, emit_step
+from ddlrepro.workloads.elastic import ElasticTrainer, announce, emit_step
 from ddlrepro.workloads.records import emit
 
 
@@ -38,7 +37,7 @@ class InPlaceWorker:
         self.cluster: Cluster | None = None
         self.group: membership.Group | None = None
         self.retired: list[membership.Group] = []
-        self.event: membership.ResizeEvent | None = None
+        self.event: ResizeEvent | None = None
         self.proposed: set[int] = set()
         self.warm = int(self.params.get("standby", 0)) > 0
 
@@ -73,14 +72,14 @@ class InPlaceWorker:
             if latest.version != self.cluster.version:
                 self.change_to(latest)
 
-    def propose_if_scheduled(self) -> membership.ResizeEvent | None:
+    def propose_if_scheduled(self) -> ResizeEvent | None:
         """Rank 0 proposes the scheduled size to the config server once `step` steps are trained."""
         step = self.trainer.step
         size = self.schedule.get(step) if self.rank == 0 and step not in self.proposed else None
         if size is None:
             return None
         self.proposed.add(step)
-        event = membership.ResizeEvent(self.trainer.step, self.size)
+        event = ResizeEvent(self.trainer.step, self.size, IN_PLACE_PHASES)
         event.mark("seen")
         self.client.resize(size)
         event.mark("config")
@@ -98,7 +97,7 @@ class InPlaceWorker:
             self.event.emit(self.size)
             self.event = None
 
-    def agree(self, proposed: membership.ResizeEvent | None) -> Cluster:
+    def agree(self, proposed: ResizeEvent | None) -> Cluster:
         """Rank 0 reads the latest version and broadcasts it; everyone acts on that one."""
         latest = self.client.latest() if self.rank == 0 else self.cluster
         version = torch.tensor([latest.version], dtype=torch.int64)
@@ -106,7 +105,9 @@ class InPlaceWorker:
         if int(version) == self.cluster.version:
             return self.cluster
         if self.rank == 0:
-            self.event = proposed or membership.ResizeEvent(self.trainer.step, self.size, marks={"seen": time.time()})
+            self.event = proposed or ResizeEvent(
+                self.trainer.step, self.size, IN_PLACE_PHASES, marks={"seen": time.time()}
+            )
             self.event.marks.setdefault("config", time.time())
             self.event.mark("agreed")
             membership.publish_agreed(self.store, latest.version)
@@ -182,7 +183,7 @@ class InPlaceWorker:
         self.leave_group()
         while True:
             cluster = membership.elect_after_fault(self.client, self.store, failed, self.timeout_s * 2)
-            self.event = membership.ResizeEvent(self.trainer.step, len(failed.members), fault=True)
+            self.event = ResizeEvent(self.trainer.step, len(failed.members), IN_PLACE_PHASES, fault=True)
             self.event.mark("seen", seen)
             self.event.mark("config")
             self.event.mark("agreed")
@@ -204,7 +205,7 @@ def main(argv: list[str]) -> None:
     point = Point.from_json(argv[0])
     server, store_address, token, worker = membership.worker_environment()
     store = membership.connect_store(store_address, float(point.params["collective_timeout_s"]))
-    emit("worker", rank=worker, pid=os.getpid(), hostname=socket.gethostname(), torch=torch.__version__, backend="gloo")
+    announce(worker)
     elastic_worker = InPlaceWorker(point, worker, ConfigClient(server, token), store)
     store.set(membership.ready_key(worker), str(time.time()))
     elastic_worker.run()

@@ -13,6 +13,7 @@ from typing import Any
 from ddlrepro.points import Point
 
 FIGURES = {
+    "kungfu-fig7": "ddlrepro.figures.kungfu_fig7",
     "kungfu-fig8": "ddlrepro.figures.kungfu_fig8",
     "kungfu-fig9": "ddlrepro.figures.kungfu_fig9",
     "dlaas-scaling": "ddlrepro.figures.dlaas_scaling",

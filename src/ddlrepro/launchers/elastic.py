@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 
 from ddlrepro.elastic import cluster as membership
+from ddlrepro.elastic.ledger import LedgerError, verify
 from ddlrepro.elastic.schedule import parse_schedule
 from ddlrepro.elastic.server import ClusterConfig, ConfigServer, RequestError
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
@@ -113,6 +114,7 @@ def execute(spec: JobSpec, output: OutputCollector) -> None:
             _await_ready(store, list(pool.processes), pool, spec.timeout_s)
             membership.publish_agreed(store, 1)
             _supervise(pool, config, time.monotonic() + spec.timeout_s, output)
+        verify_continuity(output)
     finally:
         stop(list(pool.processes.values()))
         drain(list(pool.processes.values()))
@@ -141,3 +143,13 @@ def _supervise(pool: WorkerPool, config: ClusterConfig, deadline: float, output:
         if time.monotonic() > deadline:
             raise RunFailed(None, "timed out", output.stderr_tail(0))
         time.sleep(POLL_INTERVAL_S)
+
+
+def verify_continuity(output: OutputCollector) -> None:
+    """Fail the run if its ledger shows a sample skipped or trained twice."""
+    if output.result is None:
+        return
+    try:
+        verify(output.ledger_records, output.result["samples"])
+    except LedgerError as error:
+        raise RunFailed(None, f"broke data continuity: {error}", []) from None

@@ -8,6 +8,8 @@ no sample is skipped or repeated; every rank prints a `ledger` record of the sam
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from typing import Any, Protocol
 
@@ -121,6 +123,20 @@ def _average_gradients(parameters: list[torch.Tensor], group: Collectives) -> No
     flat.div_(group.size)
     for parameter, part in zip(parameters, flat.split([p.numel() for p in parameters]), strict=True):
         parameter.grad.copy_(part.view_as(parameter.grad))
+
+
+def announce(rank: int) -> None:
+    """The worker record provenance collects (elastic workers: gloo on CPU)."""
+    emit(
+        "worker",
+        rank=rank,
+        pid=os.getpid(),
+        hostname=socket.gethostname(),
+        torch=torch.__version__,
+        backend="gloo",
+        threads=torch.get_num_threads(),
+        cpus=sorted(os.sched_getaffinity(0)),
+    )
 
 
 def emit_step(step: int, size: int, batch_size: int, step_time_s: float) -> None:

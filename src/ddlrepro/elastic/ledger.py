@@ -1,0 +1,42 @@
+"""Data continuity of an elastic run: from the `ledger` records, check that every sample in [0, samples) was
+trained exactly once, across every resize and fault.
+
+A record is either a range a rank trained (`start`, `count`) or rank 0's note that training resumed at global
+offset `resume` after a resize: ranges at or beyond it from before the note belong to a step that was lost
+(in flight when a worker died) and do not count.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+
+class LedgerError(AssertionError):
+    """Samples were skipped or trained twice."""
+
+
+def trained_ranges(records: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """The (start, count) ranges whose training survived, in time order."""
+    kept: list[tuple[float, int, int]] = []
+    for record in sorted(records, key=lambda r: r["time"]):
+        if "resume" in record:
+            kept = [entry for entry in kept if entry[1] < record["resume"]]
+        else:
+            kept.append((record["time"], record["start"], record["count"]))
+    return [(start, count) for _, start, count in kept]
+
+
+def verify(records: list[dict[str, Any]], samples: int) -> None:
+    """Raise LedgerError unless samples 0 … samples−1 were each trained exactly once."""
+    counts = Counter(index for start, count in trained_ranges(records) for index in range(start, start + count))
+    repeated = sorted(index for index, times in counts.items() if times > 1)
+    skipped = sorted(set(range(samples)) - set(counts))
+    beyond = sorted(index for index in counts if index >= samples)
+    problems = [
+        f"{len(found)} samples {what} (first: {found[:5]})"
+        for found, what in ((repeated, "trained twice"), (skipped, "skipped"), (beyond, "beyond the last offset"))
+        if found
+    ]
+    if problems:
+        raise LedgerError("; ".join(problems))

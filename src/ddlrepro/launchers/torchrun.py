@@ -1,0 +1,128 @@
+"""torchrun launcher: the elastic baseline. One torchrun agent (an elastic "node" with one worker) per member,
+c10d rendezvous on loopback; the launcher starts agents when the cluster grows and stops the newest when it
+shrinks, and torchrun restarts every worker each time membership changes (`elastic/restart.py` resumes them from
+the checkpoint).
+
+Rendezvous settings as measured to work here (environment.md): `last_call_timeout=1` with
+`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (a fresh store per round), else restarts fail in gloo's connectFullMesh.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+from ddlrepro.elastic.cluster import SERVER_ENV, TOKEN_ENV
+from ddlrepro.elastic.schedule import largest_size, parse_schedule
+from ddlrepro.elastic.server import Cluster, ClusterConfig, ConfigServer
+from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
+from ddlrepro.launchers.elastic import verify_continuity
+from ddlrepro.launchers.local import free_loopback_port
+from ddlrepro.launchers.processes import POLL_INTERVAL_S, Started, drain, start, stop
+from ddlrepro.points import Point
+from ddlrepro.rundir import OutputCollector
+
+WORKER_MODULE = "ddlrepro.elastic.restart"
+
+
+def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
+    """The agent command (agent i adds `is_host` for the first) and environment; no process is started."""
+    schedule = parse_schedule(point.params["schedule"])
+    most = largest_size(schedule, point.params["initial_workers"])
+    port = free_loopback_port()
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes=1:{most}",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=ddlrepro",
+        "--max-restarts=1000",
+        "--monitor-interval=0.1",
+        "-m",
+        WORKER_MODULE,
+        point.to_json(),
+    ]
+    env = {
+        "OMP_NUM_THREADS": str(point.threads_per_worker),
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
+        SERVER_ENV: f"127.0.0.1:{free_loopback_port()}",
+    }
+    rendezvous = {
+        "endpoint": f"127.0.0.1:{port}",
+        "config_server": env[SERVER_ENV],
+        "schedule": point.params["schedule"],
+        "initial_workers": point.params["initial_workers"],
+        "rdzv_conf": point.params.get("rdzv_conf", "last_call_timeout=1"),
+    }
+    return JobSpec("torchrun", [WorkerSpec(None, command, env)], timeout_s, rendezvous)
+
+
+class Agents:
+    """The job's torchrun agents by member id; started and stopped as the cluster changes."""
+
+    def __init__(self, spec: JobSpec, output: OutputCollector, token: str) -> None:
+        (self.template,) = spec.workers
+        self.rdzv_conf = spec.rendezvous["rdzv_conf"]
+        self.output = output
+        self.token = token
+        self.running: dict[int, Started] = {}
+        self.stopping: set[int] = set()
+
+    def start(self, agent: int) -> None:
+        is_host = int(agent == 0)
+        command = list(self.template.command)
+        command.insert(command.index(WORKER_MODULE) - 1, f"--rdzv-conf={self.rdzv_conf},is_host={is_host}")
+        env = {**self.template.env, TOKEN_ENV: self.token}
+        self.running[agent] = start(WorkerSpec(agent, command, env), partial(self.output.add_line, agent))
+
+    def new_agents(self, count: int, members: list[int]) -> list[int]:
+        first = len(self.running)
+        for agent in range(first, first + count):
+            self.start(agent)
+        return list(range(first, first + count))
+
+    def follow(self, cluster: Cluster) -> None:
+        """Stop the agents no longer in the cluster (in the background: stopping waits for them)."""
+        leaving = [a for a in self.running if a not in cluster.members and a not in self.stopping and cluster.members]
+        self.stopping.update(leaving)
+        threading.Thread(target=stop, args=([self.running[a] for a in leaving],), daemon=True).start()
+
+    def failed(self) -> list[int]:
+        return [a for a, one in self.running.items() if one.process.poll() not in (None, 0) and a not in self.stopping]
+
+    def all_exited(self) -> bool:
+        return all(one.process.poll() is not None for one in self.running.values())
+
+
+def execute(spec: JobSpec, output: OutputCollector) -> None:
+    """Run the agents until the schedule stops the job; raise RunFailed if an agent fails or on a timeout."""
+    token = secrets.token_urlsafe(24)
+    agents = Agents(spec, output, token)
+    initial = spec.rendezvous["initial_workers"]
+    config = ClusterConfig(list(range(initial)), agents.new_agents, agents.follow)
+    host, _, port = spec.rendezvous["config_server"].rpartition(":")
+    deadline = time.monotonic() + spec.timeout_s
+    try:
+        with ConfigServer(config, token, host, int(port)):
+            for agent in range(initial):
+                agents.start(agent)
+            while not (agents.all_exited() and not config.latest.members):
+                if agents.failed():
+                    agent = agents.failed()[0]
+                    raise RunFailed(agent, "(torchrun agent) failed", output.stderr_tail(agent))
+                if time.monotonic() > deadline:
+                    raise RunFailed(None, f"timed out after {spec.timeout_s:g} s", output.stderr_tail(0))
+                time.sleep(POLL_INTERVAL_S)
+        verify_continuity(output)
+    finally:
+        stop(list(agents.running.values()))
+        drain(list(agents.running.values()))

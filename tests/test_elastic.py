@@ -1,0 +1,267 @@
+"""In-place elastic training: the config server, resizes without restarts, data continuity, faults, and the
+torchrun baseline, all with real multi-process gloo jobs."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from ddlrepro.elastic.client import ConfigClient, ConfigServerError
+from ddlrepro.elastic.ledger import LedgerError, trained_ranges, verify
+from ddlrepro.elastic.schedule import parse_schedule
+from ddlrepro.elastic.server import ClusterConfig, ConfigServer
+from ddlrepro.points import Point
+from ddlrepro.run import run_point
+from ddlrepro.tables import run_rows
+
+TOKEN = "test-token-123456"
+
+
+def elastic_point(schedule: str, launcher: str = "elastic", standby: int = 0, initial: int = 1) -> Point:
+    sizes = [entry.size for entry in parse_schedule(schedule)]
+    params = {
+        "model": "resnet20",
+        "image_size": 16,
+        "batch_size": 4,
+        "dataset_size": 64,
+        "initial_workers": initial,
+        "schedule": schedule,
+        "mode": launcher,
+        "launcher": launcher,
+        "standby": standby,
+        "collective_timeout_s": 30,
+    }
+    return Point("kungfu-fig7", "elastic", max(initial, *sizes), 1, params)
+
+
+def ledger(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+
+
+def sizes_by_step(run_dir: Path) -> dict[int, int]:
+    rows = run_rows(run_dir)
+    sizes = rows[rows["metric"] == "cluster_size"]
+    return dict(zip(sizes["step"].astype(int), sizes["value"].astype(int), strict=True))
+
+
+def resize_events(run_dir: Path) -> pd.DataFrame:
+    rows = run_rows(run_dir)
+    rows = rows[rows["metric"].str.startswith("resize_")]
+    return rows.pivot_table(index="step", columns="metric", values="value")
+
+
+# ---------------------------------------------------------------- config server
+
+
+@pytest.fixture
+def server():
+    spawned = iter(range(100, 200))
+    config = ClusterConfig([0], lambda count, members: [next(spawned) for _ in range(count)])
+    with ConfigServer(config, TOKEN) as running:
+        yield running
+
+
+def raw(server: ConfigServer, method: str, path: str, body: bytes = b"", headers: dict | None = None) -> int:
+    host, port = server.address.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=5)
+    connection.request(method, path, body, headers or {})
+    status = connection.getresponse().status
+    connection.close()
+    return status
+
+
+def test_server_binds_loopback_and_versions_every_change(server: ConfigServer) -> None:
+    assert server.address.startswith("127.0.0.1:")
+    client = ConfigClient(server.address, TOKEN)
+    assert client.latest().members == [0]
+    assert client.resize(3).members == [0, 100, 101]
+    assert client.remove(100).members == [0, 101]
+    assert client.put([5, 0]).members == [5, 0]
+    assert client.reset().members == [0]
+    assert client.resize(0).members == []
+    assert [client.version(v).members for v in (1, 2)] == [[0], [0, 100, 101]]
+    assert client.latest().version == 6
+
+
+def test_server_long_poll_returns_the_next_version(server: ConfigServer) -> None:
+    client = ConfigClient(server.address, TOKEN)
+    threading.Timer(0.2, lambda: ConfigClient(server.address, TOKEN).resize(2)).start()
+    started = time.monotonic()
+    assert client.wait_newer(1, timeout_s=5).version == 2
+    assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "headers", "status"),
+    [
+        ("POST", "/resize", b'{"size": 2}', {}, 401),
+        ("POST", "/resize", b'{"size": 2}', {"Authorization": "Bearer wrong"}, 401),
+        ("POST", "/resize", b"{not json", {"Authorization": f"Bearer {TOKEN}"}, 400),
+        ("POST", "/resize", b"[1, 2]", {"Authorization": f"Bearer {TOKEN}"}, 400),
+        ("POST", "/resize", b'{"size": -1}', {"Authorization": f"Bearer {TOKEN}"}, 400),
+        ("POST", "/resize", b'{"size": "2"}', {"Authorization": f"Bearer {TOKEN}"}, 400),
+        ("POST", "/resize", b'{"size": true}', {"Authorization": f"Bearer {TOKEN}"}, 400),
+        ("POST", "/resize", b"\xff\xfe", {"Authorization": f"Bearer {TOKEN}"}, 400),
+        ("POST", "/remove", b'{"worker": 7}', {"Authorization": f"Bearer {TOKEN}"}, 409),
+        ("PUT", "/config", b'{"members": [1, 1]}', {"Authorization": f"Bearer {TOKEN}"}, 400),
+        ("PUT", "/config", b'{"members": "0"}', {"Authorization": f"Bearer {TOKEN}"}, 400),
+        ("POST", "/nowhere", b"{}", {"Authorization": f"Bearer {TOKEN}"}, 404),
+        ("GET", "/nowhere", b"", {}, 404),
+        ("GET", "/config?version=99", b"", {}, 404),
+        ("GET", "/config?version=x", b"", {}, 400),
+        ("GET", "/config?after=1&timeout=-3", b"", {}, 400),
+        ("POST", "/resize", b"x" * 70_000, {"Authorization": f"Bearer {TOKEN}"}, 413),
+    ],
+)
+def test_server_refuses_bad_requests_and_keeps_serving(
+    server: ConfigServer, method: str, path: str, body: bytes, headers: dict, status: int
+) -> None:
+    assert raw(server, method, path, body, headers) == status
+    assert raw(server, "GET", "/health") == 200
+    assert ConfigClient(server.address).latest().members == [0]
+
+
+def test_client_reports_refusals(server: ConfigServer) -> None:
+    with pytest.raises(ConfigServerError, match="401"):
+        ConfigClient(server.address, "wrong-token").resize(2)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "problem"),
+    [
+        ("10:2,5:1,20:0", "must increase"),
+        ("10:2,20:1", "end with size 0"),
+        ("10:0,20:0", "only the last"),
+        ("10-2", "step:size"),
+    ],
+)
+def test_bad_schedules_are_refused(schedule: str, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        parse_schedule(schedule)
+
+
+def test_ledger_catches_skipped_and_repeated_samples() -> None:
+    records = [{"time": 1, "start": 0, "count": 4}, {"time": 2, "start": 8, "count": 4}]
+    with pytest.raises(LedgerError, match="4 samples skipped"):
+        verify(records, 12)
+    with pytest.raises(LedgerError, match="trained twice"):
+        verify([*records, {"time": 3, "start": 4, "count": 8}], 16)
+    lost_then_redone = [
+        {"time": 1, "start": 0, "count": 4},
+        {"time": 2, "start": 4, "count": 4},
+        {"time": 3, "resume": 4},
+        {"time": 4, "start": 4, "count": 4},
+    ]
+    verify(lost_then_redone, 8)
+    assert trained_ranges(lost_then_redone) == [(0, 4), (4, 4)]
+
+
+# ---------------------------------------------------------------- in-place resizing
+
+SCHEDULE = "4:2,8:1,12:3,16:2,20:1,24:0"
+
+
+@pytest.mark.parametrize("standby", [0, 1], ids=["cold", "warm"])
+def test_several_grows_and_shrinks_in_place(tmp_path: Path, standby: int) -> None:
+    point = elastic_point(SCHEDULE, standby=standby)
+    result = run_point(point, tmp_path / "run", timeout_s=240)
+    assert result["summary"]["steps"] == 24
+    verify(ledger(tmp_path / "run"), result["summary"]["samples"])
+    expected = {step: size for step in range(24) for size in [_size_at(step)]}
+    assert sizes_by_step(tmp_path / "run") == expected
+    events = resize_events(tmp_path / "run")
+    assert list(events.index) == [4, 8, 12, 16, 20]
+    assert list(events["resize_to_size"]) == [2, 1, 3, 2, 1]
+    phases = events[[c for c in events.columns if c.endswith("_s") and c not in _TOTALS]].sum(axis=1)
+    assert (phases - events["resize_latency_s"]).abs().max() < 1e-6
+    assert (events["resize_latency_s"] < 30).all()
+
+
+_TOTALS = {"resize_latency_s", "resize_to_sync_s"}
+
+
+def _size_at(step: int) -> int:
+    size = 1
+    for entry in parse_schedule(SCHEDULE):
+        if step >= entry.step:
+            size = entry.size
+    return size
+
+
+def test_survivors_keep_their_processes(tmp_path: Path) -> None:
+    """Rank 0 is the same process from the first step to the last: it was never restarted."""
+    run_point(elastic_point("3:2,6:1,9:0"), tmp_path / "run", timeout_s=120)
+    workers = [
+        json.loads(line.split("DDLREPRO ", 1)[1])
+        for line in (tmp_path / "run" / "log.txt").open()
+        if '"kind": "worker"' in line
+    ]
+    assert sorted(worker["rank"] for worker in workers) == [0, 1]
+    provenance = json.loads((tmp_path / "run" / "provenance.json").read_text())
+    assert len({worker["pid"] for worker in provenance["workers"]}) == 2
+
+
+def test_killed_worker_survivors_continue(tmp_path: Path) -> None:
+    """kill -9 of one of three workers mid-step: the other two notice within 5 s and go on at 2 workers, from
+    their in-memory state, losing at most the step in flight; the run still succeeds with no sample lost."""
+    point = elastic_point("400:0", initial=3)
+    run_dir = tmp_path / "run"
+    outcome: dict = {}
+    runner = threading.Thread(target=lambda: outcome.update(run_point(point, run_dir, timeout_s=300)))
+    runner.start()
+    victim = _wait_for_worker(run_dir, worker=1, after_steps=20)
+    killed_at = time.time()
+    os.kill(victim, signal.SIGKILL)
+    runner.join(timeout=300)
+    assert outcome, (run_dir / "log.txt").read_text()[-3000:]
+    rows = run_rows(run_dir)
+    noticed = rows[rows["metric"] == "fault_detected"]
+    assert set(noticed["rank"]) == {0, 2} or len(noticed) == 2
+    assert (noticed["value"] - killed_at).max() <= 5.0
+    events = resize_events(run_dir)
+    fault = events[events["resize_fault"] == 1]
+    assert len(fault) == 1 and int(fault["resize_to_size"].iloc[0]) == 2
+    sizes = sizes_by_step(run_dir)
+    fault_step = int(fault.index[0])
+    assert all(size == 2 for step, size in sizes.items() if step >= fault_step)
+    records = ledger(run_dir)
+    verify(records, outcome["summary"]["samples"])
+    committed = [r["start"] + r["count"] for r in records if "start" in r and r["time"] < killed_at]
+    resumed = [r["resume"] for r in records if "resume" in r and r["time"] > killed_at]
+    assert resumed[0] >= max(committed) - 3 * point.params["batch_size"]
+
+
+def _wait_for_worker(run_dir: Path, worker: int, after_steps: int) -> int:
+    """The pid of `worker` once rank 0 has trained `after_steps` steps."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        log = (run_dir / "log.txt").read_text() if (run_dir / "log.txt").exists() else ""
+        records = [json.loads(line.split("DDLREPRO ", 1)[1]) for line in log.splitlines() if "DDLREPRO " in line]
+        pids = {r["rank"]: r["pid"] for r in records if r["kind"] == "worker"}
+        steps = [r for r in records if r["kind"] == "metric" and r["metric"] == "cluster_size"]
+        if worker in pids and len(steps) >= after_steps:
+            return pids[worker]
+        time.sleep(0.05)
+    raise AssertionError("the workers did not start training")
+
+
+# ---------------------------------------------------------------- torchrun baseline
+
+
+@pytest.mark.slow
+def test_torchrun_baseline_restarts_and_keeps_continuity(tmp_path: Path) -> None:
+    result = run_point(elastic_point("3:2,6:1,9:0", launcher="torchrun"), tmp_path / "run", timeout_s=240)
+    assert result["summary"]["steps"] == 9
+    verify(ledger(tmp_path / "run"), result["summary"]["samples"])
+    events = resize_events(tmp_path / "run")
+    assert list(events["resize_to_size"]) == [2, 1]
+    assert (events["resize_restart_s"] > 0).all()
+    assert sizes_by_step(tmp_path / "run") == {step: 2 if 3 <= step < 6 else 1 for step in range(9)}
