@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from ddlrepro.elastic.client import ConfigClient, ConfigServerError
+from ddlrepro.elastic.faults import live_records, worker_pid
 from ddlrepro.elastic.ledger import LedgerError, trained_ranges, verify
 from ddlrepro.elastic.schedule import parse_schedule
 from ddlrepro.elastic.server import ClusterConfig, ConfigServer
@@ -199,11 +200,7 @@ def _size_at(step: int) -> int:
 def test_survivors_keep_their_processes(tmp_path: Path) -> None:
     """Rank 0 is the same process from the first step to the last: it was never restarted."""
     run_point(elastic_point("3:2,6:1,9:0"), tmp_path / "run", timeout_s=120)
-    workers = [
-        json.loads(line.split("DDLREPRO ", 1)[1])
-        for line in (tmp_path / "run" / "log.txt").open()
-        if '"kind": "worker"' in line
-    ]
+    workers = [record for record in live_records(tmp_path / "run") if record["kind"] == "worker"]
     assert sorted(worker["rank"] for worker in workers) == [0, 1]
     provenance = json.loads((tmp_path / "run" / "provenance.json").read_text())
     assert len({worker["pid"] for worker in provenance["workers"]}) == 2
@@ -217,7 +214,7 @@ def test_killed_worker_survivors_continue(tmp_path: Path) -> None:
     outcome: dict = {}
     runner = threading.Thread(target=lambda: outcome.update(run_point(point, run_dir, timeout_s=300)))
     runner.start()
-    victim = _wait_for_worker(run_dir, worker=1, after_steps=20)
+    victim = worker_pid(run_dir, worker=1, after_steps=20)
     killed_at = time.time()
     os.kill(victim, signal.SIGKILL)
     runner.join(timeout=300)
@@ -239,20 +236,6 @@ def test_killed_worker_survivors_continue(tmp_path: Path) -> None:
     assert resumed[0] >= max(committed) - 3 * point.params["batch_size"]
 
 
-def _wait_for_worker(run_dir: Path, worker: int, after_steps: int) -> int:
-    """The pid of `worker` once rank 0 has trained `after_steps` steps."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        log = (run_dir / "log.txt").read_text() if (run_dir / "log.txt").exists() else ""
-        records = [json.loads(line.split("DDLREPRO ", 1)[1]) for line in log.splitlines() if "DDLREPRO " in line]
-        pids = {r["rank"]: r["pid"] for r in records if r["kind"] == "worker"}
-        steps = [r for r in records if r["kind"] == "metric" and r["metric"] == "cluster_size"]
-        if worker in pids and len(steps) >= after_steps:
-            return pids[worker]
-        time.sleep(0.05)
-    raise AssertionError("the workers did not start training")
-
-
 # ---------------------------------------------------------------- torchrun baseline
 
 
@@ -265,3 +248,11 @@ def test_torchrun_baseline_restarts_and_keeps_continuity(tmp_path: Path) -> None
     assert list(events["resize_to_size"]) == [2, 1]
     assert (events["resize_restart_s"] > 0).all()
     assert sizes_by_step(tmp_path / "run") == {step: 2 if 3 <= step < 6 else 1 for step in range(9)}
+
+
+def test_slurm_gives_an_elastic_point_one_node() -> None:
+    from ddlrepro.launchers.slurm import allocation
+
+    slurm = {"tasks_per_node": 2, "mem_mb_per_worker": 1000, "gpus_per_node": 0, "partition": None, "account": None}
+    settings = allocation(elastic_point("10:4,20:1,30:0"), slurm, runtime_min=30)
+    assert (settings["nodes"], settings["tasks"], settings["tasks_per_node"]) == (1, 4, 4)

@@ -25,11 +25,14 @@ from ddlrepro.rundir import OutputCollector
 LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
 FAILED_TASK = re.compile(r"task (\d+)")
 PORT_BASE, PORT_RANGE = 15000, 20000
+SINGLE_NODE_LAUNCHERS = {"elastic", "torchrun"}
 
 
 def allocation(point: Point, slurm: dict[str, Any], runtime_min: int) -> dict[str, Any]:
-    """The sbatch settings of a point: one task per worker, packed `tasks_per_node` to a node."""
-    per_node = min(point.workers, slurm["tasks_per_node"])
+    """The sbatch settings of a point: one task per worker, packed `tasks_per_node` to a node. Elastic points
+    (their own launcher starts and stops the workers) get one node with room for their largest cluster."""
+    single_node = point.params.get("launcher") in SINGLE_NODE_LAUNCHERS
+    per_node = point.workers if single_node else min(point.workers, slurm["tasks_per_node"])
     settings = {
         "nodes": math.ceil(point.workers / per_node),
         "tasks": point.workers,

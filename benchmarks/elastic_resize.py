@@ -1,0 +1,93 @@
+"""Resize latency of the in-place elastic runtime vs torchrun's restart, on this machine, smoke model
+(config/config.yaml's kungfu-fig7 section), every mode on the same schedule in one run:
+
+- grow 1→2 from a warm standby (target ≤ 1 s); grow with a cold spawn (target ≤ 5 s); shrink 2→1 (target ≤ 30 ms);
+- in place ÷ torchrun on the same events (target: torchrun ≥ 10× slower);
+- a worker killed with SIGKILL: how long the survivor takes to notice, and to train again at the new size.
+
+Latency: from rank 0 seeing the new config to the first step completed at the new size (and, as KungFu defined
+it, to the new cluster having synchronised).
+
+    python benchmarks/elastic_resize.py [--schedule 10:2,20:1,30:2,40:1,50:0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ddlrepro.config import REPO_ROOT, load_config
+from ddlrepro.elastic.faults import worker_pid
+from ddlrepro.figures import kungfu_fig7
+from ddlrepro.run import run_point
+from ddlrepro.tables import run_rows, tidy_table
+
+TARGETS = {("inplace-warm", "grow"): 1.0, ("inplace-cold", "grow"): 5.0, ("inplace-cold", "shrink"): 0.030}
+
+
+def measure_schedule(section: dict, launcher: dict, scratch: Path) -> None:
+    points = kungfu_fig7.points(section, launcher)
+    for point in points:
+        run_point(point, scratch / point.id, timeout_s=900)
+    summary = kungfu_fig7.summarise(kungfu_fig7.events(tidy_table([scratch / point.id for point in points])))
+    print(
+        f"{section['model']} @{section.get('image_size')}px, batch {section['batch_size']}, "
+        f"schedule {section['schedule']}; medians over the events of each kind"
+    )
+    for row in summary.itertuples():
+        target = TARGETS.get((row.mode, row.kind))
+        note = (
+            f"  (target <= {target * 1000:g} ms)"
+            if target and target < 1
+            else f"  (target <= {target:g} s)"
+            if target
+            else ""
+        )
+        latency, to_sync = row.latency_s * 1000, row.to_sync_s * 1000
+        print(
+            f"  {row.mode:13s} {row.kind:6s} latency {latency:9.1f} ms, to sync {to_sync:9.1f} ms,"
+            f" torchrun / this = {row.speedup_vs_torchrun:7.1f}x{note}"
+        )
+
+
+def measure_fault(section: dict, launcher: dict, scratch: Path) -> None:
+    """Two workers; kill one mid-run; the survivor goes on alone."""
+    (point,) = kungfu_fig7.points(
+        {**section, "initial_workers": 2, "schedule": "200:0", "modes": ["inplace-cold"]}, launcher
+    )
+    run_dir = scratch / "fault"
+    runner = threading.Thread(target=run_point, args=(point, run_dir), kwargs={"timeout_s": 600})
+    runner.start()
+    pid = worker_pid(run_dir, worker=1, after_steps=30)
+    killed = time.time()
+    os.kill(pid, signal.SIGKILL)
+    runner.join()
+    rows = run_rows(run_dir)
+    noticed = rows.loc[rows["metric"] == "fault_detected", "value"].min() - killed
+    latency = rows.loc[rows["metric"] == "resize_latency_s", "value"].iloc[0]
+    print(
+        f"  kill -9 of 1 of 2 workers: noticed after {noticed * 1000:.1f} ms (target <= 5 s), "
+        f"training again at 1 worker {latency * 1000:.1f} ms after noticing"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--schedule", default=None, help="resize schedule (default: config.yaml's)")
+    args = parser.parse_args()
+    config = load_config(REPO_ROOT / "config" / "config.yaml")
+    section = dict(config["figures"]["kungfu-fig7"])
+    if args.schedule:
+        section["schedule"] = args.schedule
+    with tempfile.TemporaryDirectory() as scratch:
+        measure_schedule(section, config["launcher"], Path(scratch))
+        measure_fault(section, config["launcher"], Path(scratch))
+
+
+if __name__ == "__main__":
+    main()
