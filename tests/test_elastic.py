@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import snakemake
 
 from ddlrepro.elastic.client import ConfigClient, ConfigServerError
 from ddlrepro.elastic.faults import live_records, worker_pid
@@ -236,23 +237,36 @@ def test_killed_worker_survivors_continue(tmp_path: Path) -> None:
     assert resumed[0] >= max(committed) - 3 * point.params["batch_size"]
 
 
-# ---------------------------------------------------------------- torchrun baseline
-
-
-@pytest.mark.slow
-def test_torchrun_baseline_restarts_and_keeps_continuity(tmp_path: Path) -> None:
-    result = run_point(elastic_point("3:2,6:1,9:0", launcher="torchrun"), tmp_path / "run", timeout_s=240)
-    assert result["summary"]["steps"] == 9
-    verify(ledger(tmp_path / "run"), result["summary"]["samples"])
-    events = resize_events(tmp_path / "run")
-    assert list(events["resize_to_size"]) == [2, 1]
-    assert (events["resize_restart_s"] > 0).all()
-    assert sizes_by_step(tmp_path / "run") == {step: 2 if 3 <= step < 6 else 1 for step in range(9)}
-
-
 def test_slurm_gives_an_elastic_point_one_node() -> None:
     from ddlrepro.launchers.slurm import allocation
 
     slurm = {"tasks_per_node": 2, "mem_mb_per_worker": 1000, "gpus_per_node": 0, "partition": None, "account": None}
     settings = allocation(elastic_point("10:4,20:1,30:0"), slurm, runtime_min=30)
     assert (settings["nodes"], settings["tasks"], settings["tasks_per_node"]) == (1, 4, 4)
+
+
+@pytest.mark.slow
+def test_snakemake_builds_fig7(workflow_copy: Path) -> None:
+    """`snakemake kungfu_fig7`: the three modes of one schedule (torchrun's restarts included), the table, the
+    figure and the checks."""
+    overlay = workflow_copy / "fig7.yaml"
+    overlay.write_text(
+        "figures:\n  kungfu-fig7:\n    enabled: true\n    schedule: '3:2,6:1,9:0'\n    dataset_size: 64\n"
+        "    batch_size: 4\n"
+    )
+    built = snakemake(workflow_copy, "kungfu_fig7", "--configfile", "tests/configs/tiny.yaml", str(overlay))
+    assert built.returncode == 0, built.stderr[-3000:]
+    results = workflow_copy / "results"
+    assert (results / "figures" / "kungfu-fig7.png").stat().st_size > 0
+    summary = pd.read_csv(results / "tables" / "kungfu-fig7.summary.csv")
+    assert set(zip(summary["mode"], summary["kind"], strict=True)) == {
+        (mode, kind) for mode in ("inplace-cold", "inplace-warm", "torchrun") for kind in ("grow", "shrink")
+    }
+    assert (summary["events"] == 1).all()
+    checks = pd.read_csv(results / "checks" / "kungfu-fig7.tsv", sep="\t").set_index("check")
+    assert set(checks["status"]) <= {"pass", "fail"}
+    assert checks.loc["warm-grow-10x-torchrun", "status"] == "pass"
+    for run_dir in (results / "runs" / "kungfu-fig7").iterdir():
+        assert sizes_by_step(run_dir) == {step: 2 if 3 <= step < 6 else 1 for step in range(9)}
+    restarts = summary.loc[summary["mode"] == "torchrun", "restart"]
+    assert (restarts > 0).all()

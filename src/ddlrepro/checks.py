@@ -7,6 +7,7 @@ error in the references and raises.
 
 from __future__ import annotations
 
+import math
 import operator
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,10 @@ def select(summary: pd.DataFrame, selector: dict[str, Any], reference_id: str) -
         raise ReferenceError(
             f"reference {reference_id!r}: {len(rows)} rows match {describe_where(selector)}; add `aggregate`"
         )
-    value = rows[column].agg(selector.get("aggregate", "mean"))
-    return float(value) * selector.get("factor", 1.0)
+    value = float(rows[column].agg(selector.get("aggregate", "mean")))
+    if math.isnan(value):
+        raise NotMeasured(f"{column} was not measured for {describe_where(selector)} in this run")
+    return value * selector.get("factor", 1.0)
 
 
 def describe_where(selector: dict[str, Any]) -> str:
