@@ -210,7 +210,7 @@ def test_survivors_keep_their_processes(tmp_path: Path) -> None:
 def test_killed_worker_survivors_continue(tmp_path: Path) -> None:
     """kill -9 of one of three workers mid-step: the other two notice within 5 s and go on at 2 workers, from
     their in-memory state, losing at most the step in flight; the run still succeeds with no sample lost."""
-    point = elastic_point("400:0", initial=3)
+    point = elastic_point("120:0", initial=3)
     run_dir = tmp_path / "run"
     outcome: dict = {}
     runner = threading.Thread(target=lambda: outcome.update(run_point(point, run_dir, timeout_s=300)))

@@ -47,6 +47,11 @@ class Group:
         options.reduceOp = op
         self.backend.allreduce([tensor], options).wait()
 
+    def close(self) -> None:
+        """Tear the group down now: gloo closes its connections only when the backend is destroyed (abort and
+        shutdown do not), and peers blocked on it must fail at once rather than at their timeout."""
+        self.backend = None
+
     def broadcast(self, tensor: torch.Tensor, source: int) -> None:
         options = dist.BroadcastOptions()
         options.rootRank = source

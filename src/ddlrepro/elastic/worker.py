@@ -26,6 +26,8 @@ from ddlrepro.workloads.records import emit
 
 
 class InPlaceWorker:
+    """One elastic worker process: its trainer, its current cluster version and group, and rank 0's resize event."""
+
     def __init__(self, point: Point, worker: int, client: ConfigClient, store: dist.Store) -> None:
         self.params = point.params
         self.worker = worker
@@ -66,11 +68,10 @@ class InPlaceWorker:
                 step_time = self.trainer.train_step(self.group)
                 self.after_step(step_time)
                 latest = self.agree(self.propose_if_scheduled())
-            except RuntimeError as error:
+                if latest.version != self.cluster.version:
+                    self.change_to(latest)
+            except RuntimeError as error:  # a collective or a group formation failed: a worker is gone
                 self.recover(error)
-                continue
-            if latest.version != self.cluster.version:
-                self.change_to(latest)
 
     def propose_if_scheduled(self) -> ResizeEvent | None:
         """Rank 0 proposes the scheduled size to the config server once `step` steps are trained."""
@@ -89,13 +90,13 @@ class InPlaceWorker:
         if self.retired:
             membership.retire(self.retired)
             self.retired = []
+        event, self.event = self.event, None
         if self.rank != 0:
             return
         emit_step(self.trainer.step - 1, self.size, self.trainer.batch_size, step_time)
-        if self.event is not None:
-            self.event.mark("first_step")
-            self.event.emit(self.size)
-            self.event = None
+        if event is not None:
+            event.mark("first_step")
+            event.emit(self.size)
 
     def agree(self, proposed: ResizeEvent | None) -> Cluster:
         """Rank 0 reads the latest version and broadcasts it; everyone acts on that one."""
@@ -152,7 +153,7 @@ class InPlaceWorker:
         """Leave the cluster (a leaver, or everyone at the stop); rank 0 reports the result at the stop."""
         rank = self.rank if self.group is not None else None
         if rank == 0 and not cluster.members:
-            self.finish()
+            emit("result", rank=0, steps=self.trainer.step, samples=self.trainer.offset, last_version=cluster.version)
         self.leave_group()
         membership.retire(self.retired)
         self.retired = []
@@ -165,22 +166,14 @@ class InPlaceWorker:
             self.retired.append(self.group)
             self.group = None
 
-    def finish(self) -> None:
-        emit(
-            "result",
-            rank=0,
-            steps=self.trainer.step,
-            samples=self.trainer.offset,
-            versions=self.cluster.version + 1,
-        )
-
     def recover(self, error: RuntimeError) -> None:
         """A collective failed: elect the next version (without the dead) and re-form from in-memory state."""
         seen = time.time()
         failed = self.cluster
         emit("metric", rank=self.rank, step=self.trainer.step, metric="fault_detected", value=seen)
         print(f"worker {self.worker}: collective failed in version {failed.version}: {error}", file=sys.stderr)
-        self.leave_group()
+        self.group.close()
+        self.group = None
         while True:
             cluster = membership.elect_after_fault(self.client, self.store, failed, self.timeout_s * 2)
             self.event = ResizeEvent(self.trainer.step, len(failed.members), IN_PLACE_PHASES, fault=True)
