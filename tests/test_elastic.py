@@ -205,6 +205,8 @@ def test_survivors_keep_their_processes(tmp_path: Path) -> None:
     assert sorted(worker["rank"] for worker in workers) == [0, 1]
     provenance = json.loads((tmp_path / "run" / "provenance.json").read_text())
     assert len({worker["pid"] for worker in provenance["workers"]}) == 2
+    for written in ("jobspec.json", "provenance.json", "log.txt"):
+        assert "DDLREPRO_ELASTIC_TOKEN" not in (tmp_path / "run" / written).read_text()
 
 
 def test_killed_worker_survivors_continue(tmp_path: Path) -> None:
