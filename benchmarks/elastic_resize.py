@@ -34,11 +34,13 @@ def measure_schedule(section: dict, launcher: dict, scratch: Path) -> None:
     points = kungfu_fig7.points(section, launcher)
     for point in points:
         run_point(point, scratch / point.id, timeout_s=900)
-    summary = kungfu_fig7.summarise(kungfu_fig7.events(tidy_table([scratch / point.id for point in points])))
+    table = tidy_table([scratch / point.id for point in points])
+    summary = kungfu_fig7.summarise(kungfu_fig7.events(table))
     print(
         f"{section['model']} @{section.get('image_size')}px, batch {section['batch_size']}, "
         f"schedule {section['schedule']}; medians over the events of each kind"
     )
+    print(f"  cluster img/s (median per mode @ size): {steady_throughput(table)}")
     for row in summary.itertuples():
         target = TARGETS.get((row.mode, row.kind))
         note = (
@@ -53,6 +55,13 @@ def measure_schedule(section: dict, launcher: dict, scratch: Path) -> None:
             f"  {row.mode:13s} {row.kind:6s} latency {latency:9.1f} ms, to sync {to_sync:9.1f} ms,"
             f" torchrun / this = {row.speedup_vs_torchrun:7.1f}x{note}"
         )
+
+
+def steady_throughput(table) -> str:
+    """Median cluster img/s per mode and cluster size, away from the resizes."""
+    steps = table.pivot_table(index=["mode", "step"], columns="metric", values="value").reset_index()
+    medians = steps.groupby(["mode", "cluster_size"])["img_per_sec"].median()
+    return ", ".join(f"{mode} @{int(size)}: {rate:.0f}" for (mode, size), rate in medians.items())
 
 
 def measure_fault(section: dict, launcher: dict, scratch: Path) -> None:
