@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from ddlrepro.launchers import get_launcher
 from ddlrepro.launchers.base import RunFailed
@@ -21,22 +22,31 @@ from ddlrepro.rundir import (
 
 
 def run_point(
-    point: Point, run_dir: Path, launcher_name: str = "local", timeout_s: float = 3600, container: str | None = None
+    point: Point,
+    run_dir: Path,
+    launcher_name: str = "local",
+    timeout_s: float = 3600,
+    container: str | None = None,
+    image: dict[str, Any] | None = None,
+    **options: Any,
 ) -> dict:
     """Run `point` into `run_dir` and return its result record; raise RunFailed if any rank fails.
 
-    `container`: an image every worker runs inside (Slurm launcher: an Apptainer `.sif`)."""
+    `container`: an image every worker runs inside (Slurm launcher: an Apptainer `.sif`; local launcher: a
+    podman/docker image); `image`: the built image's reference and digest, recorded in the provenance;
+    `options`: further keyword arguments of the launcher's `render` (Kubernetes: `settings`)."""
     launcher = get_launcher(launcher_name)
     run_dir.mkdir(parents=True, exist_ok=True)
     set_aside_previous_attempt(run_dir)
-    spec = launcher.render(point, timeout_s, run_dir, **({"container": container} if container else {}))
+    options = {key: value for key, value in {"container": container, **options}.items() if value is not None}
+    spec = launcher.render(point, timeout_s, run_dir, **options)
     write_json_atomic(run_dir / "jobspec.json", spec.to_dict())
     started = time.time()
     with OutputCollector(run_dir) as output:
         try:
             launcher.execute(spec, output)
         finally:
-            provenance = run_provenance(asdict(point), spec.to_dict(), output.workers)
+            provenance = run_provenance(asdict(point), spec.to_dict(), output.workers, image)
             write_json_atomic(run_dir / "provenance.json", provenance)
     if output.result is None:
         raise RunFailed(0, "finished without reporting a result", output.stderr_tail(0))

@@ -5,7 +5,11 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-LAUNCHERS = {"local": "ddlrepro.launchers.local", "slurm": "ddlrepro.launchers.slurm"}
+LAUNCHERS = {
+    "local": "ddlrepro.launchers.local",
+    "slurm": "ddlrepro.launchers.slurm",
+    "kubernetes": "ddlrepro.launchers.kubernetes",
+}
 
 
 def get_launcher(name: str) -> ModuleType:
