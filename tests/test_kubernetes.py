@@ -59,7 +59,9 @@ def validated_objects(spec: kubernetes.JobSpec) -> list[dict[str, Any]]:
             continue
         for role, replica in manifest["spec"]["pytorchReplicaSpecs"].items():
             name = f"{manifest['metadata']['name']}-{role.lower()}"
-            objects.append({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": replica["template"]})
+            objects.append(
+                {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": replica["template"]}
+            )
     return objects
 
 
