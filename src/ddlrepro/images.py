@@ -3,7 +3,8 @@
 podman/docker: the image ID (a sha256 digest) goes into a JSON "digest file" under `results/images/`; apptainer:
 a `.sif` beside its sha256. The runs take that file as input, so a changed image reruns them, and their provenance
 records the digest. The build context is assembled under `results/images/` from the repository's tracked inputs
-(and any extra wheels), so nothing else of the working tree (.venv, results) reaches the image.
+(and any extra wheels), so nothing else of the working tree (.venv, results) reaches the image; it is removed
+after the build.
 """
 
 from __future__ import annotations
@@ -76,12 +77,22 @@ def build_image(engine: str, settings: dict[str, Any], repo: Path, out: Path) ->
     out.parent.mkdir(parents=True, exist_ok=True)
     wheels = Path(settings["wheels"]) if settings["wheels"] else None
     context = prepare_context(repo, out.parent / f"context-{settings['variant']}", wheels)
-    if engine == "apptainer":
-        sif = out.with_suffix("") if out.suffix == ".sha256" else out
-        subprocess.run(apptainer_command(settings, sif), cwd=context, check=True)
-        record = {"engine": engine, "reference": str(sif.resolve()), "digest": f"sha256:{sha256_file(sif)}"}
-        sif.with_name(sif.name + ".sha256").write_text(f"{record['digest'].split(':', 1)[1]}  {sif.name}\n")
-        return record
+    try:
+        if engine == "apptainer":
+            return _build_sif(settings, context, out)
+        return _build_engine_image(engine, settings, context, out)
+    finally:
+        shutil.rmtree(context, ignore_errors=True)
+
+
+def _build_sif(settings: dict[str, Any], context: Path, sif: Path) -> dict[str, Any]:
+    subprocess.run(apptainer_command(settings, sif), cwd=context, check=True)
+    record = {"engine": "apptainer", "reference": str(sif.resolve()), "digest": f"sha256:{sha256_file(sif)}"}
+    sif.with_name(sif.name + ".sha256").write_text(f"{record['digest'].split(':', 1)[1]}  {sif.name}\n")
+    return record
+
+
+def _build_engine_image(engine: str, settings: dict[str, Any], context: Path, out: Path) -> dict[str, Any]:
     iidfile = out.with_name(out.name + ".iid")
     subprocess.run(build_command(engine, settings, context, iidfile), check=True)
     digest = iidfile.read_text().strip()
@@ -104,8 +115,3 @@ def read_image(path: Path) -> dict[str, Any]:
         sif = path.with_name(name.strip() or path.name.removesuffix(".sha256"))
         return {"engine": "apptainer", "reference": str(sif.resolve()), "digest": f"sha256:{digest}"}
     return json.loads(path.read_text())
-
-
-def run_container(image: dict[str, Any], engine_args: list[str], run_args: list[str]) -> tuple[str, list[str]]:
-    """The image ID and the command prefix that runs a worker in it (podman/docker `run`)."""
-    return image["digest"].removeprefix("sha256:"), [image["engine"], *engine_args, "run", *run_args]
