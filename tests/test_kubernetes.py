@@ -17,6 +17,7 @@ import yaml
 from conftest import REPO, tiny_point
 from kubernetes import client
 
+from ddlrepro.cli import main
 from ddlrepro.config import ConfigError, load_config, merge_into, validate_config
 from ddlrepro.launchers import kubernetes
 from ddlrepro.launchers.base import RunFailed
@@ -90,6 +91,26 @@ def test_kubernetes_validate_command_accepts_the_rendered_files(tmp_path: Path) 
         done = subprocess.run([command, "--strict", "-k", version, *paths], capture_output=True, text=True)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "INFO" in done.stdout and "ERROR" not in done.stdout
+
+
+def test_render_command_prints_the_manifests(capsys: pytest.CaptureFixture[str]) -> None:
+    settings = json.dumps({**SETTINGS, "kind": "job"})
+    main(
+        [
+            "render",
+            "--point",
+            tiny_point(workers=3).to_json(),
+            "--launcher",
+            "kubernetes",
+            "--launcher-settings",
+            settings,
+        ]
+    )
+    documents = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [document["kind"] for document in documents] == ["Service", "Job"]
+    assert documents[1]["spec"]["completions"] == 3
+    for document in documents:
+        kubernetes_validate.validate(document, "1.30.0", strict=True)
 
 
 def test_indexed_job_semantics() -> None:

@@ -47,6 +47,19 @@ def run_image(args: argparse.Namespace) -> tuple[dict | None, str | None]:
     return image, args.container
 
 
+def cmd_render(args: argparse.Namespace) -> None:
+    """Print the job a launcher would start (Kubernetes: its manifests as YAML, ready for `kubectl apply -f -`)."""
+    import yaml
+
+    from ddlrepro.launchers import get_launcher
+
+    settings = {"settings": json.loads(args.launcher_settings)} if args.launcher_settings else {}
+    spec = get_launcher(args.launcher).render(Point.from_json(args.point), args.timeout, Path(args.run_dir), **settings)
+    print(
+        yaml.safe_dump_all(spec.manifests, sort_keys=False) if spec.manifests else json.dumps(spec.to_dict(), indent=2)
+    )
+
+
 def cmd_build_image(args: argparse.Namespace) -> None:
     from ddlrepro.config import REPO_ROOT
     from ddlrepro.images import build_image
@@ -159,6 +172,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--container-run", help="JSON list: the command that runs a worker in the built image")
     run.add_argument("--launcher-settings", help="JSON: the launcher's config section (kubernetes)")
     run.set_defaults(handler=cmd_run_point)
+
+    render = commands.add_parser("render", help="print the job a launcher would start, without starting it")
+    render.add_argument("--point", required=True, help="the point as JSON")
+    render.add_argument("--launcher", default="local")
+    render.add_argument("--run-dir", default="results/runs/render")
+    render.add_argument("--timeout", type=float, default=3600)
+    render.add_argument("--launcher-settings", help="JSON: the launcher's config section (kubernetes)")
+    render.set_defaults(handler=cmd_render)
 
     build = commands.add_parser("build-image", help="build the training image (containers/) and write its digest")
     build.add_argument("--engine", required=True, choices=["podman", "docker", "apptainer"])

@@ -14,7 +14,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from kubernetes import client
 
@@ -226,22 +226,16 @@ def serialize(obj: Any) -> dict[str, Any]:
     return client.ApiClient().sanitize_for_serialization(obj)
 
 
-class Apis(Protocol):
-    """The parts of the kubernetes client this launcher calls (real: `connect()`; tests: recorded responses)."""
+@dataclass
+class Apis:
+    """The client APIs this launcher calls (real: `connect()`; the tests pass fakes with the same methods)."""
 
     core: client.CoreV1Api
     batch: client.BatchV1Api
     custom: client.CustomObjectsApi
 
 
-@dataclass
-class ClusterApis:
-    core: Any
-    batch: Any
-    custom: Any
-
-
-def connect(context: str | None = None) -> ClusterApis:
+def connect(context: str | None = None) -> Apis:
     """The in-cluster service account when running in a pod, else the kubeconfig (its current or named context)."""
     from kubernetes import config
 
@@ -249,7 +243,7 @@ def connect(context: str | None = None) -> ClusterApis:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config(context=context)
-    return ClusterApis(client.CoreV1Api(), client.BatchV1Api(), client.CustomObjectsApi())
+    return Apis(client.CoreV1Api(), client.BatchV1Api(), client.CustomObjectsApi())
 
 
 def execute(spec: JobSpec, output: OutputCollector, apis: Apis | None = None) -> None:
