@@ -229,14 +229,17 @@ class FakeCluster:
         self.calls: list[tuple[str, str]] = []
         self.attempt, self.polls, self.exists = -1, 0, False
         self.job, self.namespace = "", ""
+        self.leftover = False
+
+    def create_namespaced_service(self, namespace: str, body: dict[str, Any]) -> None:
+        if self.leftover:
+            raise client.ApiException(status=409, reason="Conflict")
+        self.calls.append(("create", body["kind"]))
 
     def _created(self, body: dict[str, Any]) -> None:
         self.calls.append(("create", body["kind"]))
         self.attempt, self.polls, self.exists = self.attempt + 1, 0, True
         self.job, self.namespace = body["metadata"]["name"], body["metadata"]["namespace"]
-
-    def create_namespaced_service(self, namespace: str, body: dict[str, Any]) -> None:
-        self.calls.append(("create", body["kind"]))
 
     def create_namespaced_job(self, namespace: str, body: dict[str, Any]) -> None:
         self._created(body)
@@ -271,6 +274,7 @@ class FakeCluster:
 
     def delete_namespaced_service(self, name: str, namespace: str) -> None:
         self.calls.append(("delete", "Service"))
+        self.leftover = False
 
     def _read(self) -> None:
         if not self.exists:
@@ -329,6 +333,16 @@ def test_successful_job_collects_every_pod_log_and_is_deleted(
     assert {what for verb, what in fake.calls if verb == "delete"} == set(created)
     provenance = json.loads((run_dir / "provenance.json").read_text())
     assert provenance["jobspec"]["manifests"] and provenance["jobspec"]["launcher"] == "kubernetes"
+
+
+def test_objects_left_by_a_killed_launcher_are_replaced(
+    worker_logs: dict[int, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeCluster("job", [[["succeeded", "succeeded"]]], [worker_logs])
+    fake.leftover, fake.job = True, kubernetes.job_name(tiny_point(workers=2))
+    run_dir = run_on(fake, tmp_path, "job", monkeypatch)
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
+    assert fake.calls[:3] == [("delete", "Service"), ("delete", "Job"), ("create", "Service")]
 
 
 def test_failed_pod_fails_the_run_naming_its_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

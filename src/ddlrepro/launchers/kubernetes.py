@@ -252,7 +252,7 @@ def execute(spec: JobSpec, output: OutputCollector, apis: Apis | None = None) ->
     retries = spec.rendezvous["startup_retries"]
     deadline = time.monotonic() + spec.timeout_s
     for attempt in range(retries + 1):
-        apply(apis, spec)
+        apply(apis, spec, deadline)
         try:
             outcome = wait(apis, spec, deadline)
             pods = collect_logs(apis, spec, output, attempt, file_lines=outcome.raced is None or attempt == retries)
@@ -274,7 +274,18 @@ class Outcome:
     raced: str | None = None
 
 
-def apply(apis: Apis, spec: JobSpec) -> None:
+def apply(apis: Apis, spec: JobSpec, deadline: float) -> None:
+    """Create the objects; objects of the same run left by a launcher that was killed are deleted first."""
+    try:
+        create(apis, spec)
+    except client.ApiException as error:
+        if error.status != 409:
+            raise
+        delete(apis, spec, deadline)
+        create(apis, spec)
+
+
+def create(apis: Apis, spec: JobSpec) -> None:
     namespace = spec.rendezvous["namespace"]
     for manifest in spec.manifests:
         if manifest["kind"] == "Service":
