@@ -131,8 +131,9 @@ def all_point_results(figures):
 def run_threads(wildcards):
     """Cores a run reserves: its workers' threads, or every core of this machine when local runs must not share it
     (on a cluster each run has its own allocation)."""
+    # Kubernetes: the pods run on the cluster; here only the launcher that watches them.
     if LAUNCHER == "kubernetes":
-        return 1  # the pods run on the cluster; here only the launcher that watches them
+        return 1
     point = lookup_point(wildcards)
     needed = point.workers * point.threads_per_worker
     sharing_this_machine = config["launcher"]["name"] == "local"
