@@ -11,15 +11,18 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/images.smk"
 include: "workflow/rules/runs.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/report.smk"
 
 
-# Only the distributed runs go to a cluster; tables, plots, checks, report and bundle run where Snakemake runs.
+# Only the distributed runs go to a cluster (images are built where Snakemake runs); tables, plots, checks, report and bundle run where Snakemake runs.
 localrules:
     all,
+    build_image,
+    build_sif,
     tabulate,
     plot,
     check_figure,

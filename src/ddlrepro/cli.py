@@ -25,11 +25,48 @@ def cmd_run_point(args: argparse.Namespace) -> None:
 
     _exit_on_sigterm()
     point = Point.from_json(args.point)
+    image, container = run_image(args)
+    options = {
+        "container_run": json.loads(args.container_run) if args.container_run else None,
+        "settings": json.loads(args.launcher_settings) if args.launcher_settings else None,
+    }
     try:
-        record = run_point(point, Path(args.run_dir), args.launcher, args.timeout, args.container)
+        record = run_point(point, Path(args.run_dir), args.launcher, args.timeout, container, image, **options)
     except RunFailed as failure:
         sys.exit(redact(f"run {point.figure}/{point.id} failed: {failure}\nlogs kept in {args.run_dir}"))
     print(f"run {point.figure}/{point.id} ok in {record['duration_s']:.1f} s: {record['summary']}")
+
+
+def run_image(args: argparse.Namespace) -> tuple[dict | None, str | None]:
+    """The built image the workers run in (from its digest file) and the container reference to start."""
+    from ddlrepro.images import read_image
+
+    image = read_image(Path(args.image_file)) if args.image_file else None
+    if image and args.container_run:
+        return image, image["digest"].removeprefix("sha256:")
+    return image, args.container
+
+
+def cmd_render(args: argparse.Namespace) -> None:
+    """Print the job a launcher would start (Kubernetes: its manifests as YAML, ready for `kubectl apply -f -`)."""
+    import yaml
+
+    from ddlrepro.launchers import get_launcher
+
+    settings = {"settings": json.loads(args.launcher_settings)} if args.launcher_settings else {}
+    spec = get_launcher(args.launcher).render(Point.from_json(args.point), args.timeout, Path(args.run_dir), **settings)
+    print(
+        yaml.safe_dump_all(spec.manifests, sort_keys=False) if spec.manifests else json.dumps(spec.to_dict(), indent=2)
+    )
+
+
+def cmd_build_image(args: argparse.Namespace) -> None:
+    from ddlrepro.config import REPO_ROOT
+    from ddlrepro.images import build_image
+
+    settings = {**json.loads(args.settings), "variant": args.variant}
+    record = build_image(args.engine, settings, REPO_ROOT, Path(args.out))
+    print(f"{args.out}: {record['engine']} image {record['reference']} {record['digest']}")
 
 
 def cmd_tabulate(args: argparse.Namespace) -> None:
@@ -131,7 +168,25 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--launcher", default="local")
     run.add_argument("--timeout", type=float, default=3600, help="seconds before the run is stopped")
     run.add_argument("--container", help="image every worker runs inside (Slurm: an Apptainer .sif)")
+    run.add_argument("--image-file", help="the built image's digest file (or .sif.sha256), recorded in provenance")
+    run.add_argument("--container-run", help="JSON list: the command that runs a worker in the built image")
+    run.add_argument("--launcher-settings", help="JSON: the launcher's config section (kubernetes)")
     run.set_defaults(handler=cmd_run_point)
+
+    render = commands.add_parser("render", help="print the job a launcher would start, without starting it")
+    render.add_argument("--point", required=True, help="the point as JSON")
+    render.add_argument("--launcher", default="local")
+    render.add_argument("--run-dir", default="results/runs/render")
+    render.add_argument("--timeout", type=float, default=3600)
+    render.add_argument("--launcher-settings", help="JSON: the launcher's config section (kubernetes)")
+    render.set_defaults(handler=cmd_render)
+
+    build = commands.add_parser("build-image", help="build the training image (containers/) and write its digest")
+    build.add_argument("--engine", required=True, choices=["podman", "docker", "apptainer"])
+    build.add_argument("--variant", required=True, choices=["cpu", "cuda"])
+    build.add_argument("--settings", required=True, help="JSON: the config's `images` section")
+    build.add_argument("--out", required=True, help="digest file (podman/docker) or .sif (apptainer)")
+    build.set_defaults(handler=cmd_build_image)
 
     tabulate = commands.add_parser("tabulate", help="tidy table from run folders")
     tabulate.add_argument("results", nargs="+", help="result.json files of the runs")

@@ -77,9 +77,13 @@ def host_inventory() -> dict[str, Any]:
 
 
 def run_provenance(
-    point: dict[str, Any], jobspec: dict[str, Any], workers: dict[int, dict[str, Any]]
+    point: dict[str, Any],
+    jobspec: dict[str, Any],
+    workers: dict[int, dict[str, Any]],
+    image: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything `provenance.json` holds for one run; `workers` are what each rank reported about itself."""
+    """Everything `provenance.json` holds for one run; `workers` are what each rank reported about itself,
+    `image` the container image the workers ran in (reference and digest; None when they ran on the host)."""
     first = workers.get(0, {})
     return {
         "git": git_state(),
@@ -90,6 +94,7 @@ def run_provenance(
         "hostnames": sorted({worker["hostname"] for worker in workers.values()}),
         "gpus": sorted({worker["gpu"] for worker in workers.values() if worker.get("gpu")}),
         "workers": [workers[rank] for rank in sorted(workers)],
+        "image": image,
         "jobspec": jobspec,
         "point": point,
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from ddlrepro.launchers import get_launcher
 from ddlrepro.launchers.base import RunFailed
@@ -21,23 +22,35 @@ from ddlrepro.rundir import (
 
 
 def run_point(
-    point: Point, run_dir: Path, launcher_name: str = "local", timeout_s: float = 3600, container: str | None = None
+    point: Point,
+    run_dir: Path,
+    launcher_name: str = "local",
+    timeout_s: float = 3600,
+    container: str | None = None,
+    image: dict[str, Any] | None = None,
+    **options: Any,
 ) -> dict:
     """Run `point` into `run_dir` and return its result record; raise RunFailed if any rank fails.
 
-    `container`: an image every worker runs inside (Slurm launcher: an Apptainer `.sif`). A point that names its
-    own launcher (elastic points: `elastic` or `torchrun`) runs under it, on this machine or the allocation's node."""
-    launcher = get_launcher(point.params.get("launcher", launcher_name))
+    `container`: an image every worker runs inside (Slurm launcher: an Apptainer `.sif`; local launcher: a
+    podman/docker image); `image`: the built image's reference and digest, recorded in the provenance;
+    `options`: further keyword arguments of the launcher's `render` (Kubernetes: `settings`). A point that names
+    its own launcher (elastic points: `elastic` or `torchrun`) runs under it, on this machine or the allocation's
+    node, without a container or launcher options."""
+    own_launcher = point.params.get("launcher")
+    launcher = get_launcher(own_launcher or launcher_name)
     run_dir.mkdir(parents=True, exist_ok=True)
     set_aside_previous_attempt(run_dir)
-    spec = launcher.render(point, timeout_s, run_dir, **({"container": container} if container else {}))
+    given = {"container": container, **options}
+    options = {} if own_launcher else {key: value for key, value in given.items() if value is not None}
+    spec = launcher.render(point, timeout_s, run_dir, **options)
     write_json_atomic(run_dir / "jobspec.json", spec.to_dict())
     started = time.time()
     with OutputCollector(run_dir) as output:
         try:
             launcher.execute(spec, output)
         finally:
-            provenance = run_provenance(asdict(point), spec.to_dict(), output.workers)
+            provenance = run_provenance(asdict(point), spec.to_dict(), output.workers, image)
             write_json_atomic(run_dir / "provenance.json", provenance)
     if output.result is None:
         raise RunFailed(0, "finished without reporting a result", output.stderr_tail(0))

@@ -60,6 +60,7 @@ class OutputCollector:
     """Receives every line the ranks print (from any launcher) and files it: log, metrics, worker records."""
 
     def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
         self.log = (run_dir / "log.txt").open("w")
         self.metrics = (run_dir / "metrics.jsonl").open("w")
         self.ledger_path = run_dir / "ledger.jsonl"

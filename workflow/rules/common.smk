@@ -52,13 +52,61 @@ def run_allocation(wildcards):
     return allocation(lookup_point(wildcards), config["launcher"]["slurm"], runtime)
 
 
-def container_option():
-    image = config["launcher"]["slurm"]["container"]
-    return (
-        f"--container {shlex.quote(image)}"
-        if image and config["launcher"]["name"] == "slurm"
-        else ""
+IMAGES = config["images"]
+LAUNCHER = config["launcher"]["name"]
+# Which launcher runs workers in which kind of built image (podman/docker: local processes; .sif: Slurm steps).
+IMAGE_RUNNERS = {"podman": {"local", "kubernetes"}, "docker": {"local", "kubernetes"}}
+IMAGE_RUNNERS["apptainer"] = {"slurm"}
+if IMAGES["build"] and LAUNCHER not in IMAGE_RUNNERS[IMAGES["build"]]:
+    raise WorkflowError(
+        f"images.build: {IMAGES['build']} images are not run by the {LAUNCHER} launcher"
+        f" (launcher.name); use {' or '.join(sorted(IMAGE_RUNNERS[IMAGES['build']]))}, or images.build: null"
     )
+
+
+def image_file():
+    """The built image's record (digest, or the .sif's sha256) every run depends on; none without images.build."""
+    if not IMAGES["build"]:
+        return []
+    suffix = "sif.sha256" if IMAGES["build"] == "apptainer" else "digest"
+    return [f"results/images/ddlrepro-{IMAGES['variant']}.{suffix}"]
+
+
+def image_sources(wildcards):
+    """Every file the image is built from."""
+    base = Path(workflow.basedir)
+    files = [base / "envs" / "requirements.txt", base / "pyproject.toml"]
+    files += [
+        path
+        for path in (base / "containers").rglob("*")
+        if path.is_file() and path.suffix != ".whl"
+    ]
+    files += [
+        path
+        for path in (base / "src" / "ddlrepro").rglob("*")
+        if path.is_file()
+        and "__pycache__" not in path.parts
+        and "figures" not in path.parts
+    ]
+    return sorted(str(path) for path in files)
+
+
+def launcher_options():
+    """run-point's options for the configured launcher and image (container, image digest, launcher settings)."""
+    options = []
+    sif = config["launcher"]["slurm"]["container"]
+    if IMAGES["build"] == "apptainer" and not sif:
+        sif = image_file()[0].removesuffix(".sha256")
+    if sif and LAUNCHER == "slurm":
+        options += ["--container", sif]
+    if image_file():
+        options += ["--image-file", image_file()[0]]
+    if IMAGES["build"] in ("podman", "docker") and LAUNCHER == "local":
+        engine = [IMAGES["build"], *IMAGES["engine_args"], "run", *IMAGES["run_args"]]
+        options += ["--container-run", json.dumps(engine)]
+    if LAUNCHER == "kubernetes":
+        options += ["--launcher-settings", json.dumps(config["launcher"]["kubernetes"])]
+    return " ".join(shlex.quote(option) for option in options)
 
 
 def allocated(name):
@@ -83,6 +131,9 @@ def all_point_results(figures):
 def run_threads(wildcards):
     """Cores a run reserves: its workers' threads, or every core of this machine when local runs must not share it
     (on a cluster each run has its own allocation)."""
+    # Kubernetes: the pods run on the cluster; here only the launcher that watches them.
+    if LAUNCHER == "kubernetes":
+        return 1
     point = lookup_point(wildcards)
     needed = point.workers * point.threads_per_worker
     sharing_this_machine = config["launcher"]["name"] == "local"

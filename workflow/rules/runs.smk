@@ -1,10 +1,12 @@
 # One distributed run per point. The point (JSON) is a param: a changed parameter gives a new point id anyway.
 # The resources are the point's Slurm allocation (launchers/slurm.py); the local launcher ignores them.
+# With images.build set, every run depends on the built image's digest: a changed image reruns the runs.
 
 
 rule run_point:
     input:
         resumed_point_result,
+        image_file(),
     output:
         "results/runs/{figure}/{point}/result.json",
     log:
@@ -27,7 +29,7 @@ rule run_point:
     params:
         point=lambda wildcards: shlex.quote(lookup_point(wildcards).to_json()),
         launcher=config["launcher"]["name"],
-        container=container_option(),
+        options=launcher_options(),
     shell:
         "python -m ddlrepro run-point --point {params.point} --launcher {params.launcher}"
-        " --run-dir $(dirname {output}) --timeout $(({resources.runtime} * 60)) {params.container} > {log} 2>&1"
+        " --run-dir $(dirname {output}) --timeout $(({resources.runtime} * 60)) {params.options} > {log} 2>&1"

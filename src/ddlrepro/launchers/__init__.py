@@ -8,6 +8,7 @@ from types import ModuleType
 LAUNCHERS = {
     "local": "ddlrepro.launchers.local",
     "slurm": "ddlrepro.launchers.slurm",
+    "kubernetes": "ddlrepro.launchers.kubernetes",
     "elastic": "ddlrepro.launchers.elastic",
     "torchrun": "ddlrepro.launchers.torchrun",
 }

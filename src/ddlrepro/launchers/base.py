@@ -18,12 +18,14 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A rendered job: saved as `jobspec.json` beside the run before anything starts."""
+    """A rendered job: saved as `jobspec.json` beside the run before anything starts (`manifests`: the Kubernetes
+    objects a cluster launcher applies)."""
 
     launcher: str
     workers: list[WorkerSpec]
     timeout_s: float
     rendezvous: dict[str, Any] = field(default_factory=dict)
+    manifests: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

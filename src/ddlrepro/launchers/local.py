@@ -7,6 +7,7 @@ a run past its time limit is stopped the same way. Nothing is left running when 
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 import time
 from functools import partial
@@ -24,8 +25,13 @@ def free_loopback_port() -> int:
         return probe.getsockname()[1]
 
 
-def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
-    """The exact commands and environment each worker will get (no process is started)."""
+def render(
+    point: Point, timeout_s: float, run_dir: Path, container: str | None = None, container_run: list[str] | None = None
+) -> JobSpec:
+    """The exact commands and environment each worker will get (no process is started).
+
+    With `container` (an image) and `container_run` (e.g. `podman run`), every worker runs in its own container
+    on the host's network, with the figure's run folders mounted at the same path."""
     port = free_loopback_port()
     workers = []
     for rank in range(point.workers):
@@ -40,8 +46,29 @@ def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
             "PYTHONUNBUFFERED": "1",
             "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
         }
-        workers.append(WorkerSpec(rank, [sys.executable, "-m", "ddlrepro.workloads", point.to_json()], env))
-    return JobSpec("local", workers, timeout_s, {"master_addr": "127.0.0.1", "master_port": port})
+        command = [sys.executable, "-m", "ddlrepro.workloads", point.to_json()]
+        if container and container_run:
+            command = in_container(container_run, container, container_name(point, rank), env, run_dir, command)
+        workers.append(WorkerSpec(rank, command, env))
+    rendezvous: dict = {"master_addr": "127.0.0.1", "master_port": port}
+    if container and container_run:
+        rendezvous["containers"] = [container_name(point, rank) for rank in range(point.workers)]
+        rendezvous["container_engine"] = container_run[: container_run.index("run")]
+    return JobSpec("local", workers, timeout_s, rendezvous)
+
+
+def container_name(point: Point, rank: int) -> str:
+    return f"ddlrepro-{point.id}-{rank}"
+
+
+def in_container(
+    run: list[str], image: str, name: str, env: dict[str, str], run_dir: Path, command: list[str]
+) -> list[str]:
+    """`command` run by `run` (podman/docker run) in `image`, with only `env` from this side (no secrets)."""
+    runs = str(run_dir.resolve().parent)
+    settings = [flag for key, value in env.items() for flag in ("-e", f"{key}={value}")]
+    inside = ["python", *command[1:]]
+    return [*run, "--rm", "--network=host", "--name", name, "-v", f"{runs}:{runs}", *settings, image, *inside]
 
 
 def execute(spec: JobSpec, output: OutputCollector) -> None:
@@ -53,6 +80,14 @@ def execute(spec: JobSpec, output: OutputCollector) -> None:
         _wait(workers, spec.timeout_s, output)
     finally:
         stop(workers)
+        remove_containers(spec)
+
+
+def remove_containers(spec: JobSpec) -> None:
+    """Containers outlive a killed `podman run`/`docker run` client: remove them by name (gone already is fine)."""
+    names = spec.rendezvous.get("containers")
+    if names:
+        subprocess.run([*spec.rendezvous["container_engine"], "rm", "--force", *names], capture_output=True)
 
 
 def _wait(workers: list[Started], timeout_s: float, output: OutputCollector) -> None:

@@ -1,0 +1,411 @@
+"""The Kubernetes launcher: its manifests (schema-valid for Kubernetes 1.30+, and semantically right), and its
+apply / wait / collect / delete logic against recorded-shaped API responses (no cluster can run here)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import REPO, tiny_point
+from kubernetes import client
+
+from ddlrepro.cli import main
+from ddlrepro.config import ConfigError, load_config, merge_into, validate_config
+from ddlrepro.launchers import kubernetes
+from ddlrepro.launchers.base import RunFailed
+from ddlrepro.run import run_point
+from ddlrepro.rundir import OutputCollector
+from ddlrepro.tables import tidy_table
+
+RECORDED = json.loads((Path(__file__).parent / "data" / "kubernetes" / "pods.json").read_text())
+VERSIONS = [f"1.{minor}.0" for minor in range(30, 38)]
+SETTINGS = {
+    "namespace": "ml-bench",
+    "image": "ml/ddlrepro:cpu",
+    "registry": "registry.example.org",
+    "image_pull_secrets": ["regcred"],
+    "memory_mb_per_worker": 4000,
+    "gpus_per_worker": 1,
+    "poll_interval_s": 0.01,
+}
+LOG_LINE = re.compile(r"^\[rank (\d+)(?: stderr)?\] (.*)$")
+
+
+def rendered(kind: str, workers: int = 4, **settings: Any) -> kubernetes.JobSpec:
+    return kubernetes.render(tiny_point(workers=workers), 600, Path("run"), {**SETTINGS, "kind": kind, **settings})
+
+
+def by_kind(spec: kubernetes.JobSpec) -> dict[str, dict[str, Any]]:
+    return {manifest["kind"]: manifest for manifest in spec.manifests}
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {item["name"]: item.get("value", item.get("valueFrom")) for item in container["env"]}
+
+
+def validated_objects(spec: kubernetes.JobSpec) -> list[dict[str, Any]]:
+    """What the schemas can check: the manifests, and a PyTorchJob's pod templates as PodTemplates."""
+    objects = []
+    for manifest in spec.manifests:
+        if manifest["kind"] != "PyTorchJob":
+            objects.append(manifest)
+            continue
+        for role, replica in manifest["spec"]["pytorchReplicaSpecs"].items():
+            name = f"{manifest['metadata']['name']}-{role.lower()}"
+            objects.append(
+                {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": name}, "template": replica["template"]}
+            )
+    return objects
+
+
+@pytest.mark.parametrize("kind", ["job", "pytorchjob"])
+@pytest.mark.parametrize("version", VERSIONS)
+def test_manifests_validate_strictly(kind: str, version: str) -> None:
+    for manifest in validated_objects(rendered(kind)):
+        kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_strict_validation_catches_a_misspelt_field() -> None:
+    job = copy.deepcopy(by_kind(rendered("job"))["Job"])
+    job["spec"]["parallelizm"] = 4
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, "1.30.0", strict=True)
+
+
+def test_kubernetes_validate_command_accepts_the_rendered_files(tmp_path: Path) -> None:
+    paths = []
+    for kind in ("job", "pytorchjob"):
+        path = tmp_path / f"{kind}.yaml"
+        path.write_text(yaml.safe_dump_all(validated_objects(rendered(kind))))
+        paths.append(str(path))
+    command = Path(sys.executable).parent / "kubernetes-validate"
+    for version in ("1.30.0", "1.37.0"):
+        done = subprocess.run([command, "--strict", "-k", version, *paths], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "INFO" in done.stdout and "ERROR" not in done.stdout
+
+
+def test_render_command_prints_the_manifests(capsys: pytest.CaptureFixture[str]) -> None:
+    settings = json.dumps({**SETTINGS, "kind": "job"})
+    main(
+        [
+            "render",
+            "--point",
+            tiny_point(workers=3).to_json(),
+            "--launcher",
+            "kubernetes",
+            "--launcher-settings",
+            settings,
+        ]
+    )
+    documents = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [document["kind"] for document in documents] == ["Service", "Job"]
+    assert documents[1]["spec"]["completions"] == 3
+    for document in documents:
+        kubernetes_validate.validate(document, "1.30.0", strict=True)
+
+
+def test_indexed_job_semantics() -> None:
+    spec = rendered("job", workers=4)
+    service, job = by_kind(spec)["Service"], by_kind(spec)["Job"]
+    pod = job["spec"]["template"]
+    assert job["spec"]["completionMode"] == "Indexed"
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 4
+    assert job["spec"]["backoffLimit"] == 0
+    assert pod["spec"]["restartPolicy"] == "Never"
+    (container,) = pod["spec"]["containers"]
+    env = env_of(container)
+    assert env["RANK"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+    }
+    assert env["WORLD_SIZE"] == "4"
+    # Pod i of an Indexed Job is host <job>-<i> under the subdomain: MASTER_ADDR must name pod 0 there.
+    name = job["metadata"]["name"]
+    assert pod["spec"]["subdomain"] == service["metadata"]["name"]
+    assert env["MASTER_ADDR"] == f"{name}-0.{service['metadata']['name']}"
+    assert env["MASTER_PORT"] == str(service["spec"]["ports"][0]["port"])
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert sorted(worker.rank for worker in spec.workers) == [0, 1, 2, 3]
+    assert {worker.env["MASTER_ADDR"] for worker in spec.workers} == {env["MASTER_ADDR"]}
+
+
+def test_resources_image_and_pull_secret_names() -> None:
+    job = by_kind(rendered("job", cpu_per_worker=2))["Job"]
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    expected = {"cpu": "2", "memory": "4000Mi", "nvidia.com/gpu": "1"}
+    assert container["resources"] == {"requests": expected, "limits": expected}
+    assert container["image"] == "registry.example.org/ml/ddlrepro:cpu"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert json.loads(container["command"][-1]) == json.loads(tiny_point(workers=4).to_json())
+    cpu_only = by_kind(rendered("job", gpus_per_worker=0))["Job"]["spec"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in cpu_only["resources"]["limits"]
+
+
+def test_image_reference_keeps_a_named_registry() -> None:
+    assert kubernetes.image_reference({"image": "ghcr.io/o/i:1", "registry": "r.example"}) == "ghcr.io/o/i:1"
+    assert kubernetes.image_reference({"image": "o/i:1", "registry": "r.example/"}) == "r.example/o/i:1"
+    assert kubernetes.image_reference({"image": "i:1", "registry": None}) == "i:1"
+    with pytest.raises(ValueError, match=r"launcher\.kubernetes\.image"):
+        kubernetes.image_reference({"image": None})
+
+
+def test_pytorchjob_semantics() -> None:
+    job = by_kind(rendered("pytorchjob", workers=4))["PyTorchJob"]
+    assert job["apiVersion"] == "kubeflow.org/v1"
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 3)
+    for replica in replicas.values():
+        assert replica["restartPolicy"] == replica["template"]["spec"]["restartPolicy"] == "Never"
+        (container,) = replica["template"]["spec"]["containers"]
+        assert container["name"] == "pytorch"
+        assert not {"MASTER_ADDR", "MASTER_PORT", "RANK"} & set(env_of(container))
+    single = by_kind(rendered("pytorchjob", workers=1))["PyTorchJob"]["spec"]["pytorchReplicaSpecs"]
+    assert list(single) == ["Master"]
+
+
+def test_unknown_kind_is_refused() -> None:
+    with pytest.raises(ValueError, match="kind"):
+        rendered("deployment")
+
+
+def test_no_secret_reaches_a_manifest(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REGISTRY_PASSWORD", "canary-registry-password-1234")
+    monkeypatch.setenv("HF_TOKEN", "canary-hf-token-5678")
+    text = json.dumps(rendered("job").to_dict()) + json.dumps(rendered("pytorchjob").to_dict())
+    assert "canary" not in text
+    assert "regcred" in text
+
+
+def test_config_section_is_validated_with_key_paths(tmp_path: Path) -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    config["launcher"]["kubernetes"]["kind"] = "deployment"
+    config["launcher"]["kubernetes"]["image_pull_secrets"] = "regcred"
+    with pytest.raises(ConfigError) as error:
+        validate_config(config)
+    assert "launcher.kubernetes.kind: 'deployment' is not valid" in str(error.value)
+    assert "launcher.kubernetes.image_pull_secrets" in str(error.value)
+
+
+# --- apply / wait / collect / delete against recorded-shaped responses ------------------------------------------
+
+
+def pod(job: str, namespace: str, kind: str, rank: int, state: str) -> dict[str, Any]:
+    """A recorded pod object in `state`, as rank `rank` of `job` (PyTorchJob pods carry replica labels instead)."""
+    text = json.dumps({**RECORDED["pending"], "status": RECORDED[state]["status"]})
+    text = text.replace("{job}", job).replace("{namespace}", namespace).replace("{index}", str(rank))
+    obj = json.loads(text)
+    if kind == "pytorchjob":
+        obj = json.loads(json.dumps(obj).replace('"name": "worker"', '"name": "pytorch"'))
+        del obj["metadata"]["annotations"]
+        role, index = ("master", 0) if rank == 0 else ("worker", rank - 1)
+        obj["metadata"]["labels"] = {
+            "ddlrepro/run": job,
+            "training.kubeflow.org/replica-type": role,
+            "training.kubeflow.org/replica-index": str(index),
+        }
+    return obj
+
+
+class FakeCluster:
+    """Answers the client calls the launcher makes, from the recorded pod objects.
+
+    `script[attempt]` is the sequence of pod states seen by successive polls (one state per rank; the last one
+    repeats); `logs[attempt][rank]` the log lines of that pod. Deleting the job removes its pods."""
+
+    def __init__(self, kind: str, script: list[list[list[str]]], logs: list[dict[int, list[str]]]) -> None:
+        self.kind, self.script, self.logs = kind, script, logs
+        self.core = self.batch = self.custom = self
+        self.calls: list[tuple[str, str]] = []
+        self.attempt, self.polls, self.exists = -1, 0, False
+        self.job, self.namespace = "", ""
+        self.leftover = False
+
+    def create_namespaced_service(self, namespace: str, body: dict[str, Any]) -> None:
+        if self.leftover:
+            raise client.ApiException(status=409, reason="Conflict")
+        self.calls.append(("create", body["kind"]))
+
+    def _created(self, body: dict[str, Any]) -> None:
+        self.calls.append(("create", body["kind"]))
+        self.attempt, self.polls, self.exists = self.attempt + 1, 0, True
+        self.job, self.namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+
+    def create_namespaced_job(self, namespace: str, body: dict[str, Any]) -> None:
+        self._created(body)
+
+    def create_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, body: dict):
+        assert (group, version, plural) == ("kubeflow.org", "v1", "pytorchjobs")
+        self._created(body)
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str) -> client.V1PodList:
+        assert label_selector == f"ddlrepro/run={self.job}"
+        states = self.script[self.attempt][min(self.polls, len(self.script[self.attempt]) - 1)] if self.exists else []
+        self.polls += 1
+        items = [pod(self.job, namespace, self.kind, rank, state) for rank, state in enumerate(states)]
+        body = {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "48999"}, "items": items}
+        return client.ApiClient().deserialize(json.dumps(body), "V1PodList", "application/json")
+
+    def read_namespaced_pod_log(self, name: str, namespace: str, container: str | None = None) -> str:
+        assert container == ("pytorch" if self.kind == "pytorchjob" else "worker")
+        rank = int(re.match(rf"{self.job}-(\d+)-", name).group(1))
+        return "\n".join(self.logs[self.attempt].get(rank, [])) + "\n"
+
+    def _deleted(self, what: str) -> None:
+        self.calls.append(("delete", what))
+        self.exists = False
+
+    def delete_namespaced_job(self, name: str, namespace: str, body: client.V1DeleteOptions) -> None:
+        assert body.propagation_policy == "Foreground"
+        self._deleted("Job")
+
+    def delete_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, name: str):
+        self._deleted("PyTorchJob")
+
+    def delete_namespaced_service(self, name: str, namespace: str) -> None:
+        self.calls.append(("delete", "Service"))
+        self.leftover = False
+
+    def _read(self) -> None:
+        if not self.exists:
+            error = client.ApiException(status=404, reason="Not Found")
+            error.body = json.dumps(RECORDED["not_found"]).replace("{job}", self.job)
+            raise error
+
+    def read_namespaced_job(self, name: str, namespace: str) -> None:
+        self._read()
+
+    def get_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, name: str):
+        self._read()
+
+
+@pytest.fixture(scope="module")
+def worker_logs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[str]]:
+    """What two real workers of a tiny point print (run here with the local launcher): each pod's log replays it."""
+    run_dir = tmp_path_factory.mktemp("local") / "run"
+    run_point(tiny_point(workers=2), run_dir)
+    logs: dict[int, list[str]] = {0: [], 1: []}
+    for line in (run_dir / "log.txt").read_text().splitlines():
+        rank, text = LOG_LINE.match(line).groups()
+        logs[int(rank)].append(text)
+    return logs
+
+
+def substituted(lines: list[str], job: str) -> list[str]:
+    return [line.replace("{job}", job) for line in lines]
+
+
+def run_on(fake: FakeCluster, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch, **settings: Any) -> Path:
+    monkeypatch.setattr(kubernetes, "connect", lambda context=None: fake)
+    run_dir = tmp_path / "runs" / "kungfu-fig9" / tiny_point(workers=2).id
+    run_point(tiny_point(workers=2), run_dir, "kubernetes", 60, settings={**SETTINGS, "kind": kind, **settings})
+    return run_dir
+
+
+@pytest.mark.parametrize("kind", ["job", "pytorchjob"])
+def test_successful_job_collects_every_pod_log_and_is_deleted(
+    kind: str, worker_logs: dict[int, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    phases = [["pending", "pending"], ["running", "pending"], ["running", "running"], ["succeeded", "succeeded"]]
+    fake = FakeCluster(kind, [phases], [worker_logs])
+    run_dir = run_on(fake, tmp_path, kind, monkeypatch)
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["status"] == "ok" and result["summary"]
+    pod_logs = sorted((run_dir / "pods" / "attempt-0").glob("*.log"))
+    assert len(pod_logs) == 2
+    log = (run_dir / "log.txt").read_text()
+    assert "[rank 0] " in log and "[rank 1] " in log
+    table = tidy_table([run_dir])
+    rates = table[table["metric"] == "img_per_sec"]
+    assert sorted(rates["rank"].unique()) == [0, 1]
+    created = [what for verb, what in fake.calls if verb == "create"]
+    assert created == (["Service", "Job"] if kind == "job" else ["PyTorchJob"])
+    assert {what for verb, what in fake.calls if verb == "delete"} == set(created)
+    provenance = json.loads((run_dir / "provenance.json").read_text())
+    assert provenance["jobspec"]["manifests"] and provenance["jobspec"]["launcher"] == "kubernetes"
+
+
+def test_objects_left_by_a_killed_launcher_are_replaced(
+    worker_logs: dict[int, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeCluster("job", [[["succeeded", "succeeded"]]], [worker_logs])
+    fake.leftover, fake.job = True, kubernetes.job_name(tiny_point(workers=2))
+    run_dir = run_on(fake, tmp_path, "job", monkeypatch)
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
+    assert fake.calls[:3] == [("delete", "Service"), ("delete", "Job"), ("create", "Service")]
+
+
+def test_failed_pod_fails_the_run_naming_its_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeCluster("job", [[["running", "running"], ["running", "failed"]]], [{1: RECORDED["crash_log"]}])
+    with pytest.raises(RunFailed) as failure:
+        run_on(fake, tmp_path, "job", monkeypatch)
+    assert failure.value.rank == 1
+    assert "exited with code 1" in str(failure.value)
+    assert "CUDA out of memory" in str(failure.value)
+    assert [verb for verb, _ in fake.calls].count("create") == 2  # service and job, once: no retry of a crash
+    run_dir = tmp_path / "runs" / "kungfu-fig9" / tiny_point(workers=2).id
+    assert not (run_dir / "result.json").exists()
+    assert ("delete", "Job") in fake.calls and ("delete", "Service") in fake.calls
+
+
+def test_startup_race_starts_the_job_again(
+    worker_logs: dict[int, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = kubernetes.job_name(tiny_point(workers=2))
+    race = [["pending", "pending"], ["pending", "failed"]]
+    success = [["running", "running"], ["succeeded", "succeeded"]]
+    fake = FakeCluster("job", [race, success], [{1: substituted(RECORDED["dns_race_log"], job)}, worker_logs])
+    run_dir = run_on(fake, tmp_path, "job", monkeypatch)
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
+    assert [what for verb, what in fake.calls if verb == "create"] == ["Service", "Job", "Service", "Job"]
+    assert "Name or service not known" in (run_dir / "pods" / "attempt-0" / f"{job}-1-x7k2p.log").read_text()
+    log = (run_dir / "log.txt").read_text()
+    assert "start-up race; starting the job again" in log
+    assert "Name or service not known" not in log  # the failed attempt's lines stay in pods/attempt-0
+
+
+def test_startup_race_without_retries_left_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = kubernetes.job_name(tiny_point(workers=2))
+    race = [["running", "failed"]]
+    fake = FakeCluster("job", [race, race], [{1: substituted(RECORDED["dns_race_log"], job)}] * 2)
+    with pytest.raises(RunFailed, match="start-up race; no retries left"):
+        run_on(fake, tmp_path, "job", monkeypatch, startup_retries=1)
+    assert [what for verb, what in fake.calls if verb == "create"].count("Job") == 2
+
+
+def test_image_pull_failure_names_image_and_secret_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeCluster("job", [[["image_pull_backoff", "image_pull_backoff"]]], [{}])
+    with pytest.raises(RunFailed, match=r"ImagePullBackOff for image registry\.example\.org/ml/ddlrepro:cpu.*regcred"):
+        run_on(fake, tmp_path, "job", monkeypatch)
+
+
+def test_timeout_stops_and_deletes_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeCluster("job", [[["pending", "pending"]]], [{}])
+    monkeypatch.setattr(kubernetes, "connect", lambda context=None: fake)
+    spec = kubernetes.render(tiny_point(workers=2), 0.05, tmp_path, {**SETTINGS, "kind": "job"})
+    (tmp_path / "run").mkdir()
+    with OutputCollector(tmp_path / "run") as output, pytest.raises(RunFailed, match=r"timed out after 0\.05 s"):
+        kubernetes.execute(spec, output, fake)
+    assert ("delete", "Job") in fake.calls
+
+
+def test_kubernetes_profile_sets_names_and_a_valid_config() -> None:
+    profile = yaml.safe_load((REPO / "profiles" / "kubernetes" / "config.yaml").read_text())
+    (override,) = profile["config"]
+    key, _, value = override.partition("=")
+    config = merge_into(load_config(REPO / "config" / "config.yaml"), {key: yaml.safe_load(value)})
+    validate_config(config)
+    section = config["launcher"]["kubernetes"]
+    assert config["launcher"]["name"] == "kubernetes"
+    assert section["namespace"] and section["image"] and section["registry"] and section["image_pull_secrets"]
+    assert not re.search("password|token|auth", json.dumps(profile), re.IGNORECASE)
