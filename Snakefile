@@ -11,6 +11,7 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
+include: "workflow/rules/software.smk"
 include: "workflow/rules/runs.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/figures.smk"
@@ -20,6 +21,7 @@ include: "workflow/rules/report.smk"
 # Only the distributed runs go to a cluster; tables, plots, checks, report and bundle run where Snakemake runs.
 localrules:
     all,
+    horovod,
     tabulate,
     plot,
     check_figure,

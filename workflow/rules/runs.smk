@@ -5,6 +5,7 @@
 rule run_point:
     input:
         resumed_point_result,
+        point_software,
     output:
         "results/runs/{figure}/{point}/result.json",
     log:

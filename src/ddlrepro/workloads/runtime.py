@@ -43,7 +43,9 @@ class RankContext:
     device: torch.device
 
     @classmethod
-    def from_environment(cls, threads: int, backend: str = "auto") -> RankContext:
+    def from_environment(cls, threads: int, backend: str = "auto", device: str = "backend") -> RankContext:
+        """`device`: `backend` (CUDA with NCCL, else CPU), `auto` (CUDA wherever present, whatever the backend)
+        or `cpu`."""
         rank = _env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
         world_size = _env_int("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
         local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
@@ -52,8 +54,11 @@ class RankContext:
         )
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() else "gloo"
-        device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
-        return cls(rank, world_size, local_rank, local_world_size, threads, backend, device)
+        if backend == "mpi" and not dist.is_mpi_available():
+            backend = "gloo"  # PyPI's torch has no MPI backend: MPI workloads use mpi4py beside a gloo group
+        on_cuda = backend == "nccl" or (device == "auto" and torch.cuda.is_available())
+        place = torch.device("cuda", local_rank) if on_cuda else torch.device("cpu")
+        return cls(rank, world_size, local_rank, local_world_size, threads, backend, place)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
