@@ -77,4 +77,8 @@ def tensorflow_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
         return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(replica_step), axis=None)
 
     settings = {"framework": "tensorflow", "strategy": "RING"}
-    return Trainer(step, lambda loss: float(loss.numpy()), settings)
+
+    def parameter_sum() -> float:
+        return float(sum(tf.reduce_sum(tf.cast(v, tf.float64)) for v in model.trainable_variables))
+
+    return Trainer(step, lambda loss: float(loss.numpy()), parameter_sum, settings)

@@ -35,12 +35,18 @@ FRAMEWORKS = ["torch", "horovod", "tensorflow"]
 
 @dataclass
 class Trainer:
-    """One framework's training step on the fixed batch, how to read its loss, and what to do at the end."""
+    """One framework's training step on the fixed batch, how to read its loss, the sum of its model's parameters
+    (equal on every rank when the gradients really were averaged), and what to do at the end."""
 
     step: Callable[[], Any]
     loss_value: Callable[[Any], float]
+    parameter_sum: Callable[[], float]
     settings: dict[str, Any]
     close: Callable[[], None] = lambda: None
+
+
+def torch_parameter_sum(model: nn.Module) -> Callable[[], float]:
+    return lambda: float(sum(parameter.detach().double().sum() for parameter in model.parameters()))
 
 
 def synthetic_batch(
@@ -128,7 +134,7 @@ def torch_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
         return loss
 
     settings = {"framework": "torch", "strategy": strategy, "monitor": params.get("monitor", "none")}
-    return Trainer(step, lambda loss: float(loss.item()), settings)
+    return Trainer(step, lambda loss: float(loss.item()), torch_parameter_sum(model), settings)
 
 
 def horovod_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
@@ -160,7 +166,7 @@ def horovod_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
 
     controller = "mpi" if hvd.mpi_enabled() and params.get("horovod_controller") == "mpi" else "gloo"
     settings = {"framework": "horovod", "strategy": "RING", "controller": controller}
-    return Trainer(step, lambda loss: float(loss.item()), settings, hvd.shutdown)
+    return Trainer(step, lambda loss: float(loss.item()), torch_parameter_sum(model), settings, hvd.shutdown)
 
 
 def make_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
@@ -178,9 +184,11 @@ def make_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
 
 def timed_iterations(trainer: Trainer, params: dict[str, Any], ctx: RankContext) -> list[float]:
     """The protocol: warm-up batches, then per timed iteration img/s (and the last loss) as metric records."""
+    loss = None
     for _ in range(params["warmup_batches"]):
         loss = trainer.step()
-    trainer.loss_value(loss) if params["warmup_batches"] else None
+    if loss is not None:
+        trainer.loss_value(loss)  # waits for the warm-up steps to finish, whatever the framework
     ctx.synchronize()
     rates = []
     images_per_iteration = params["batch_size"] * params["batches_per_iteration"]
@@ -201,6 +209,7 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
     trainer = make_trainer(params, ctx)
     try:
         rates = timed_iterations(trainer, params, ctx)
+        emit("metric", rank=ctx.rank, iteration=None, metric="parameter_sum", value=trainer.parameter_sum())
     finally:
         trainer.close()
     mean, confidence = mean_and_confidence(rates)
