@@ -13,7 +13,7 @@ from ddlrepro.points import Point
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
-WORKFLOW_PARTS = ["Snakefile", "workflow", "src", "config", "profiles", "envs", "tests/configs"]
+WORKFLOW_PARTS = ["Snakefile", "workflow", "src", "config", "profiles", "envs", "scripts", "tests/configs"]
 
 
 def tiny_point(workers: int = 2, figure: str = "kungfu-fig9", **params) -> Point:

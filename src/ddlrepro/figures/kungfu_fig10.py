@@ -60,6 +60,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
 
     summary = summarize(table)
     figure, (rates,) = plotting.new_figure(1, TITLE)
+    figure.set_size_inches(7.5, 5.2)
     labels = summary["backend"] + "/" + summary["strategy"]
     heights = summary["per_worker"].astype(float).fillna(0.0)
     errors = summary["confidence"].astype(float).fillna(0.0)
