@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= all
 
-.PHONY: env reproduce test lint format clean benchmarks
+.PHONY: env horovod reproduce test lint format clean benchmarks
 
 env: $(STAMP)
 
@@ -20,11 +20,15 @@ $(STAMP): envs/requirements.txt pyproject.toml
 	$(BIN)/python -c "import ddlrepro, snakemake, torch, pandas, seaborn"
 	touch $(STAMP)
 
+# Horovod 0.28.1 built from its sdist with envs/horovod/*.patch; the wheel is cached, rebuilt when pin/patch change.
+horovod: env
+	scripts/horovod install $(BIN)/python
+
 reproduce: env
 	$(BIN)/snakemake --profile profiles/local --cores $(CORES)
 	$(BIN)/snakemake --profile profiles/local --report results/snakemake-report.html
 
-test: env
+test: env horovod
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
 
 lint: env
@@ -43,6 +47,8 @@ benchmarks: env
 	$(BIN)/python benchmarks/workflow_overhead.py
 	$(BIN)/python benchmarks/monitor_overhead.py
 	$(BIN)/python benchmarks/easyscale_overheads.py
+	$(BIN)/python benchmarks/allreduce_strategies.py
+	$(BIN)/python benchmarks/framework_fidelity.py
 
 clean:
 	rm -rf results .snakemake

@@ -12,6 +12,7 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/images.smk"
+include: "workflow/rules/software.smk"
 include: "workflow/rules/runs.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/figures.smk"
@@ -23,6 +24,7 @@ localrules:
     all,
     build_image,
     build_sif,
+    horovod,
     tabulate,
     plot,
     check_figure,

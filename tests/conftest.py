@@ -22,6 +22,7 @@ WORKFLOW_PARTS = [
     "envs",
     "tests/configs",
     "containers",
+    "scripts",
     "pyproject.toml",
 ]
 

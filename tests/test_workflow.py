@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from conftest import SNAKEMAKE, planned_jobs, snakemake
 from test_local_launcher import wait_for, worker_pids
 
@@ -18,7 +19,7 @@ from ddlrepro.figures import FIGURES
 
 # Extra config files go after TINY's (one --configfile with several files: a second flag would replace the first).
 TINY = ["--configfile", "tests/configs/tiny.yaml"]
-FIGURE_IDS = ["kungfu-fig8", "kungfu-fig9", "dlaas-scaling", "easyscale-fig9"]
+FIGURE_IDS = ["kungfu-fig8", "kungfu-fig9", "kungfu-fig10", "kungfu-allreduce", "dlaas-scaling", "easyscale-fig9"]
 
 
 @pytest.mark.slow
@@ -42,9 +43,22 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
     html = (results / "report.html").read_text()
     for figure in FIGURE_IDS:
         assert f'id="{figure}"' in html
-    assert html.count("data:image/png;base64,") == 4
+    assert html.count("data:image/png;base64,") == len(FIGURE_IDS)
     checks = pd.read_csv(results / "checks.tsv", sep="\t").set_index(["figure", "check"])
     assert checks.loc[("easyscale-fig9", "d1-exactly-zero"), "status"] == "pass"
+    sweep = pd.read_csv(results / "tables" / "kungfu-allreduce.summary.csv")
+    measured = sweep[sweep["status"] == "ok"]
+    assert set(measured["strategy"]) == {"RING", "STAR"}
+    assert sorted(measured["size_bytes"].unique()) == [1024 * 2**k for k in range(7)]
+    assert (measured["busbw_GBps"] == measured["algbw_GBps"]).all()  # 2 ranks: busbw = algbw × 2·1/2
+    if not torch.cuda.is_available():
+        assert "skipped: needs CUDA" in html
+        nccl = pd.read_csv(results / "tables" / "kungfu-fig10.summary.csv")
+        assert list(nccl["status"]) == ["skipped"] and list(nccl["reason"]) == ["skipped: needs CUDA"]
+        assert set(sweep.loc[sweep["backend"] == "nccl", "reason"]) == {"skipped: needs CUDA"}
+        for figure, check in [("kungfu-fig10", "nccl-faster-than-gloo"), ("kungfu-allreduce", "nccl-busbw")]:
+            assert checks.loc[(figure, check), "status"] == "skipped"
+            assert checks.loc[(figure, check), "reason"] == "skipped: needs CUDA"
     monitored = pd.read_csv(results / "tables" / "kungfu-fig8.csv")
     assert set(monitored.loc[monitored["metric"] == "gradient_variance", "step"]) == {0, 2, 4}
     assert len(monitored[monitored["metric"] == "noise_scale"]) == 2 * 5
@@ -99,3 +113,23 @@ def test_killed_worker_fails_its_run_and_a_rerun_completes(workflow_copy: Path) 
     assert len(list((run_dir / "attempts").iterdir())) == 1
     table = pd.read_csv(workflow_copy / "results" / "tables" / "dlaas-scaling.csv")
     assert set(table["point_id"]) == {run_dir.name}
+
+
+@pytest.mark.slow
+def test_fig9_compares_torch_horovod_and_tensorflow(workflow_copy: Path) -> None:
+    """The acceptance run: `snakemake kungfu_fig9` with every framework on 1 and 2 workers (tiny protocol)."""
+    frameworks = workflow_copy / "frameworks.yaml"
+    frameworks.write_text(
+        "figures:\n  kungfu-fig9:\n    frameworks: [torch, horovod, tensorflow]\n    strategies: [RING, STAR]\n"
+    )
+    built = snakemake(workflow_copy, "kungfu_fig9", *TINY, str(frameworks))
+    assert built.returncode == 0, built.stderr[-3000:]
+    results = workflow_copy / "results"
+    summary = pd.read_csv(results / "tables" / "kungfu-fig9.summary.csv")
+    variants = {(row.variant, row.workers) for row in summary.itertuples()}
+    expected = {(v, n) for v in ("torch/RING", "horovod/gloo", "tensorflow") for n in (1, 2)} | {("torch/STAR", 2)}
+    assert variants == expected
+    assert (summary["per_worker"] > 0).all()
+    assert summary.loc[summary["framework"] == "horovod", "vs_horovod"].eq(1.0).all()
+    assert (results / "figures" / "kungfu-fig9.png").stat().st_size > 0
+    assert (results / "software" / "horovod.txt").read_text().strip() == "0.28.1"

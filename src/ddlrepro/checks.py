@@ -50,6 +50,8 @@ def select(summary: pd.DataFrame, selector: dict[str, Any], reference_id: str) -
         rows = rows[rows[key] == wanted]
     if rows.empty:
         raise NotMeasured(f"no row with {describe_where(selector)} in this run")
+    if "status" in rows and (rows["status"] == "skipped").all():
+        raise NotMeasured(str(rows["reason"].iloc[0]))
     if len(rows) > 1 and "aggregate" not in selector:
         raise ReferenceError(
             f"reference {reference_id!r}: {len(rows)} rows match {describe_where(selector)}; add `aggregate`"

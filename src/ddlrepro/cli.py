@@ -34,7 +34,8 @@ def cmd_run_point(args: argparse.Namespace) -> None:
         record = run_point(point, Path(args.run_dir), args.launcher, args.timeout, container, image, **options)
     except RunFailed as failure:
         sys.exit(redact(f"run {point.figure}/{point.id} failed: {failure}\nlogs kept in {args.run_dir}"))
-    print(f"run {point.figure}/{point.id} ok in {record['duration_s']:.1f} s: {record['summary']}")
+    outcome = record.get("reason") or record["summary"]
+    print(f"run {point.figure}/{point.id} {record['status']} in {record['duration_s']:.1f} s: {outcome}")
 
 
 def run_image(args: argparse.Namespace) -> tuple[dict | None, str | None]:

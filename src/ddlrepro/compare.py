@@ -52,9 +52,10 @@ def compare_environments(figure: str, environments: dict[str, Path], out_png: Pa
     drawing, axes = plotting.new_figure(3, f"{figure} across environments: {', '.join(environments)}")
     throughput, cpu, memory = axes
     if (merged["metric"] == "img_per_sec").any():
-        summary = plotting.throughput_summary(
-            merged.assign(label=merged["environment"] + " · " + merged["model"]), by=["label"]
-        )
+        label = merged["environment"] + " · " + merged["model"]
+        if "framework" in merged:
+            label += " · " + merged["framework"].fillna("torch") + "/" + merged["strategy"].fillna("RING")
+        summary = plotting.throughput_summary(merged.assign(label=label), by=["label"])
         plotting.errorbar_lines(throughput, summary, "per_worker", "confidence", hue="label")
         plotting.workers_axis(throughput, summary["workers"])
         throughput.set_ylabel("images/s per worker (mean ± 1.96·std)")

@@ -74,3 +74,28 @@ def save(figure: plt.Figure, png: str, pdf: str) -> None:
     figure.savefig(png, dpi=130)
     figure.savefig(pdf)
     plt.close(figure)
+
+
+def skipped_points(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """The points a machine could not run: their `by` columns and the reason (e.g. "skipped: needs CUDA")."""
+    if "status" not in table:
+        return pd.DataFrame(columns=[*by, "workers", "status", "reason"])
+    skipped = table[table["status"] == "skipped"]
+    return skipped[[*by, "workers", "status", "reason"]].drop_duplicates().reset_index(drop=True)
+
+
+def note_skipped(axis: plt.Axes, skipped: pd.DataFrame, by: list[str]) -> None:
+    """Say on the panel which points were skipped and why: never leave a gap that reads as a measurement."""
+    if skipped.empty:
+        return
+    lines = [" / ".join(str(row[key]) for key in by) + f": {row['reason']}" for _, row in skipped.iterrows()]
+    axis.text(
+        0.02,
+        0.98,
+        "\n".join(lines),
+        transform=axis.transAxes,
+        va="top",
+        fontsize="small",
+        color="firebrick",
+        bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "firebrick"},
+    )

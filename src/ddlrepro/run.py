@@ -1,5 +1,6 @@
 """Run one point: set aside any earlier attempt, render and save the job, run it, file its output, then
-write `result.json` last. A failed run keeps its logs and never gets a `result.json`."""
+write `result.json` last. A failed run keeps its logs and never gets a `result.json`. A point this machine
+cannot run (NCCL without CUDA) is not started: its `result.json` says `skipped` and why."""
 
 from __future__ import annotations
 
@@ -19,6 +20,25 @@ from ddlrepro.rundir import (
     set_aside_previous_attempt,
     write_json_atomic,
 )
+
+
+def unmet_requirement(point: Point) -> str | None:
+    """Why this machine cannot run `point`, or None: NCCL needs CUDA."""
+    if point.params.get("backend") == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            return "skipped: needs CUDA"
+    return None
+
+
+def skip_point(point: Point, run_dir: Path, reason: str) -> dict:
+    """Record that `point` was not run here, and why (provenance of the machine that decided it)."""
+    now = time.time()
+    write_json_atomic(run_dir / "provenance.json", run_provenance(asdict(point), {}, {}))
+    record = result_record(point, {}, now, now) | {"status": "skipped", "reason": reason}
+    write_json_atomic(run_dir / RESULT, record)
+    return record
 
 
 def run_point(
@@ -41,6 +61,9 @@ def run_point(
     launcher = get_launcher(own_launcher or launcher_name)
     run_dir.mkdir(parents=True, exist_ok=True)
     set_aside_previous_attempt(run_dir)
+    reason = unmet_requirement(point)
+    if reason:
+        return skip_point(point, run_dir, reason)
     given = {"container": container, **options}
     options = {} if own_launcher else {key: value for key, value in given.items() if value is not None}
     spec = launcher.render(point, timeout_s, run_dir, **options)

@@ -10,14 +10,21 @@ import pandas as pd
 from ddlrepro.rundir import RESULT
 
 POINT_COLUMNS = ["figure", "point_id", "workload", "workers", "threads_per_worker"]
-RECORD_COLUMNS = ["rank", "iteration", "step", "time", "metric", "value"]
+RECORD_COLUMNS = ["rank", "iteration", "step", "size_bytes", "time", "metric", "value"]
+INTEGER_COLUMNS = ["iteration", "step", "size_bytes"]
+SKIPPED_METRIC = "skipped"
 
 
 def run_rows(run_dir: Path) -> pd.DataFrame:
-    """The tidy rows of one completed run (its `result.json` must exist)."""
+    """The tidy rows of one completed run (its `result.json` must exist); a skipped run gives one row, metric
+    `skipped`, with the reason in the `reason` column."""
     result = json.loads((run_dir / RESULT).read_text())
     point = result["point"]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    status = result.get("status", "ok")
+    if status == "skipped":
+        records = [{"metric": SKIPPED_METRIC, "value": float("nan")}]
+    else:
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     rows = pd.DataFrame.from_records(records, columns=RECORD_COLUMNS)
     provenance = json.loads((run_dir / "provenance.json").read_text())
     constants = {
@@ -28,6 +35,8 @@ def run_rows(run_dir: Path) -> pd.DataFrame:
         "threads_per_worker": point["threads_per_worker"],
         **{key: scalar(value) for key, value in point["params"].items()},
         "backend_used": provenance["torch"]["backend"],
+        "status": status,
+        "reason": result.get("reason", ""),
     }
     return rows.assign(**constants)[[*constants, *RECORD_COLUMNS]]
 
@@ -39,9 +48,9 @@ def scalar(value: object) -> object:
 
 def tidy_table(run_dirs: list[Path]) -> pd.DataFrame:
     table = pd.concat([run_rows(run_dir) for run_dir in run_dirs], ignore_index=True)
-    table[["iteration", "step"]] = table[["iteration", "step"]].astype("Int64")
+    table[INTEGER_COLUMNS] = table[INTEGER_COLUMNS].astype("Int64")
     return table.sort_values(["point_id", "metric", "rank", "time"], kind="stable", ignore_index=True)
 
 
 def read_table(path: Path) -> pd.DataFrame:
-    return pd.read_csv(path, dtype={"iteration": "Int64", "step": "Int64"})
+    return pd.read_csv(path, dtype=dict.fromkeys(INTEGER_COLUMNS, "Int64"))

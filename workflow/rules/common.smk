@@ -120,6 +120,12 @@ def resumed_point_result(wildcards):
     return [f"results/runs/{wildcards.figure}/{resumed}/result.json"] if resumed else []
 
 
+def point_software(wildcards):
+    """What a run needs built first: the project's Horovod for Horovod points."""
+    framework = lookup_point(wildcards).params.get("framework")
+    return ["results/software/horovod.txt"] if framework == "horovod" else []
+
+
 def all_point_results(figures):
     return [
         f"results/runs/{figure}/{point}/result.json"

@@ -7,6 +7,7 @@ rule run_point:
     input:
         resumed_point_result,
         image_file(),
+        point_software,
     output:
         "results/runs/{figure}/{point}/result.json",
     log:

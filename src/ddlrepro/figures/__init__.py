@@ -16,6 +16,8 @@ FIGURES = {
     "kungfu-fig7": "ddlrepro.figures.kungfu_fig7",
     "kungfu-fig8": "ddlrepro.figures.kungfu_fig8",
     "kungfu-fig9": "ddlrepro.figures.kungfu_fig9",
+    "kungfu-fig10": "ddlrepro.figures.kungfu_fig10",
+    "kungfu-allreduce": "ddlrepro.figures.kungfu_allreduce",
     "dlaas-scaling": "ddlrepro.figures.dlaas_scaling",
     "easyscale-fig9": "ddlrepro.figures.easyscale_fig9",
     "easyscale-fig10": "ddlrepro.figures.easyscale_fig10",

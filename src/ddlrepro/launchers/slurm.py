@@ -26,6 +26,7 @@ LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
 FAILED_TASK = re.compile(r"task (\d+)")
 PORT_BASE, PORT_RANGE = 15000, 20000
 SINGLE_NODE_LAUNCHERS = {"elastic", "torchrun"}
+UNSUPPORTED = {"framework": {"horovod", "tensorflow"}, "backend": {"mpi"}}
 
 
 def allocation(point: Point, slurm: dict[str, Any], runtime_min: int) -> dict[str, Any]:
@@ -64,7 +65,16 @@ def render(
     """The srun step this job will run (nothing is started); `environ` defaults to this job's environment.
 
     With a container image (`.sif`), every worker runs inside it through `apptainer exec` (`--nv` with GPUs).
+    Only torch.distributed points: Horovod, TensorFlow and MPI points need a rendezvous of their own (horovodrun's,
+    TF_CONFIG, mpirun) that this launcher does not set up yet; they are refused here rather than failing later.
     """
+    unsupported = [
+        f"{key} {point.params[key]!r}" for key, values in UNSUPPORTED.items() if point.params.get(key) in values
+    ]
+    if unsupported:
+        raise RunFailed(
+            None, f"cannot run {' and '.join(unsupported)} under the Slurm launcher (local launcher only)", []
+        )
     environ = dict(os.environ if environ is None else environ)
     job_id = environ.get("SLURM_JOB_ID", "0")
     master = first_host(environ["SLURM_JOB_NODELIST"]) if "SLURM_JOB_NODELIST" in environ else "127.0.0.1"

@@ -6,4 +6,5 @@ Workload modules import torch, so nothing here is imported while Snakemake build
 WORKLOADS = {
     "throughput": "ddlrepro.workloads.throughput",
     "consistent": "ddlrepro.workloads.consistent",
+    "allreduce": "ddlrepro.workloads.allreduce",
 }

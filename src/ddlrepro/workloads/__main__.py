@@ -17,7 +17,9 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m ddlrepro.workloads POINT_JSON")
     point = Point.from_json(argv[0])
     workload = importlib.import_module(WORKLOADS[point.workload])
-    ctx = RankContext.from_environment(point.threads_per_worker, point.params.get("backend", "auto"))
+    ctx = RankContext.from_environment(
+        point.threads_per_worker, point.params.get("backend", "auto"), point.params.get("device", "backend")
+    )
     init_distributed(ctx)
     try:
         with ResourceSampler(ctx, point.params.get("sample_interval_s", 1.0)):

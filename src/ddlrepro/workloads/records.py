@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from typing import Any
@@ -17,5 +18,8 @@ def emit(kind: str, **fields: Any) -> None:
 
 
 def say(text: str) -> None:
+    """Print one line in a single write: mpirun --tag-output splits lines written in pieces (print's text, then
+    its newline, in unbuffered mode) and glues another rank's line onto the fragment."""
     with _print_lock:
-        print(text, flush=True)
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()

@@ -32,7 +32,7 @@ def _env_int(*names: str, default: int | None = None) -> int:
 
 @dataclass(frozen=True)
 class RankContext:
-    """This process's place in the job, read from torchrun's or Slurm's environment conventions."""
+    """This process's place in the job, read from torchrun's, Slurm's or Open MPI's environment conventions."""
 
     rank: int
     world_size: int
@@ -43,15 +43,22 @@ class RankContext:
     device: torch.device
 
     @classmethod
-    def from_environment(cls, threads: int, backend: str = "auto") -> RankContext:
-        rank = _env_int("RANK", "SLURM_PROCID")
-        world_size = _env_int("WORLD_SIZE", "SLURM_NTASKS")
-        local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID", default=0)
-        local_world_size = _env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", default=1)
+    def from_environment(cls, threads: int, backend: str = "auto", device: str = "backend") -> RankContext:
+        """`device`: `backend` (CUDA with NCCL, else CPU), `auto` (CUDA wherever present, whatever the backend)
+        or `cpu`."""
+        rank = _env_int("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
+        world_size = _env_int("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE")
+        local_rank = _env_int("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
+        local_world_size = _env_int(
+            "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=1
+        )
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() else "gloo"
-        device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
-        return cls(rank, world_size, local_rank, local_world_size, threads, backend, device)
+        if backend == "mpi" and not dist.is_mpi_available():
+            backend = "gloo"  # PyPI's torch has no MPI backend: MPI workloads use mpi4py beside a gloo group
+        on_cuda = backend == "nccl" or (device == "auto" and torch.cuda.is_available())
+        place = torch.device("cuda", local_rank) if on_cuda else torch.device("cpu")
+        return cls(rank, world_size, local_rank, local_world_size, threads, backend, place)
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":

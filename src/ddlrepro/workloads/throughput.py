@@ -1,8 +1,13 @@
-"""Synthetic-data training throughput, the Horovod / tf_cnn_benchmarks / KungFu protocol.
+"""Synthetic-data training throughput, the Horovod / tf_cnn_benchmarks / KungFu protocol, in three frameworks.
 
 Random images and labels generated once; `warmup_batches` untimed; then `iterations` timed iterations of
 `batches_per_iteration` batches each. Per iteration every rank records img/s = batch × batches / elapsed; rank 0
 prints `RESULT: <mean> +-<1.96·std> {...}` over its iterations (population std), as the original benchmarks do.
+
+`framework` (default torch) chooses what trains: `torch` (DDP, gradients averaged with `strategy`, see
+strategies.py), `horovod` (horovod.torch's DistributedOptimizer, as Horovod's synthetic benchmark; its ring
+all-reduce over gloo or MPI) or `tensorflow` (Keras model, MultiWorkerMirroredStrategy with its RING collective,
+custom training loop: see tensorflow_trainer.py). The protocol and records are the same for all three.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,8 +26,27 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddlrepro.models import MODELS, build_model
 from ddlrepro.monitors import GradientMonitor
+from ddlrepro.strategies import apply_strategy
 from ddlrepro.workloads.records import emit, say
 from ddlrepro.workloads.runtime import RankContext
+
+FRAMEWORKS = ["torch", "horovod", "tensorflow"]
+
+
+@dataclass
+class Trainer:
+    """One framework's training step on the fixed batch, how to read its loss, the sum of its model's parameters
+    (equal on every rank when the gradients really were averaged), and what to do at the end."""
+
+    step: Callable[[], Any]
+    loss_value: Callable[[Any], float]
+    parameter_sum: Callable[[], float]
+    settings: dict[str, Any]
+    close: Callable[[], None] = lambda: None
+
+
+def torch_parameter_sum(model: nn.Module) -> Callable[[], float]:
+    return lambda: float(sum(parameter.detach().double().sum() for parameter in model.parameters()))
 
 
 def synthetic_batch(
@@ -87,13 +112,17 @@ def attach_monitor(model: nn.Module, params: dict[str, Any], ctx: RankContext) -
     return monitor
 
 
-def run(params: dict[str, Any], ctx: RankContext) -> None:
+def torch_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
+    """DDP (plain model on one worker), gradients averaged with the point's strategy, optionally monitored."""
     torch.manual_seed(params.get("seed", 0))
     model = build_model(params["model"]).to(ctx.device)
     images, labels = synthetic_batch(
         params["model"], params["batch_size"], params.get("image_size"), ctx.device, seed=ctx.rank
     )
     trained = data_parallel(model, ctx)
+    strategy = params.get("strategy", "RING")
+    if isinstance(trained, DistributedDataParallel):
+        apply_strategy(trained, strategy, group_size=ctx.local_world_size)
     monitor = attach_monitor(trained, params, ctx)
     train_step = make_train_step(trained, images, labels)
 
@@ -104,29 +133,90 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
             emit("metric", rank=ctx.rank, step=monitor.step - 1, metric=measured[0], value=measured[1])
         return loss
 
-    for _ in range(params["warmup_batches"]):
-        step()
-    ctx.synchronize()
+    settings = {"framework": "torch", "strategy": strategy, "monitor": params.get("monitor", "none")}
+    return Trainer(step, lambda loss: float(loss.item()), torch_parameter_sum(model), settings)
 
+
+def horovod_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
+    """horovod.torch as in Horovod's pytorch_synthetic_benchmark.py: DistributedOptimizer, broadcast from rank 0."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    if (hvd.rank(), hvd.size()) != (ctx.rank, ctx.world_size):
+        raise RuntimeError(
+            f"Horovod sees rank {hvd.rank()} of {hvd.size()}, the launcher {ctx.rank} of {ctx.world_size}"
+        )
+    torch.manual_seed(params.get("seed", 0))
+    model = build_model(params["model"]).to(ctx.device)
+    images, labels = synthetic_batch(
+        params["model"], params["batch_size"], params.get("image_size"), ctx.device, seed=ctx.rank
+    )
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    controller = "mpi" if hvd.mpi_enabled() and params.get("horovod_controller") == "mpi" else "gloo"
+    settings = {"framework": "horovod", "strategy": "RING", "controller": controller}
+    return Trainer(step, lambda loss: float(loss.item()), torch_parameter_sum(model), settings, hvd.shutdown)
+
+
+def make_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
+    framework = params.get("framework", "torch")
+    if framework == "tensorflow":
+        from ddlrepro.workloads.tensorflow_trainer import tensorflow_trainer
+
+        return tensorflow_trainer(params, ctx)
+    if framework == "horovod":
+        return horovod_trainer(params, ctx)
+    if framework == "torch":
+        return torch_trainer(params, ctx)
+    raise ValueError(f"unknown framework {framework!r}; valid frameworks: {', '.join(FRAMEWORKS)}")
+
+
+def timed_iterations(trainer: Trainer, params: dict[str, Any], ctx: RankContext) -> list[float]:
+    """The protocol: warm-up batches, then per timed iteration img/s (and the last loss) as metric records."""
+    loss = None
+    for _ in range(params["warmup_batches"]):
+        loss = trainer.step()
+    if loss is not None:
+        trainer.loss_value(loss)  # waits for the warm-up steps to finish, whatever the framework
+    ctx.synchronize()
     rates = []
     images_per_iteration = params["batch_size"] * params["batches_per_iteration"]
     for iteration in range(params["iterations"]):
         started = time.perf_counter()
         for _ in range(params["batches_per_iteration"]):
-            loss = step()
+            loss = trainer.step()
+        value = trainer.loss_value(loss)
         ctx.synchronize()
         elapsed = time.perf_counter() - started
         rates.append(images_per_iteration / elapsed)
         emit("metric", rank=ctx.rank, iteration=iteration, metric="img_per_sec", value=rates[-1])
-        emit("metric", rank=ctx.rank, iteration=iteration, metric="loss", value=float(loss.item()))
+        emit("metric", rank=ctx.rank, iteration=iteration, metric="loss", value=value)
+    return rates
 
+
+def run(params: dict[str, Any], ctx: RankContext) -> None:
+    trainer = make_trainer(params, ctx)
+    try:
+        rates = timed_iterations(trainer, params, ctx)
+        emit("metric", rank=ctx.rank, iteration=None, metric="parameter_sum", value=trainer.parameter_sum())
+    finally:
+        trainer.close()
     mean, confidence = mean_and_confidence(rates)
     if ctx.rank == 0:
         settings = {
-            "framework": "torch",
+            **trainer.settings,
             "np": ctx.world_size,
-            "strategy": "RING",
-            "monitor": params.get("monitor", "none"),
             "bs": params["batch_size"],
             "model": params["model"],
         }

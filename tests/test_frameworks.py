@@ -1,0 +1,100 @@
+"""The throughput workload under each framework, in real 2-process runs through the local launcher: the same
+protocol and records, and gradients really averaged (every rank ends with the same parameters although each
+trained on its own batch). Horovod over MPI and the MPI all-reduce go through mpirun."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import tiny_point
+
+from ddlrepro.launchers import local
+from ddlrepro.points import Point
+from ddlrepro.run import run_point
+from ddlrepro.rundir import OutputCollector
+
+FRAMEWORK_POINTS = {
+    "torch-STAR": {"framework": "torch", "strategy": "STAR"},
+    "horovod-gloo": {"framework": "horovod", "horovod_controller": "gloo"},
+    "horovod-mpi": {"framework": "horovod", "horovod_controller": "mpi"},
+    "tensorflow": {"framework": "tensorflow"},
+}
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", list(FRAMEWORK_POINTS))
+def test_framework_runs_the_protocol_on_two_processes(tmp_path: Path, name: str) -> None:
+    if name == "horovod-mpi" and not shutil.which("mpirun"):
+        pytest.fail("mpirun is missing: `make horovod` installs Open MPI (Debian) as root")
+    params = FRAMEWORK_POINTS[name]
+    record = run_point(tiny_point(workers=2, iterations=2, **params), tmp_path, timeout_s=300)
+    assert record["status"] == "ok"
+    records = metrics(tmp_path)
+    rates = [m for m in records if m["metric"] == "img_per_sec"]
+    assert sorted((m["rank"], m["iteration"]) for m in rates) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(m["value"] > 0 for m in rates)
+    sums = {m["rank"]: m["value"] for m in records if m["metric"] == "parameter_sum"}
+    assert sums[0] == sums[1], "the ranks trained on different batches: equal parameters need averaged gradients"
+    log = (tmp_path / "log.txt").read_text()
+    result_line = next(line for line in log.splitlines() if "RESULT: " in line)
+    settings = json.loads(result_line.split(" ", 5)[-1])
+    assert settings["framework"] == params["framework"]
+    assert settings["np"] == 2
+    assert settings["strategy"] == params.get("strategy", "RING")
+    if params["framework"] == "horovod":
+        assert settings["controller"] == params["horovod_controller"]
+        expected_mode = "mpirun" if params["horovod_controller"] == "mpi" else "horovod-gloo"
+        assert json.loads((tmp_path / "jobspec.json").read_text())["rendezvous"]["mode"] == expected_mode
+
+
+def test_horovod_ranks_get_horovodrun_environment(tmp_path: Path) -> None:
+    spec = local.render(tiny_point(workers=2, framework="horovod"), 60, tmp_path)
+    port = spec.rendezvous["horovod_port"]
+    for rank, worker in enumerate(spec.workers):
+        assert worker.env["HOROVOD_RANK"] == str(rank)
+        assert worker.env["HOROVOD_SIZE"] == "2"
+        assert worker.env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == str(port)
+        assert worker.env["HOROVOD_CONTROLLER"] == "gloo"
+
+
+def test_tensorflow_ranks_share_one_cluster(tmp_path: Path) -> None:
+    spec = local.render(tiny_point(workers=2, framework="tensorflow"), 60, tmp_path)
+    configs = [json.loads(worker.env["TF_CONFIG"]) for worker in spec.workers]
+    assert configs[0]["cluster"] == configs[1]["cluster"]
+    assert len(set(configs[0]["cluster"]["worker"])) == 2
+    assert [c["task"]["index"] for c in configs] == [0, 1]
+
+
+def test_mpirun_lines_are_filed_under_their_rank(tmp_path: Path) -> None:
+    with OutputCollector(tmp_path) as output:
+        local._file_tagged_line(output, "stdout", '[1,1]<stdout>:DDLREPRO {"kind": "worker", "rank": 1}')
+        local._file_tagged_line(output, "stdout", "[1,0]<stderr>:Traceback (most recent call last):")
+        local._file_tagged_line(output, "stderr", "mpirun noticed that process rank 0 exited")
+        assert set(output.workers) == {1}
+        assert output.stderr_tail(0) == ["Traceback (most recent call last):"]
+        assert output.stderr_tail(-1) == ["mpirun noticed that process rank 0 exited"]
+
+
+def test_mpi_allreduce_runs_under_mpirun(tmp_path: Path) -> None:
+    params = {"backend": "mpi", "strategy": "MPI_Allreduce", "min_bytes": 1024, "max_bytes": 8192, "warmup": 1}
+    params |= {"repetitions": 2, "target_bytes": 8192, "max_ops": 4, "sample_interval_s": 1.0}
+    record = run_point(Point("kungfu-allreduce", "allreduce", 2, 1, params), tmp_path, timeout_s=120)
+    assert record["status"] == "ok"
+    times = [m for m in metrics(tmp_path) if m["metric"] == "allreduce_time_s"]
+    assert sorted({m["size_bytes"] for m in times}) == [1024, 2048, 4096, 8192]
+    assert {m["rank"] for m in times} == {0, 1}
+
+
+@pytest.mark.parametrize("params", [{"framework": "horovod"}, {"framework": "tensorflow"}, {"backend": "mpi"}])
+def test_slurm_launcher_refuses_what_it_cannot_rendezvous(tmp_path: Path, params: dict) -> None:
+    from ddlrepro.launchers import slurm
+    from ddlrepro.launchers.base import RunFailed
+
+    with pytest.raises(RunFailed, match="under the Slurm launcher"):
+        slurm.render(tiny_point(workers=2, **params), 60, tmp_path, environ={"SLURM_JOB_ID": "7"})
