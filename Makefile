@@ -42,13 +42,14 @@ format: env
 	$(BIN)/ruff check --fix src tests benchmarks
 	$(BIN)/snakefmt Snakefile workflow/rules
 
-benchmarks: env
+benchmarks: env horovod
 	$(BIN)/python benchmarks/harness_fidelity.py
 	$(BIN)/python benchmarks/workflow_overhead.py
 	$(BIN)/python benchmarks/monitor_overhead.py
 	$(BIN)/python benchmarks/easyscale_overheads.py
 	$(BIN)/python benchmarks/allreduce_strategies.py
 	$(BIN)/python benchmarks/framework_fidelity.py
+	$(BIN)/python benchmarks/elastic_resize.py
 
 clean:
 	rm -rf results .snakemake
