@@ -15,7 +15,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
-PARTS = ["Snakefile", "workflow", "src", "config", "profiles", "envs"]
+PARTS = ["Snakefile", "workflow", "src", "config", "profiles", "envs", "scripts", "containers", "pyproject.toml"]
 
 
 def copy_workflow(target: Path) -> None:
