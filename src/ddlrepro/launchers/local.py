@@ -26,7 +26,15 @@ from pathlib import Path
 
 from ddlrepro.launchers import horovod
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
-from ddlrepro.launchers.processes import POLL_INTERVAL_S, Started, describe_exit, drain, start, stop
+from ddlrepro.launchers.processes import (
+    POLL_INTERVAL_S,
+    Started,
+    describe_exit,
+    drain,
+    run_to_completion,
+    start,
+    stop,
+)
 from ddlrepro.points import Point
 from ddlrepro.rundir import OutputCollector
 
@@ -149,14 +157,7 @@ MPIRUN_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$")
 def _execute_mpirun(spec: JobSpec, output: OutputCollector) -> None:
     """Run the one mpirun command; its tagged lines are filed under their rank, its own messages under rank -1."""
     (step,) = spec.workers
-    started = [start(step, partial(_file_tagged_line, output))]
-    try:
-        code = started[0].process.wait(timeout=spec.timeout_s)
-    except subprocess.TimeoutExpired:
-        code = None
-    finally:
-        stop(started)
-        drain(started)
+    code = run_to_completion(step, partial(_file_tagged_line, output), spec.timeout_s)
     if code is None:
         raise RunFailed(None, f"timed out after {spec.timeout_s:g} s", output.stderr_tail(-1))
     if code != 0:

@@ -46,6 +46,19 @@ def start(spec: WorkerSpec, on_line: Callable[[str, str], None]) -> Started:
     return Started(spec, process, readers)
 
 
+def run_to_completion(spec: WorkerSpec, on_line: Callable[[str, str], None], timeout_s: float) -> int | None:
+    """Run one command that starts every rank (srun, mpirun) until it exits; its exit code, None on a timeout.
+    It is stopped either way and all its output handed on before this returns."""
+    started = [start(spec, on_line)]
+    try:
+        return started[0].process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        stop(started)
+        drain(started)
+
+
 def _pump(stream, name: str, on_line: Callable[[str, str], None]) -> None:
     for line in stream:
         on_line(name, line.rstrip("\n"))

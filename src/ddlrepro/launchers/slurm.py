@@ -11,14 +11,13 @@ from __future__ import annotations
 import math
 import os
 import re
-import subprocess
 import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
-from ddlrepro.launchers.processes import drain, start, stop
+from ddlrepro.launchers.processes import run_to_completion
 from ddlrepro.points import Point
 from ddlrepro.rundir import OutputCollector
 
@@ -113,14 +112,7 @@ def execute(spec: JobSpec, output: OutputCollector) -> None:
     """Run the srun step to completion; raise RunFailed naming the Slurm job and the failed task."""
     (step,) = spec.workers
     failed_tasks: list[int] = []
-    started = [start(step, partial(_file_line, output, failed_tasks))]
-    try:
-        code = started[0].process.wait(timeout=spec.timeout_s)
-    except subprocess.TimeoutExpired:
-        code = None
-    finally:
-        stop(started)
-        drain(started)
+    code = run_to_completion(step, partial(_file_line, output, failed_tasks), spec.timeout_s)
     job = f"in Slurm job {spec.rendezvous.get('job_id')}"
     if code is None:
         raise RunFailed(None, f"timed out after {spec.timeout_s:g} s {job}", output.stderr_tail(-1))
