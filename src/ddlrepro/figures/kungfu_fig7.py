@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 ID = "kungfu-fig7"
 TITLE = "KungFu Fig 7: resize latency, in place vs torchrun restart"
 MODES = {"inplace-cold": "elastic", "inplace-warm": "elastic", "torchrun": "torchrun"}
-KUNGFU = {"grow": 20.39, "shrink": 0.04012}
+PHASE_ORDER = ["detect", "agree", "checkpoint", "restart", "spawn_join", "group_init", "state_sync", "first_step"]
 SECTION_KEYS = ["model", "image_size", "batch_size", "dataset_size", "initial_workers", "schedule"]
 
 
@@ -74,9 +74,6 @@ def summarise(wide: pd.DataFrame) -> pd.DataFrame:
     return summary
 
 
-PHASE_ORDER = ["detect", "agree", "checkpoint", "restart", "spawn_join", "group_init", "state_sync", "first_step"]
-
-
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
     import seaborn as sns
 
@@ -89,11 +86,23 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     sns.barplot(wide, x="event", y="latency", hue="mode", ax=latency, errorbar=None, order=event_order(wide))
     latency.set_yscale("log")
     latency.set_ylabel("resize latency, s (to first step at the new size)")
+    kungfu = kungfu_latencies(references)
     for kind, style in (("grow", "--"), ("shrink", ":")):
-        latency.axhline(KUNGFU[kind], color="black", linestyle=style, label=f"KungFu {kind}: {KUNGFU[kind]:g} s")
+        if kind in kungfu:
+            latency.axhline(kungfu[kind], color="black", linestyle=style, label=f"KungFu {kind}: {kungfu[kind]:g} s")
     latency.legend(fontsize="small")
     draw_phases(phases, summary)
     return figure, summary
+
+
+def kungfu_latencies(references: list[dict[str, Any]]) -> dict[str, float]:
+    """KungFu's resize latencies by kind of event: the references that compare a latency (unit s) with a constant
+    (the papers' numbers live in config/references.yaml only)."""
+    return {
+        reference["measured"]["where"]["kind"]: float(reference["against"])
+        for reference in references
+        if reference.get("unit") == "s" and isinstance(reference.get("against"), int | float)
+    }
 
 
 def event_order(wide: pd.DataFrame) -> list[str]:

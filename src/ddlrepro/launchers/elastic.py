@@ -74,7 +74,7 @@ class WorkerPool:
         return worker
 
     def new_workers(self, count: int, members: list[int]) -> list[int]:
-        idle = [worker for worker in self.idle(members)][:count] if self.warm else []
+        idle = self.idle(members)[:count] if self.warm else []
         return idle + [self.spawn() for _ in range(count - len(idle))]
 
     def idle(self, members: list[int]) -> list[int]:

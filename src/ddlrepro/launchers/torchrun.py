@@ -91,8 +91,11 @@ class Agents:
         return list(range(first, first + count))
 
     def follow(self, cluster: Cluster) -> None:
-        """Stop the agents no longer in the cluster (in the background: stopping waits for them)."""
-        leaving = [a for a in self.running if a not in cluster.members and a not in self.stopping and cluster.members]
+        """Stop the agents no longer in the cluster (in the background: stopping waits for them). At the stop
+        (no members) the workers finish by themselves and so do their agents."""
+        leaving = [a for a in self.running if a not in cluster.members and a not in self.stopping]
+        if not cluster.members or not leaving:
+            return
         self.stopping.update(leaving)
         threading.Thread(target=stop, args=([self.running[a] for a in leaving],), daemon=True).start()
 
@@ -116,9 +119,9 @@ def execute(spec: JobSpec, output: OutputCollector) -> None:
             for agent in range(initial):
                 agents.start(agent)
             while not (agents.all_exited() and not config.latest.members):
-                if agents.failed():
-                    agent = agents.failed()[0]
-                    raise RunFailed(agent, "(torchrun agent) failed", output.stderr_tail(agent))
+                failed = agents.failed()
+                if failed:
+                    raise RunFailed(failed[0], "(torchrun agent) failed", output.stderr_tail(failed[0]))
                 if time.monotonic() > deadline:
                     raise RunFailed(None, f"timed out after {spec.timeout_s:g} s", output.stderr_tail(0))
                 time.sleep(POLL_INTERVAL_S)
