@@ -42,19 +42,18 @@ def measure_schedule(section: dict, launcher: dict, scratch: Path) -> None:
     )
     print(f"  cluster img/s (median per mode @ size): {steady_throughput(table)}")
     for row in summary.itertuples():
-        target = TARGETS.get((row.mode, row.kind))
-        note = (
-            f"  (target <= {target * 1000:g} ms)"
-            if target and target < 1
-            else f"  (target <= {target:g} s)"
-            if target
-            else ""
-        )
+        note = target_note(TARGETS.get((row.mode, row.kind)))
         latency, to_sync = row.latency_s * 1000, row.to_sync_s * 1000
         print(
             f"  {row.mode:13s} {row.kind:6s} latency {latency:9.1f} ms, to sync {to_sync:9.1f} ms,"
             f" torchrun / this = {row.speedup_vs_torchrun:7.1f}x{note}"
         )
+
+
+def target_note(target_s: float | None) -> str:
+    if target_s is None:
+        return ""
+    return f"  (target <= {target_s * 1000:g} ms)" if target_s < 1 else f"  (target <= {target_s:g} s)"
 
 
 def steady_throughput(table) -> str:

@@ -25,8 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ddlrepro.points import Point
-from ddlrepro.run import run_point
+from harness_fidelity import measure_harness
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -135,25 +134,6 @@ def measure_bare(framework: str, args: argparse.Namespace) -> float:
     return float(done.stdout.strip().splitlines()[-1].split(":")[-1])
 
 
-def measure_workload(framework: str, args: argparse.Namespace, workdir: Path, round_index: int) -> float:
-    params = {
-        "model": args.model,
-        "batch_size": args.batch_size,
-        "warmup_batches": args.warmup,
-        "iterations": args.iterations,
-        "batches_per_iteration": args.batches,
-        "backend": "gloo",
-        "sample_interval_s": 1.0,
-        "framework": framework,
-    }
-    if args.image_size:
-        params["image_size"] = args.image_size
-    record = run_point(
-        Point("benchmark", "throughput", 1, 1, params), workdir / f"{framework}{round_index}", timeout_s=1800
-    )
-    return record["summary"]["img_per_sec_per_worker"]
-
-
 def protocol_flags(args: argparse.Namespace) -> list[str]:
     return [
         *("--model", args.model, "--batch-size", str(args.batch_size), "--image-size", str(args.image_size)),
@@ -187,7 +167,7 @@ def main() -> None:
             bare, workload = [], []
             for round_index in range(args.rounds):
                 bare.append(measure_bare(framework, args))
-                workload.append(measure_workload(framework, args, Path(workdir), round_index))
+                workload.append(measure_harness(args, Path(workdir) / f"{framework}{round_index}", framework=framework))
                 print(f"{framework} round {round_index}: bare {bare[-1]:.1f} img/s, workload {workload[-1]:.1f} img/s")
             ratio = statistics.median(workload) / statistics.median(bare)
             print(json.dumps({"framework": framework, "bare": bare, "workload": workload}))

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from ddlrepro.points import Point
 from ddlrepro.run import run_point
@@ -54,7 +55,9 @@ def measure_bare(args: argparse.Namespace) -> float:
     return float(subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout)
 
 
-def measure_harness(args: argparse.Namespace, workdir: Path, round_index: int) -> float:
+def measure_harness(args: argparse.Namespace, run_dir: Path, **extra: Any) -> float:
+    """img/s per worker of the throughput workload, 1 worker × 1 thread, through the launcher (`extra`: more
+    point parameters, e.g. the framework)."""
     params = {
         "model": args.model,
         "batch_size": args.batch_size,
@@ -63,11 +66,11 @@ def measure_harness(args: argparse.Namespace, workdir: Path, round_index: int) -
         "batches_per_iteration": args.batches,
         "backend": "gloo",
         "sample_interval_s": 1.0,
+        **extra,
     }
     if args.image_size:
         params["image_size"] = args.image_size
-    point = Point("benchmark", "throughput", 1, 1, params)
-    record = run_point(point, workdir / f"round{round_index}", timeout_s=1800)
+    record = run_point(Point("benchmark", "throughput", 1, 1, params), run_dir, timeout_s=1800)
     return record["summary"]["img_per_sec_per_worker"]
 
 
@@ -90,7 +93,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         for round_index in range(args.rounds):
             bare.append(measure_bare(args))
-            harness.append(measure_harness(args, Path(workdir), round_index))
+            harness.append(measure_harness(args, Path(workdir) / f"round{round_index}"))
             print(f"round {round_index}: bare {bare[-1]:.1f} img/s, workload {harness[-1]:.1f} img/s")
     ratio = statistics.median(harness) / statistics.median(bare)
     print(f"model {args.model}, batch {args.batch_size}, 1 worker x 1 thread, {args.rounds} alternating rounds")
