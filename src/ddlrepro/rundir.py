@@ -63,7 +63,6 @@ class OutputCollector:
         self.run_dir = run_dir
         self.log = (run_dir / "log.txt").open("w")
         self.metrics = (run_dir / "metrics.jsonl").open("w")
-        self.ledger_path = run_dir / "ledger.jsonl"
         self.ledger = None
         self.ledger_records: list[dict[str, Any]] = []
         self.workers: dict[int, dict[str, Any]] = {}
@@ -91,7 +90,7 @@ class OutputCollector:
         elif kind == "result":
             self.result = record
         elif kind == "ledger":
-            self.ledger = self.ledger or self.ledger_path.open("w")
+            self.ledger = self.ledger or (self.run_dir / "ledger.jsonl").open("w")
             self.ledger.write(json.dumps(record) + "\n")
             self.ledger_records.append(record)
 
