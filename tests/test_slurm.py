@@ -15,7 +15,9 @@ from conftest import REPO, copy_workflow, tiny_point
 from test_local_launcher import wait_for, worker_pids
 
 from ddlrepro.figures import FIGURES
-from ddlrepro.launchers.slurm import allocation, first_host, render
+from ddlrepro.launchers.slurm import allocation, render
+from ddlrepro.launchers.slurm_task import task_environment, tasks_per_node
+from ddlrepro.rundir import OutputCollector
 
 GPU_CLUSTER = {
     "partition": "gpu",
@@ -51,24 +53,25 @@ def test_single_worker_is_not_an_mpi_job() -> None:
 
 
 def test_render_takes_the_rendezvous_from_the_allocation(tmp_path: Path) -> None:
-    environ = {"SLURM_JOB_ID": "123456", "SLURM_JOB_NODELIST": "gpu[01-08]", "SLURM_GPUS_ON_NODE": "4"}
-    spec = render(tiny_point(workers=32), 600, tmp_path, environ)
+    """Snakemake's job step keeps only SLURM_JOB_ID of the allocation's variables: GPUs come from the settings."""
+    spec = render(tiny_point(workers=32), 600, tmp_path, {"SLURM_JOB_ID": "123456"}, settings=GPU_CLUSTER)
     (step,) = spec.workers
     assert step.rank is None
-    assert step.command[:8] == [
+    assert step.command[:7] == [
         "srun",
         "--ntasks=32",
         "--cpus-per-task=1",
         "--kill-on-bad-exit=1",
         "--overlap",
         "--label",
-        "--unbuffered",
         "--gpus-per-task=1",
     ]
-    assert step.command[-3:-1] == ["-m", "ddlrepro.workloads"]
-    assert step.env["MASTER_ADDR"] == "gpu01"
-    assert step.env["MASTER_PORT"] == str(15000 + 123456 % 20000)
+    assert step.command[-3:-1] == ["-m", "ddlrepro.launchers.slurm_task"]
+    assert "MASTER_ADDR" not in step.env  # each task takes the first node of its step
+    assert step.env["MASTER_PORT"] == str(15000 + 123456 % 275 * 64)
     assert spec.rendezvous["job_id"] == "123456"
+    neighbour = render(tiny_point(workers=2, framework="tensorflow"), 600, tmp_path, {"SLURM_JOB_ID": "123457"})
+    assert int(neighbour.workers[0].env["MASTER_PORT"]) == int(step.env["MASTER_PORT"]) + 64
 
 
 def test_workers_run_inside_the_container_image(tmp_path: Path) -> None:
@@ -80,10 +83,45 @@ def test_workers_run_inside_the_container_image(tmp_path: Path) -> None:
     assert "--nv" not in cpu_step.command
 
 
-def test_first_host_of_node_lists() -> None:
-    assert first_host("gpu[01-08],login1") == "gpu01"
-    assert first_host("node[3,5-7]") == "node3"
-    assert first_host("a1,b2") == "a1"
+def test_mpi_points_start_through_slurms_mpi_plugin(tmp_path: Path) -> None:
+    point = tiny_point(workers=4, framework="horovod", horovod_controller="mpi")
+    (step,) = render(point, 600, tmp_path, {"SLURM_JOB_ID": "9"}).workers
+    assert step.command[0] == "srun" and "--mpi=pmix" in step.command
+    (step,) = render(point, 600, tmp_path, {"SLURM_JOB_ID": "9"}, settings={"mpi": "pmi2"}).workers
+    assert "--mpi=pmi2" in step.command
+    (gloo_step,) = render(tiny_point(workers=4, framework="horovod"), 600, tmp_path, {"SLURM_JOB_ID": "9"}).workers
+    assert not any(flag.startswith("--mpi") for flag in gloo_step.command)
+    assert gloo_step.env["DDLREPRO_HOROVOD_PORT"] == str(int(gloo_step.env["MASTER_PORT"]) + 1)
+    with pytest.raises(ValueError, match="Horovod or MPI"):
+        render(point, 600, tmp_path, {"SLURM_JOB_ID": "9"}, container="/i.sif")
+
+
+def test_tasks_per_node_notation() -> None:
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert tasks_per_node("4") == [4]
+    with pytest.raises(ValueError, match="tasks per node"):
+        tasks_per_node("2(x3")
+
+
+def test_each_task_gets_its_ranks_environment() -> None:
+    """Rank 3 of 5 on nodes n1:2, n2:2, n3:1: torchrun's variables, its TF_CONFIG entry, Horovod's slot."""
+    pytest.importorskip("horovod")
+    environ = {"SLURM_PROCID": "3", "SLURM_NODEID": "1", "SLURM_LOCALID": "1"}
+    environ |= {"DDLREPRO_TENSORFLOW_PORT": "20002", "DDLREPRO_HOROVOD_PORT": "20001"}
+    env = task_environment(environ, [("n1", 2), ("n2", 2), ("n3", 1)])
+    torchrun = ("MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    assert [env[key] for key in torchrun] == ["n1", "3", "5", "1", "2"]
+    tf = json.loads(env["TF_CONFIG"])
+    assert tf["cluster"]["worker"] == ["n1:20002", "n1:20003", "n2:20002", "n2:20003", "n3:20002"]
+    assert tf["task"] == {"type": "worker", "index": 3}
+    horovod = {key.removeprefix("HOROVOD_"): value for key, value in env.items() if key.startswith("HOROVOD_")}
+    assert horovod["HOSTNAME"] == "n2" and horovod["RANK"] == "3" and horovod["SIZE"] == "5"
+    slot = [horovod[key] for key in ("LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")]
+    assert slot == ["1", "2", "1", "2"]  # local rank 1 exists on n1 and n2 only
+    assert horovod["GLOO_RENDEZVOUS_ADDR"] == "n1" and horovod["GLOO_RENDEZVOUS_PORT"] == "20001"
+    assert "GLOO_IFACE" not in horovod  # several nodes: gloo takes the address the host name resolves to
+    torch_only = task_environment({key: environ[key] for key in list(environ)[:3]}, [("n1", 2), ("n2", 2)])
+    assert "TF_CONFIG" not in torch_only and not any(key.startswith("HOROVOD_") for key in torch_only)
 
 
 @pytest.fixture(scope="module")
@@ -114,19 +152,33 @@ def slurm_snakemake(workdir: Path, env: dict[str, str], *args: str, timeout: int
 @pytest.mark.slow
 def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, str], tmp_path: Path) -> None:
     workdir = copy_workflow(tmp_path)
-    sections = {"kungfu-fig9": "{workers: [1, 2]}", "easyscale-fig9": "{enabled: true}"}
+    """Every framework of fig9 (torch, Horovod over gloo and MPI, TensorFlow), the MPI all-reduce and a bitwise
+    EasyScale figure, each run an sbatch job whose workers srun starts (MPI ranks through Slurm's PMIx plugin)."""
+    fig9 = "{workers: [1, 2], frameworks: [torch, horovod, tensorflow], horovod_controllers: [gloo, mpi]}"
+    sections = {"kungfu-fig9": fig9, "kungfu-allreduce": "{backends: [mpi]}", "easyscale-fig9": "{enabled: true}"}
     done = slurm_snakemake(
         workdir, cluster, "--configfile", "tests/configs/tiny.yaml", only(workdir, "slurm.yaml", sections)
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "has been submitted with SLURM jobid" in done.stderr
     table = pd.read_csv(workdir / "results" / "tables" / "kungfu-fig9.csv")
-    rates = table[table["metric"] == "img_per_sec"]
-    assert sorted(rates.groupby("workers")["rank"].nunique().items()) == [(1, 1), (2, 2)]
+    rates = table[table["metric"] == "img_per_sec"].fillna({"horovod_controller": "-"})
+    ranks = rates.groupby(["framework", "horovod_controller", "workers"])["rank"].nunique()
+    assert ranks.to_dict() == {
+        (framework, controller, workers): workers
+        for framework, controller in [("torch", "-"), ("horovod", "gloo"), ("horovod", "mpi"), ("tensorflow", "-")]
+        for workers in (1, 2)
+    }
+    sums = table[(table["metric"] == "parameter_sum") & (table["workers"] == 2)]
+    assert sums.groupby("point_id")["value"].nunique().eq(1).all()  # gradients really were averaged
+    allreduce = pd.read_csv(workdir / "results" / "tables" / "kungfu-allreduce.csv")
+    assert set(allreduce.loc[allreduce["metric"] == "allreduce_time_s", "rank"]) == {0, 1}
     for spec_path in (workdir / "results" / "runs").glob("*/*/jobspec.json"):
         spec = json.loads(spec_path.read_text())
         assert spec["launcher"] == "slurm"
-        assert spec["workers"][0]["command"][0] == "srun"
+        command = spec["workers"][0]["command"]
+        assert command[0] == "srun"
+        assert ("--mpi=pmix" in command) == (spec["rendezvous"]["mode"] == "mpirun")
     checks = pd.read_csv(workdir / "results" / "checks.tsv", sep="\t").set_index(["figure", "check"])
     assert checks.loc[("easyscale-fig9", "d1-exactly-zero"), "status"] == "pass"
 
@@ -177,3 +229,11 @@ def test_failed_slurm_job_names_its_id_and_retries_recover(cluster: dict[str, st
     for attempt in attempts:
         assert not (attempt / "result.json").exists()
         assert "srun: error" in (attempt / "log.txt").read_text()
+
+
+def test_a_record_cut_in_two_is_named_and_the_rest_still_filed(tmp_path: Path) -> None:
+    with OutputCollector(tmp_path) as output:
+        output.add_line(0, "stdout", 'DDLREPRO {"kind": "metric", "time":')
+        output.add_line(0, "stdout", 'DDLREPRO {"kind": "result", "rank": 0}')
+        assert output.result == {"rank": 0}
+        assert output.stderr_tail(0)[0].startswith("unreadable record (Expecting value)")

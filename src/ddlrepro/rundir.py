@@ -79,7 +79,18 @@ class OutputCollector:
             if stream == "stderr":
                 self._stderr.setdefault(rank, deque(maxlen=STDERR_TAIL_LINES)).append(line)
             elif line.startswith(RECORD_PREFIX):
-                self._file_record(json.loads(line[len(RECORD_PREFIX) :]))
+                self._file_record_line(rank, line[len(RECORD_PREFIX) :])
+
+    def _file_record_line(self, rank: int, text: str) -> None:
+        """A record; one that does not parse (a line cut in two on its way) is named in the rank's stderr tail,
+        so that a run missing its result says why."""
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as error:
+            tail = self._stderr.setdefault(rank, deque(maxlen=STDERR_TAIL_LINES))
+            tail.append(f"unreadable record ({error.msg}): {text[:200]}")
+            return
+        self._file_record(record)
 
     def _file_record(self, record: dict[str, Any]) -> None:
         kind = record.pop("kind")

@@ -104,8 +104,8 @@ def launcher_options():
     if IMAGES["build"] in ("podman", "docker") and LAUNCHER == "local":
         engine = [IMAGES["build"], *IMAGES["engine_args"], "run", *IMAGES["run_args"]]
         options += ["--container-run", json.dumps(engine)]
-    if LAUNCHER == "kubernetes":
-        options += ["--launcher-settings", json.dumps(config["launcher"]["kubernetes"])]
+    if LAUNCHER in ("slurm", "kubernetes"):
+        options += ["--launcher-settings", json.dumps(config["launcher"][LAUNCHER])]
     return " ".join(shlex.quote(option) for option in options)
 
 

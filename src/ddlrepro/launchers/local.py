@@ -94,7 +94,7 @@ def render(
             "LOCAL_WORLD_SIZE": str(point.workers),
         }
         if mode == "horovod-gloo":
-            env.update(horovod.rank_env(rank, point.workers, rendezvous["horovod_port"]))
+            env.update(horovod.local_rank_env(rank, point.workers, rendezvous["horovod_port"]))
         if "tensorflow_workers" in rendezvous:
             env["TF_CONFIG"] = tf_config(rendezvous["tensorflow_workers"], rank)
         command = worker_command
@@ -140,7 +140,7 @@ def execute(spec: JobSpec, output: OutputCollector) -> None:
     workers: list[Started] = []
     size = len(spec.workers)
     port = spec.rendezvous.get("horovod_port")
-    server = horovod.rendezvous_server(port, size) if port else contextlib.nullcontext()
+    server = horovod.rendezvous_server([(horovod.LOCALHOST, size)], port) if port else contextlib.nullcontext()
     with server:
         try:
             for worker in spec.workers:

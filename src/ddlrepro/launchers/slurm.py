@@ -1,9 +1,14 @@
 """Slurm launcher: inside the allocation Snakemake's Slurm executor obtained, one `srun` step starts every worker.
 
 `allocation()` is what a point asks Slurm for (the run rule's resources: nodes, tasks, CPUs per task, memory,
-runtime, GPUs, partition, account); `render()` the exact srun command and the rendezvous taken from the
-allocation (first host of the node list, a port derived from the job id). Workers read their rank from Slurm's
-SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID; `--label` prefixes every line with its rank.
+runtime, GPUs, partition, account); `render()` the exact srun command, with ports derived from the job id. Each
+srun task turns Slurm's task variables into its rank's environment (slurm_task.py): the rendezvous is the first
+node of the step. `--label` prefixes every line with its rank. Every framework of the local launcher runs here
+too: torch, TensorFlow, Horovod over gloo or MPI, and the MPI all-reduce (MPI through Slurm's PMIx plugin).
+
+Snakemake's Slurm job-step executor removes the allocation's SLURM_* variables (node list, tasks per node, GPUs)
+from the job's environment, so this launcher relies only on the job id and its settings; the tasks srun starts
+get Slurm's step variables afresh.
 """
 
 from __future__ import annotations
@@ -17,15 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
+from ddlrepro.launchers.local import launch_mode
 from ddlrepro.launchers.processes import run_to_completion
 from ddlrepro.points import Point
 from ddlrepro.rundir import OutputCollector
 
 LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
 FAILED_TASK = re.compile(r"task (\d+)")
-PORT_BASE, PORT_RANGE = 15000, 20000
+# Each job takes a block of ports chosen by its id, so that jobs sharing a node do not collide: torch's rendezvous,
+# Horovod's, then one per TensorFlow task on the node. Below Linux's ephemeral ports (32768 on).
+PORT_BASE, PORTS_PER_JOB, PORT_BLOCKS = 15000, 64, 275
 SINGLE_NODE_LAUNCHERS = {"elastic", "torchrun"}
-UNSUPPORTED = {"framework": {"horovod", "tensorflow"}, "backend": {"mpi"}}
 
 
 def allocation(point: Point, slurm: dict[str, Any], runtime_min: int) -> dict[str, Any]:
@@ -50,62 +57,67 @@ def allocation(point: Point, slurm: dict[str, Any], runtime_min: int) -> dict[st
     return settings
 
 
-def first_host(nodelist: str) -> str:
-    """First host of a Slurm node list: `gpu[01-08],login1` → `gpu01`, `node[3,5-7]` → `node3`, `a1,b2` → `a1`."""
-    match = re.match(r"([^,\[]+)(?:\[([^,\]-]+))?", nodelist)
-    if not match:
-        raise ValueError(f"cannot read the Slurm node list {nodelist!r}")
-    return match.group(1) + (match.group(2) or "")
-
-
 def render(
-    point: Point, timeout_s: float, run_dir: Path, environ: dict[str, str] | None = None, container: str | None = None
+    point: Point,
+    timeout_s: float,
+    run_dir: Path,
+    environ: dict[str, str] | None = None,
+    container: str | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> JobSpec:
-    """The srun step this job will run (nothing is started); `environ` defaults to this job's environment.
+    """The srun step this job will run (nothing is started); `environ` defaults to this job's environment,
+    `settings` are `launcher.slurm` of the config (GPUs per node, the srun MPI plugin).
 
-    With a container image (`.sif`), every worker runs inside it through `apptainer exec` (`--nv` with GPUs).
-    Only torch.distributed points: Horovod, TensorFlow and MPI points need a rendezvous of their own (horovodrun's,
-    TF_CONFIG, mpirun) that this launcher does not set up yet; they are refused here rather than failing later.
+    Every point is one srun step, a task per worker; each task turns Slurm's task variables into its rank's
+    environment (slurm_task.py). MPI points (Horovod over MPI, the MPI all-reduce) are started by srun directly
+    through Slurm's MPI plugin (`--mpi=pmix`). With a container image (`.sif`), every task runs inside it through
+    `apptainer exec` (`--nv` with GPUs).
     """
-    unsupported = [
-        f"{key} {point.params[key]!r}" for key, values in UNSUPPORTED.items() if point.params.get(key) in values
-    ]
-    if unsupported:
-        raise RunFailed(
-            None, f"cannot run {' and '.join(unsupported)} under the Slurm launcher (local launcher only)", []
-        )
+    settings = settings or {}
+    mode = launch_mode(point)
+    if container and mode != "ranks":
+        raise ValueError(f"point {point.id} needs Horovod or MPI, which the training image does not carry")
     environ = dict(os.environ if environ is None else environ)
     job_id = environ.get("SLURM_JOB_ID", "0")
-    master = first_host(environ["SLURM_JOB_NODELIST"]) if "SLURM_JOB_NODELIST" in environ else "127.0.0.1"
-    port = PORT_BASE + int(job_id) % PORT_RANGE
+    port = PORT_BASE + int(job_id) % PORT_BLOCKS * PORTS_PER_JOB
     env = {
-        "MASTER_ADDR": master,
         "MASTER_PORT": str(port),
         "OMP_NUM_THREADS": str(point.threads_per_worker),
         "PYTHONUNBUFFERED": "1",
         "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
     }
-    gpus = environ.get("SLURM_GPUS_ON_NODE")
-    with_gpus = bool(gpus) and int(gpus) > 0
+    rendezvous = {"master_addr": "the first node of the step", "master_port": port, "job_id": job_id, "mode": mode}
+    if mode == "horovod-gloo":
+        rendezvous["horovod_port"] = port + 1  # Horovod's rendezvous server, run by rank 0's task
+        env["DDLREPRO_HOROVOD_PORT"] = str(port + 1)
+    if point.params.get("framework") == "tensorflow":
+        rendezvous["tensorflow_port"] = port + 2  # the first of each node's ports, one per task on it
+        env["DDLREPRO_TENSORFLOW_PORT"] = str(port + 2)
+    with_gpus = int(settings.get("gpus_per_node") or environ.get("SLURM_GPUS_ON_NODE") or 0) > 0
+    mpi = settings.get("mpi", "pmix") if mode == "mpirun" else None
+    step = WorkerSpec(None, srun_command(point, with_gpus, container, mpi), env)
+    return JobSpec("slurm", [step], timeout_s, rendezvous)
+
+
+def srun_command(point: Point, with_gpus: bool, container: str | None, mpi: str | None) -> list[str]:
+    """One srun step with a task per worker, each line labelled with its rank (`mpi`: Slurm's MPI plugin)."""
     inside = (
         ["apptainer", "exec", *(["--nv"] if with_gpus else []), container, "python"] if container else [sys.executable]
     )
-    command = [
+    return [
         "srun",
         f"--ntasks={point.workers}",
         f"--cpus-per-task={point.threads_per_worker}",
         "--kill-on-bad-exit=1",
         "--overlap",
-        "--label",
-        "--unbuffered",
+        "--label",  # srun hands on whole lines, each labelled (--unbuffered would cut lines apart)
+        *([f"--mpi={mpi}"] if mpi else []),
         *(["--gpus-per-task=1"] if with_gpus else []),
         *inside,
         "-m",
-        "ddlrepro.workloads",
+        "ddlrepro.launchers.slurm_task",
         point.to_json(),
     ]
-    rendezvous = {"master_addr": master, "master_port": port, "job_id": job_id}
-    return JobSpec("slurm", [WorkerSpec(None, command, env)], timeout_s, rendezvous)
 
 
 def execute(spec: JobSpec, output: OutputCollector) -> None:
