@@ -4,7 +4,7 @@
   The three runs alternate for `--rounds` rounds; each round's ratio uses that round's runs.
 - Memory of N = 4 ESTs in one process ÷ that of 4 packed processes, peak RSS summed over the job (target ≤ 1/4 + 0.10).
 
-    python benchmarks/easyscale_overheads.py [--rounds 3] [--steps 20]
+    python benchmarks/easyscale_overheads.py [--rounds 5] [--steps 20]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def measure(points: list, workdir: Path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     config = load_config(REPO_ROOT / "config" / "config.yaml")
