@@ -15,6 +15,7 @@ from conftest import tiny_point
 
 from ddlrepro.launchers.base import RunFailed
 from ddlrepro.run import run_point
+from ddlrepro.rundir import OutputCollector
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +151,14 @@ def test_timeout_stops_every_worker(tmp_path: Path) -> None:
         run_point(point, tmp_path / "run", timeout_s=8)
     assert time.monotonic() - started < 20
     assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_an_unreadable_record_is_named_and_the_rest_still_filed(tmp_path: Path) -> None:
+    with OutputCollector(tmp_path) as output:
+        output.add_line(0, "stdout", 'DDLREPRO {"kind": "metric", "time":')  # a line cut in two on its way
+        output.add_line(0, "stdout", "DDLREPRO [1, 2]")
+        output.add_line(0, "stdout", 'DDLREPRO {"kind": "result", "rank": 0}')
+        assert output.result == {"rank": 0}
+        tail = output.stderr_tail(0)
+        assert tail[0].startswith("unreadable record (Expecting value)")
+        assert tail[1] == "unreadable record (not a record): [1, 2]"

@@ -16,8 +16,7 @@ from test_local_launcher import wait_for, worker_pids
 
 from ddlrepro.figures import FIGURES
 from ddlrepro.launchers.slurm import allocation, render
-from ddlrepro.launchers.slurm_task import task_environment, tasks_per_node
-from ddlrepro.rundir import OutputCollector
+from ddlrepro.launchers.slurm_task import layout, task_environment
 
 GPU_CLUSTER = {
     "partition": "gpu",
@@ -57,9 +56,12 @@ def test_render_takes_the_rendezvous_from_the_allocation(tmp_path: Path) -> None
     spec = render(tiny_point(workers=32), 600, tmp_path, {"SLURM_JOB_ID": "123456"}, settings=GPU_CLUSTER)
     (step,) = spec.workers
     assert step.rank is None
-    assert step.command[:7] == [
+    assert step.command[:10] == [
         "srun",
         "--ntasks=32",
+        "--nodes=8",
+        "--ntasks-per-node=4",
+        "--distribution=block",
         "--cpus-per-task=1",
         "--kill-on-bad-exit=1",
         "--overlap",
@@ -75,8 +77,8 @@ def test_render_takes_the_rendezvous_from_the_allocation(tmp_path: Path) -> None
 
 
 def test_workers_run_inside_the_container_image(tmp_path: Path) -> None:
-    environ = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "4"}
-    (step,) = render(tiny_point(workers=2), 600, tmp_path, environ, container="/images/ddlrepro.sif").workers
+    gpus = {"tasks_per_node": 4, "gpus_per_node": 4}
+    (step,) = render(tiny_point(workers=2), 600, tmp_path, {"SLURM_JOB_ID": "7"}, "/images/ddlrepro.sif", gpus).workers
     index = step.command.index("apptainer")
     assert step.command[index : index + 6] == ["apptainer", "exec", "--nv", "/images/ddlrepro.sif", "python", "-m"]
     (cpu_step,) = render(tiny_point(workers=2), 600, tmp_path, {"SLURM_JOB_ID": "7"}, container="/i.sif").workers
@@ -96,32 +98,44 @@ def test_mpi_points_start_through_slurms_mpi_plugin(tmp_path: Path) -> None:
         render(point, 600, tmp_path, {"SLURM_JOB_ID": "9"}, container="/i.sif")
 
 
-def test_tasks_per_node_notation() -> None:
-    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1]
-    assert tasks_per_node("4") == [4]
-    with pytest.raises(ValueError, match="tasks per node"):
-        tasks_per_node("2(x3")
+def test_step_layout_from_slurms_notation() -> None:
+    assert layout("n[1-3]", "2(x2),1") == [("n1", 2), ("n2", 2), ("n3", 1)]
+    assert layout("gpu[01-02],login1", "4,4,1") == [("gpu01", 4), ("gpu02", 4), ("login1", 1)]
+    with pytest.raises(ValueError, match="2 nodes in 'n\\[1-2\\]' but tasks per node '4'"):
+        layout("n[1-2]", "4")
+    with pytest.raises(ValueError, match="cannot read Slurm's node list"):
+        layout("n[1-", "2")
 
 
-def test_each_task_gets_its_ranks_environment() -> None:
-    """Rank 3 of 5 on nodes n1:2, n2:2, n3:1: torchrun's variables, its TF_CONFIG entry, Horovod's slot."""
-    pytest.importorskip("horovod")
-    environ = {"SLURM_PROCID": "3", "SLURM_NODEID": "1", "SLURM_LOCALID": "1"}
-    environ |= {"DDLREPRO_TENSORFLOW_PORT": "20002", "DDLREPRO_HOROVOD_PORT": "20001"}
-    env = task_environment(environ, [("n1", 2), ("n2", 2), ("n3", 1)])
+NODES = [("n1", 2), ("n2", 2), ("n3", 1)]
+RANK_3 = {"SLURM_PROCID": "3", "SLURM_NODEID": "1", "SLURM_LOCALID": "1"}  # rank 3 of 5 on nodes n1:2, n2:2, n3:1
+
+
+def test_each_task_gets_torchrun_variables_and_its_tf_config_entry() -> None:
+    env = task_environment(RANK_3, NODES)
     torchrun = ("MASTER_ADDR", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     assert [env[key] for key in torchrun] == ["n1", "3", "5", "1", "2"]
-    tf = json.loads(env["TF_CONFIG"])
+    assert "TF_CONFIG" not in env and not any(key.startswith("HOROVOD_") for key in env)
+    tf = json.loads(task_environment({**RANK_3, "DDLREPRO_TENSORFLOW_PORT": "20002"}, NODES)["TF_CONFIG"])
     assert tf["cluster"]["worker"] == ["n1:20002", "n1:20003", "n2:20002", "n2:20003", "n3:20002"]
     assert tf["task"] == {"type": "worker", "index": 3}
+
+
+def test_each_task_gets_its_horovod_slot() -> None:
+    pytest.importorskip("horovod")
+    env = task_environment({**RANK_3, "DDLREPRO_HOROVOD_PORT": "20001"}, NODES)
     horovod = {key.removeprefix("HOROVOD_"): value for key, value in env.items() if key.startswith("HOROVOD_")}
     assert horovod["HOSTNAME"] == "n2" and horovod["RANK"] == "3" and horovod["SIZE"] == "5"
     slot = [horovod[key] for key in ("LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE")]
     assert slot == ["1", "2", "1", "2"]  # local rank 1 exists on n1 and n2 only
     assert horovod["GLOO_RENDEZVOUS_ADDR"] == "n1" and horovod["GLOO_RENDEZVOUS_PORT"] == "20001"
     assert "GLOO_IFACE" not in horovod  # several nodes: gloo takes the address the host name resolves to
-    torch_only = task_environment({key: environ[key] for key in list(environ)[:3]}, [("n1", 2), ("n2", 2)])
-    assert "TF_CONFIG" not in torch_only and not any(key.startswith("HOROVOD_") for key in torch_only)
+
+
+def test_ranks_out_of_block_order_are_refused() -> None:
+    cyclic = {"SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_LOCALID": "0"}  # --distribution=cyclic's rank 1
+    with pytest.raises(RuntimeError, match="not a block distribution"):
+        task_environment(cyclic, NODES)
 
 
 @pytest.fixture(scope="module")
@@ -151,9 +165,9 @@ def slurm_snakemake(workdir: Path, env: dict[str, str], *args: str, timeout: int
 
 @pytest.mark.slow
 def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, str], tmp_path: Path) -> None:
-    workdir = copy_workflow(tmp_path)
     """Every framework of fig9 (torch, Horovod over gloo and MPI, TensorFlow), the MPI all-reduce and a bitwise
     EasyScale figure, each run an sbatch job whose workers srun starts (MPI ranks through Slurm's PMIx plugin)."""
+    workdir = copy_workflow(tmp_path)
     fig9 = "{workers: [1, 2], frameworks: [torch, horovod, tensorflow], horovod_controllers: [gloo, mpi]}"
     sections = {"kungfu-fig9": fig9, "kungfu-allreduce": "{backends: [mpi]}", "easyscale-fig9": "{enabled: true}"}
     done = slurm_snakemake(
@@ -229,11 +243,3 @@ def test_failed_slurm_job_names_its_id_and_retries_recover(cluster: dict[str, st
     for attempt in attempts:
         assert not (attempt / "result.json").exists()
         assert "srun: error" in (attempt / "log.txt").read_text()
-
-
-def test_a_record_cut_in_two_is_named_and_the_rest_still_filed(tmp_path: Path) -> None:
-    with OutputCollector(tmp_path) as output:
-        output.add_line(0, "stdout", 'DDLREPRO {"kind": "metric", "time":')
-        output.add_line(0, "stdout", 'DDLREPRO {"kind": "result", "rank": 0}')
-        assert output.result == {"rank": 0}
-        assert output.stderr_tail(0)[0].startswith("unreadable record (Expecting value)")

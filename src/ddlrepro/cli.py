@@ -171,7 +171,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--container", help="image every worker runs inside (Slurm: an Apptainer .sif)")
     run.add_argument("--image-file", help="the built image's digest file (or .sif.sha256), recorded in provenance")
     run.add_argument("--container-run", help="JSON list: the command that runs a worker in the built image")
-    run.add_argument("--launcher-settings", help="JSON: the launcher's config section (kubernetes)")
+    run.add_argument("--launcher-settings", help="JSON: the launcher's settings (slurm, kubernetes)")
     run.set_defaults(handler=cmd_run_point)
 
     render = commands.add_parser("render", help="print the job a launcher would start, without starting it")
@@ -179,7 +179,7 @@ def parser() -> argparse.ArgumentParser:
     render.add_argument("--launcher", default="local")
     render.add_argument("--run-dir", default="results/runs/render")
     render.add_argument("--timeout", type=float, default=3600)
-    render.add_argument("--launcher-settings", help="JSON: the launcher's config section (kubernetes)")
+    render.add_argument("--launcher-settings", help="JSON: the launcher's settings (slurm, kubernetes)")
     render.set_defaults(handler=cmd_render)
 
     build = commands.add_parser("build-image", help="build the training image (containers/) and write its digest")

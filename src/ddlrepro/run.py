@@ -54,7 +54,7 @@ def run_point(
 
     `container`: an image every worker runs inside (Slurm launcher: an Apptainer `.sif`; local launcher: a
     podman/docker image); `image`: the built image's reference and digest, recorded in the provenance;
-    `options`: further keyword arguments of the launcher's `render` (Kubernetes: `settings`). A point that names
+    `options`: further keyword arguments of the launcher's `render` (Slurm, Kubernetes: `settings`). A point that names
     its own launcher (elastic points: `elastic` or `torchrun`) runs under it, on this machine or the allocation's
     node, without a container or launcher options."""
     own_launcher = point.params.get("launcher")

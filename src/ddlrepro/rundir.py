@@ -82,13 +82,16 @@ class OutputCollector:
                 self._file_record_line(rank, line[len(RECORD_PREFIX) :])
 
     def _file_record_line(self, rank: int, text: str) -> None:
-        """A record; one that does not parse (a line cut in two on its way) is named in the rank's stderr tail,
-        so that a run missing its result says why."""
+        """A record; one that cannot be read (a line cut in two on its way, or not a record at all) is named in the
+        rank's stderr tail, so that a run missing its result says why, and the rest of the output is still filed."""
         try:
             record = json.loads(text)
+            problem = None if isinstance(record, dict) and "kind" in record else "not a record"
         except json.JSONDecodeError as error:
+            problem = error.msg
+        if problem:
             tail = self._stderr.setdefault(rank, deque(maxlen=STDERR_TAIL_LINES))
-            tail.append(f"unreadable record ({error.msg}): {text[:200]}")
+            tail.append(f"unreadable record ({problem}): {text[:200]}")
             return
         self._file_record(record)
 

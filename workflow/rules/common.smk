@@ -104,8 +104,12 @@ def launcher_options():
     if IMAGES["build"] in ("podman", "docker") and LAUNCHER == "local":
         engine = [IMAGES["build"], *IMAGES["engine_args"], "run", *IMAGES["run_args"]]
         options += ["--container-run", json.dumps(engine)]
-    if LAUNCHER in ("slurm", "kubernetes"):
-        options += ["--launcher-settings", json.dumps(config["launcher"][LAUNCHER])]
+    if LAUNCHER == "slurm":
+        slurm = config["launcher"]["slurm"]
+        used = {key: slurm[key] for key in ("tasks_per_node", "gpus_per_node", "mpi")}  # what render reads
+        options += ["--launcher-settings", json.dumps(used)]
+    if LAUNCHER == "kubernetes":
+        options += ["--launcher-settings", json.dumps(config["launcher"]["kubernetes"])]
     return " ".join(shlex.quote(option) for option in options)
 
 

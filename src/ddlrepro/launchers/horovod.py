@@ -60,12 +60,14 @@ def rendezvous_server(hosts: list[tuple[str, int]], port: int, bind_addr: str = 
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
     server = RendezvousHTTPServer((bind_addr, port), RendezvousHandler, 0)
-    server.init(slots(hosts))
-    thread = threading.Thread(target=server.serve_forever, name="horovod-rendezvous", daemon=True)
-    thread.start()
     try:
-        yield
+        server.init(slots(hosts))
+        thread = threading.Thread(target=server.serve_forever, name="horovod-rendezvous", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            server.shutdown()
+            thread.join()
     finally:
-        server.shutdown()
         server.server_close()
-        thread.join()

@@ -53,6 +53,12 @@ def launch_mode(point: Point) -> str:
     return "mpirun" if params.get("backend") == "mpi" else "ranks"
 
 
+def check_image_can_run(point: Point) -> None:
+    """Raise unless the training image can run `point`: it carries neither Horovod nor MPI."""
+    if launch_mode(point) != "ranks":
+        raise ValueError(f"point {point.id} needs Horovod or MPI, which the training image does not carry")
+
+
 def render(
     point: Point, timeout_s: float, run_dir: Path, container: str | None = None, container_run: list[str] | None = None
 ) -> JobSpec:
@@ -62,8 +68,8 @@ def render(
     on the host's network, with the figure's run folders mounted at the same path (torch and TensorFlow points:
     the training image carries neither Horovod nor MPI)."""
     in_image = bool(container and container_run)
-    if in_image and launch_mode(point) != "ranks":
-        raise ValueError(f"point {point.id} needs Horovod or MPI, which the training image does not carry")
+    if in_image:
+        check_image_can_run(point)
     port = free_loopback_port()
     mode = launch_mode(point)
     common = {

@@ -22,15 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
-from ddlrepro.launchers.local import launch_mode
+from ddlrepro.launchers.local import check_image_can_run, launch_mode
 from ddlrepro.launchers.processes import run_to_completion
 from ddlrepro.points import Point
 from ddlrepro.rundir import OutputCollector
 
 LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
 FAILED_TASK = re.compile(r"task (\d+)")
-# Each job takes a block of ports chosen by its id, so that jobs sharing a node do not collide: torch's rendezvous,
-# Horovod's, then one per TensorFlow task on the node. Below Linux's ephemeral ports (32768 on).
+# Each job takes a block of ports chosen by its id: torch's rendezvous, Horovod's, then one per TensorFlow task on
+# its node. Blocks repeat every PORT_BLOCKS job ids (jobs that far apart rarely share a node at the same time), and
+# stay below Linux's ephemeral ports (32768 on).
 PORT_BASE, PORTS_PER_JOB, PORT_BLOCKS = 15000, 64, 275
 SINGLE_NODE_LAUNCHERS = {"elastic", "torchrun"}
 
@@ -38,10 +39,9 @@ SINGLE_NODE_LAUNCHERS = {"elastic", "torchrun"}
 def allocation(point: Point, slurm: dict[str, Any], runtime_min: int) -> dict[str, Any]:
     """The sbatch settings of a point: one task per worker, packed `tasks_per_node` to a node. Elastic points
     (their own launcher starts and stops the workers) get one node with room for their largest cluster."""
-    single_node = point.params.get("launcher") in SINGLE_NODE_LAUNCHERS
-    per_node = point.workers if single_node else min(point.workers, slurm["tasks_per_node"])
+    nodes, per_node = node_shape(point, slurm)
     settings = {
-        "nodes": math.ceil(point.workers / per_node),
+        "nodes": nodes,
         "tasks": point.workers,
         "tasks_per_node": per_node,
         "cpus_per_task": point.threads_per_worker,
@@ -57,6 +57,13 @@ def allocation(point: Point, slurm: dict[str, Any], runtime_min: int) -> dict[st
     return settings
 
 
+def node_shape(point: Point, slurm: dict[str, Any]) -> tuple[int, int]:
+    """(nodes, tasks per node): one task per worker, `tasks_per_node` to a node; elastic points on one node."""
+    single_node = point.params.get("launcher") in SINGLE_NODE_LAUNCHERS
+    per_node = point.workers if single_node else min(point.workers, slurm["tasks_per_node"])
+    return math.ceil(point.workers / per_node), per_node
+
+
 def render(
     point: Point,
     timeout_s: float,
@@ -66,17 +73,19 @@ def render(
     settings: dict[str, Any] | None = None,
 ) -> JobSpec:
     """The srun step this job will run (nothing is started); `environ` defaults to this job's environment,
-    `settings` are `launcher.slurm` of the config (GPUs per node, the srun MPI plugin).
+    `settings` are the config's `launcher.slurm` (tasks and GPUs per node, the srun MPI plugin; without them:
+    one node, no GPUs).
 
-    Every point is one srun step, a task per worker; each task turns Slurm's task variables into its rank's
-    environment (slurm_task.py). MPI points (Horovod over MPI, the MPI all-reduce) are started by srun directly
-    through Slurm's MPI plugin (`--mpi=pmix`). With a container image (`.sif`), every task runs inside it through
-    `apptainer exec` (`--nv` with GPUs).
+    Every point is one srun step shaped as its allocation, a task per worker, ranks in block order; each task turns
+    Slurm's step variables into its rank's environment (slurm_task.py). MPI points (Horovod over MPI, the MPI
+    all-reduce) are started by srun directly through Slurm's MPI plugin (`--mpi=pmix`). With a container image
+    (`.sif`), every task runs inside it through `apptainer exec` (`--nv` with GPUs).
     """
     settings = settings or {}
     mode = launch_mode(point)
-    if container and mode != "ranks":
-        raise ValueError(f"point {point.id} needs Horovod or MPI, which the training image does not carry")
+    if container:
+        check_image_can_run(point)
+    nodes, per_node = node_shape(point, {"tasks_per_node": point.workers, **settings})
     environ = dict(os.environ if environ is None else environ)
     job_id = environ.get("SLURM_JOB_ID", "0")
     port = PORT_BASE + int(job_id) % PORT_BLOCKS * PORTS_PER_JOB
@@ -86,27 +95,36 @@ def render(
         "PYTHONUNBUFFERED": "1",
         "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
     }
-    rendezvous = {"master_addr": "the first node of the step", "master_port": port, "job_id": job_id, "mode": mode}
+    # MASTER_ADDR: each task takes the first node of its step.
+    rendezvous = {"master_addr": None, "master_port": port, "job_id": job_id, "mode": mode}
     if mode == "horovod-gloo":
         rendezvous["horovod_port"] = port + 1  # Horovod's rendezvous server, run by rank 0's task
         env["DDLREPRO_HOROVOD_PORT"] = str(port + 1)
     if point.params.get("framework") == "tensorflow":
+        if 2 + per_node > PORTS_PER_JOB:
+            raise ValueError(f"{per_node} TensorFlow tasks per node need more than the job's {PORTS_PER_JOB} ports")
         rendezvous["tensorflow_port"] = port + 2  # the first of each node's ports, one per task on it
         env["DDLREPRO_TENSORFLOW_PORT"] = str(port + 2)
-    with_gpus = int(settings.get("gpus_per_node") or environ.get("SLURM_GPUS_ON_NODE") or 0) > 0
+    with_gpus = int(settings.get("gpus_per_node") or 0) > 0
     mpi = settings.get("mpi", "pmix") if mode == "mpirun" else None
-    step = WorkerSpec(None, srun_command(point, with_gpus, container, mpi), env)
+    step = WorkerSpec(None, srun_command(point, (nodes, per_node), with_gpus, container, mpi), env)
     return JobSpec("slurm", [step], timeout_s, rendezvous)
 
 
-def srun_command(point: Point, with_gpus: bool, container: str | None, mpi: str | None) -> list[str]:
-    """One srun step with a task per worker, each line labelled with its rank (`mpi`: Slurm's MPI plugin)."""
+def srun_command(
+    point: Point, shape: tuple[int, int], with_gpus: bool, container: str | None, mpi: str | None
+) -> list[str]:
+    """One srun step with a task per worker on (nodes, tasks per node), ranks in block order, each line labelled
+    with its rank (`mpi`: Slurm's MPI plugin)."""
     inside = (
         ["apptainer", "exec", *(["--nv"] if with_gpus else []), container, "python"] if container else [sys.executable]
     )
     return [
         "srun",
         f"--ntasks={point.workers}",
+        f"--nodes={shape[0]}",
+        f"--ntasks-per-node={shape[1]}",
+        "--distribution=block",
         f"--cpus-per-task={point.threads_per_worker}",
         "--kill-on-bad-exit=1",
         "--overlap",

@@ -12,41 +12,27 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
 
+import hostlist
+
 from ddlrepro.launchers import horovod
 from ddlrepro.launchers.local import tf_config
 
-TASKS_PER_NODE = re.compile(r"(\d+)(?:\(x(\d+)\))?")
 RENDEZVOUS_WAIT_S = 300
 
 
-def hostnames(nodelist: str) -> list[str]:
-    """A Slurm node list expanded by `scontrol show hostnames` (`node[1-3]` → node1, node2, node3)."""
-    listed = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
-    return listed.stdout.split()
-
-
-def tasks_per_node(spec: str) -> list[int]:
-    """Slurm's tasks-per-node notation expanded: `2(x3),1` → [2, 2, 2, 1]."""
-    counts: list[int] = []
-    for part in spec.split(","):
-        match = TASKS_PER_NODE.fullmatch(part)
-        if not match:
-            raise ValueError(f"cannot read Slurm's tasks per node {spec!r}")
-        counts += [int(match.group(1))] * int(match.group(2) or 1)
-    return counts
-
-
 def layout(nodelist: str, tasks: str) -> list[tuple[str, int]]:
-    """(node, tasks on it) in rank order: Slurm's default block distribution fills each node before the next."""
-    nodes = hostnames(nodelist)
-    counts = tasks_per_node(tasks)
+    """(node, tasks on it) in rank order, from Slurm's node list (`gpu[01-02]`) and tasks per node (`2(x2)`),
+    read with python-hostlist (scontrol may be missing in a container). The step runs with `--distribution=block`:
+    each node's ranks follow on from the previous node's."""
+    try:
+        nodes, counts = hostlist.expand_hostlist(nodelist), hostlist.parse_slurm_tasks_per_node(tasks)
+    except hostlist.BadHostlist as error:
+        raise ValueError(f"cannot read Slurm's node list {nodelist!r} / tasks per node {tasks!r}: {error}") from None
     if len(nodes) != len(counts):
         raise ValueError(f"{len(nodes)} nodes in {nodelist!r} but tasks per node {tasks!r}")
     return list(zip(nodes, counts, strict=True))
@@ -54,12 +40,17 @@ def layout(nodelist: str, tasks: str) -> list[tuple[str, int]]:
 
 def task_environment(environ: Mapping[str, str], nodes: list[tuple[str, int]]) -> dict[str, str]:
     """The environment the local launcher would give this task's rank, from Slurm's task variables."""
-    rank, node = int(environ["SLURM_PROCID"]), int(environ["SLURM_NODEID"])
+    rank, node, local = int(environ["SLURM_PROCID"]), int(environ["SLURM_NODEID"]), int(environ["SLURM_LOCALID"])
+    if sum(count for _, count in nodes[:node]) + local != rank:
+        raise RuntimeError(
+            f"task {rank} is local task {local} of node {node} of {nodes}: not a block distribution of ranks, "
+            "which the Horovod slots and TF_CONFIG addresses assume (run the step with --distribution=block)"
+        )
     env = {
         "MASTER_ADDR": nodes[0][0],
         "RANK": str(rank),
         "WORLD_SIZE": str(sum(count for _, count in nodes)),
-        "LOCAL_RANK": environ["SLURM_LOCALID"],
+        "LOCAL_RANK": str(local),
         "LOCAL_WORLD_SIZE": str(nodes[node][1]),
     }
     if "DDLREPRO_TENSORFLOW_PORT" in environ:
@@ -96,12 +87,16 @@ def wait_until_listening(host: str, port: int, timeout_s: float) -> None:
             socket.create_connection((host, port), timeout=1).close()
             return
         except OSError as error:
-            if time.monotonic() > deadline:
+            if isinstance(error, socket.gaierror) or time.monotonic() > deadline:
                 raise RuntimeError(f"Horovod's rendezvous on {host}:{port} (rank 0) did not listen: {error}") from None
             time.sleep(0.1)
 
 
 def main(argv: list[str]) -> None:
+    step = ("SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID")
+    missing = [name for name in step if name not in os.environ]
+    if missing:
+        sys.exit(f"slurm_task runs as a task of an srun step; {', '.join(missing)} not set")
     nodes = layout(os.environ["SLURM_STEP_NODELIST"], os.environ["SLURM_STEP_TASKS_PER_NODE"])
     os.environ.update(task_environment(os.environ, nodes))
     with horovod_rendezvous(os.environ, nodes):

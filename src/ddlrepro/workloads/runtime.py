@@ -32,7 +32,8 @@ def _env_int(*names: str, default: int | None = None) -> int:
 
 @dataclass(frozen=True)
 class RankContext:
-    """This process's place in the job, read from torchrun's, Slurm's or Open MPI's environment conventions."""
+    """This process's place in the job, read from torchrun's or Open MPI's environment conventions (Slurm tasks get
+    torchrun's from launchers/slurm_task.py)."""
 
     rank: int
     world_size: int
@@ -46,13 +47,10 @@ class RankContext:
     def from_environment(cls, threads: int, backend: str = "auto", device: str = "backend") -> RankContext:
         """`device`: `backend` (CUDA with NCCL, else CPU), `auto` (CUDA wherever present, whatever the backend)
         or `cpu`."""
-        # mpirun's variables before Slurm's: ranks mpirun starts inside an allocation inherit the batch step's.
-        rank = _env_int("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
-        world_size = _env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
-        local_rank = _env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", default=0)
-        local_world_size = _env_int(
-            "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", default=1
-        )
+        rank = _env_int("RANK", "OMPI_COMM_WORLD_RANK")
+        world_size = _env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE")
+        local_rank = _env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
+        local_world_size = _env_int("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() else "gloo"
         if backend == "mpi" and not dist.is_mpi_available():
