@@ -106,8 +106,11 @@ def launcher_options():
         options += ["--container-run", json.dumps(engine)]
     if LAUNCHER == "slurm":
         slurm = config["launcher"]["slurm"]
-        used = {key: slurm[key] for key in ("tasks_per_node", "gpus_per_node", "mpi")}  # what render reads
-        options += ["--launcher-settings", json.dumps(used)]
+        read_by_render = ("tasks_per_node", "gpus_per_node", "mpi")
+        options += [
+            "--launcher-settings",
+            json.dumps({key: slurm[key] for key in read_by_render}),
+        ]
     if LAUNCHER == "kubernetes":
         options += ["--launcher-settings", json.dumps(config["launcher"]["kubernetes"])]
     return " ".join(shlex.quote(option) for option in options)
