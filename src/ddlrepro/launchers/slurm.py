@@ -86,8 +86,7 @@ def render(
     if container:
         check_image_can_run(point)
     nodes, per_node = node_shape(point, {"tasks_per_node": point.workers, **settings})
-    environ = dict(os.environ if environ is None else environ)
-    job_id = environ.get("SLURM_JOB_ID", "0")
+    job_id = (os.environ if environ is None else environ).get("SLURM_JOB_ID", "0")
     port = PORT_BASE + int(job_id) % PORT_BLOCKS * PORTS_PER_JOB
     env = {
         "MASTER_PORT": str(port),
