@@ -23,6 +23,8 @@ from ddlrepro.elastic.server import ClusterConfig, ConfigServer
 from ddlrepro.points import Point
 from ddlrepro.run import run_point
 from ddlrepro.tables import run_rows
+from ddlrepro.workloads.elastic import ElasticTrainer
+from ddlrepro.workloads.records import RECORD_PREFIX
 
 TOKEN = "test-token-123456"
 
@@ -164,6 +166,33 @@ def test_ledger_catches_skipped_and_repeated_samples() -> None:
     ]
     verify(lost_then_redone, 8)
     assert trained_ranges(lost_then_redone) == [(0, 4), (4, 4)]
+
+
+class DyingGroup:
+    """A two-rank group whose peer is killed during the gradient all-reduce."""
+
+    rank, size = 1, 2
+
+    def all_reduce(self, tensor, op=None) -> None:
+        raise RuntimeError("Connection closed by peer")
+
+    def broadcast(self, tensor, source: int) -> None:
+        raise AssertionError("not used by a step")
+
+
+def test_a_rank_records_its_slice_before_the_all_reduce(capsys: pytest.CaptureFixture[str]) -> None:
+    """A rank killed in a step's all-reduce has already written its slice: if a survivor completes that step, the
+    slice is in the ledger; if none does, rank 0's resume note voids it."""
+    trainer = ElasticTrainer(elastic_point("4:0").params, threads=1)
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        trainer.train_step(DyingGroup())
+    records = [json.loads(line.removeprefix(RECORD_PREFIX)) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["kind"], r["start"], r["count"]) for r in records] == [("ledger", 4, 4)]
+    assert trainer.offset == 0 and trainer.step == 0
+    completed_by_a_survivor = [{"time": 0, "start": 0, "count": 4}, records[0], {"time": 2e9, "resume": 8}]
+    verify(completed_by_a_survivor, 8)
+    lost = [{"time": 0, "start": 0, "count": 4}, records[0], {"time": 2e9, "resume": 0}]
+    assert trained_ranges(lost) == []
 
 
 # ---------------------------------------------------------------- in-place resizing

@@ -3,7 +3,9 @@ trained exactly once, across every resize and fault.
 
 A record is either a range a rank trained (`start`, `count`) or rank 0's note that training resumed at global
 offset `resume` after a resize: ranges at or beyond it from before the note belong to a step that was lost
-(in flight when a worker died) and do not count.
+(in flight when a worker died) and do not count. A rank writes its range before it hands its gradients to the
+step's all-reduce, so a step that any survivor completed has every rank's range, even that of a rank killed
+before it could finish the step itself.
 """
 
 from __future__ import annotations

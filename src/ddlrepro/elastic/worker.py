@@ -136,17 +136,14 @@ class InPlaceWorker:
         self.group.all_reduce(candidate, dist.ReduceOp.MIN)
         self.trainer.broadcast_state(self.group, int(candidate))
         if self.rank == 0:
-            self.record_resume(own_offset)
+            self.record_resume()
         if self.event is not None:
             if joiners_ready > 0:
                 self.event.mark("joiners_ready", joiners_ready)
             self.event.mark("synced")
 
-    def record_resume(self, own_offset: float) -> None:
-        """Rank 0's ledger note: training resumes at the agreed offset (samples a lost step trained beyond it are
-        void; samples a survivor committed that rank 0 had not are counted once, here)."""
-        if 0 <= own_offset < self.trainer.offset:
-            emit("ledger", rank=0, step=None, start=int(own_offset), count=self.trainer.offset - int(own_offset))
+    def record_resume(self) -> None:
+        """Rank 0's ledger note: training resumes at the agreed offset; slices at or beyond it were in a lost step."""
         emit("ledger", rank=0, step=None, resume=self.trainer.offset, version=self.cluster.version)
 
     def leave(self, cluster: Cluster) -> None:

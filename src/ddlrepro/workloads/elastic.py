@@ -76,10 +76,10 @@ class ElasticTrainer:
         index = torch.arange(start, start + self.batch_size) % len(self.labels)
         self.optimizer.zero_grad(set_to_none=False)
         F.cross_entropy(self.model(self.images[index]), self.labels[index]).backward()
+        emit("ledger", rank=rank, step=self.step, start=start, count=self.batch_size, size=size)
         if size > 1:
             _average_gradients(list(self.model.parameters()), group)
         self.optimizer.step()
-        emit("ledger", rank=rank, step=self.step, start=start, count=self.batch_size, size=size)
         self.offset += size * self.batch_size
         self.step += 1
         return time.perf_counter() - started
