@@ -152,26 +152,33 @@ def test_bad_schedules_are_refused(schedule: str, problem: str) -> None:
         parse_schedule(schedule)
 
 
+def trained(start: int, version: int = 1, time: float = 0.0) -> dict:
+    return {"time": time, "start": start, "count": 4, "version": version}
+
+
+def resumed(offset: int, version: int, time: float = 0.0) -> dict:
+    return {"time": time, "resume": offset, "version": version}
+
+
 def test_ledger_catches_skipped_and_repeated_samples() -> None:
-    records = [{"time": 1, "start": 0, "count": 4}, {"time": 2, "start": 8, "count": 4}]
+    records = [trained(0), trained(8)]
     with pytest.raises(LedgerError, match="4 samples skipped"):
         verify(records, 12)
     with pytest.raises(LedgerError, match="trained twice"):
-        verify([*records, {"time": 3, "start": 4, "count": 8}], 16)
-    lost_then_redone = [
-        {"time": 1, "start": 0, "count": 4},
-        {"time": 2, "start": 4, "count": 4},
-        {"time": 3, "resume": 4},
-        {"time": 4, "start": 4, "count": 4},
-    ]
+        verify([*records, trained(4), trained(8, version=2)], 16)
+
+
+def test_ledger_voids_a_lost_step_by_version_not_by_clock() -> None:
+    """A survivor's first range in version 2 may be stamped before rank 0's note that version 2 resumed at 4."""
+    lost_then_redone = [trained(0), trained(4, time=1), trained(4, version=2, time=2), resumed(4, version=2, time=3)]
     verify(lost_then_redone, 8)
     assert trained_ranges(lost_then_redone) == [(0, 4), (4, 4)]
 
 
 class DyingGroup:
-    """A two-rank group whose peer is killed during the gradient all-reduce."""
+    """A two-rank group in version 1 whose peer is killed during the gradient all-reduce."""
 
-    rank, size = 1, 2
+    rank, size, version = 1, 2, 1
 
     def all_reduce(self, tensor, op=None) -> None:
         raise RuntimeError("Connection closed by peer")
@@ -182,17 +189,15 @@ class DyingGroup:
 
 def test_a_rank_records_its_slice_before_the_all_reduce(capsys: pytest.CaptureFixture[str]) -> None:
     """A rank killed in a step's all-reduce has already written its slice: if a survivor completes that step, the
-    slice is in the ledger; if none does, rank 0's resume note voids it."""
+    slice is in the ledger; if none does, the next version's resume note voids it."""
     trainer = ElasticTrainer(elastic_point("4:0").params, threads=1)
     with pytest.raises(RuntimeError, match="closed by peer"):
         trainer.train_step(DyingGroup())
     records = [json.loads(line.removeprefix(RECORD_PREFIX)) for line in capsys.readouterr().out.splitlines()]
-    assert [(r["kind"], r["start"], r["count"]) for r in records] == [("ledger", 4, 4)]
+    assert [(r["kind"], r["start"], r["count"], r["version"]) for r in records] == [("ledger", 4, 4, 1)]
     assert trainer.offset == 0 and trainer.step == 0
-    completed_by_a_survivor = [{"time": 0, "start": 0, "count": 4}, records[0], {"time": 2e9, "resume": 8}]
-    verify(completed_by_a_survivor, 8)
-    lost = [{"time": 0, "start": 0, "count": 4}, records[0], {"time": 2e9, "resume": 0}]
-    assert trained_ranges(lost) == []
+    verify([trained(0), records[0], resumed(8, version=2)], 8)
+    assert trained_ranges([trained(0), records[0], resumed(0, version=2)]) == []
 
 
 # ---------------------------------------------------------------- in-place resizing

@@ -39,6 +39,7 @@ class Group:
     def __init__(self, store: dist.Store, cluster: Cluster, rank: int, timeout_s: float) -> None:
         self.rank = rank
         self.size = len(cluster.members)
+        self.version = cluster.version
         prefix = dist.PrefixStore(f"group/{cluster.version}/", store)
         self.backend = dist.ProcessGroupGloo(prefix, rank, self.size, timedelta(seconds=timeout_s))
 

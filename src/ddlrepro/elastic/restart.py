@@ -46,9 +46,9 @@ def main(argv: list[str]) -> None:
     point = Point.from_json(argv[0])
     dist.init_process_group("gloo")
     group_formed = time.time()
-    group = DefaultGroup()
     trainer = ElasticTrainer(point.params, point.threads_per_worker)
-    event = resume(trainer, group)
+    event = resume(trainer, dist.get_rank())
+    group = DefaultGroup(version=trainer.step)
     if event is not None:
         event.mark("restarted", psutil.Process().create_time())
         event.mark("group", group_formed)
@@ -70,12 +70,12 @@ def main(argv: list[str]) -> None:
             resize(trainer, group, client, int(size))
 
 
-def resume(trainer: ElasticTrainer, group: DefaultGroup) -> ResizeEvent | None:
+def resume(trainer: ElasticTrainer, rank: int) -> ResizeEvent | None:
     """Load the checkpoint a resize left, if any; the event it carries continues in this incarnation."""
     if not checkpoint_path().exists():
         return None
     trainer.restore(torch.load(checkpoint_path(), weights_only=False))
-    if group.rank != 0:
+    if rank != 0:
         return None
     emit("ledger", rank=0, step=None, resume=trainer.offset, version=trainer.step)
     return ResizeEvent(**json.loads(event_path().read_text()))

@@ -29,6 +29,7 @@ class Collectives(Protocol):
 
     rank: int
     size: int
+    version: int  # the membership it trains in: the cluster version (in place), the step it resumed at (torchrun)
 
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> None: ...
 
@@ -38,9 +39,10 @@ class Collectives(Protocol):
 class DefaultGroup:
     """torch's default process group (as torchrun sets it up) behind the `Collectives` interface."""
 
-    def __init__(self) -> None:
+    def __init__(self, version: int) -> None:
         self.rank = dist.get_rank()
         self.size = dist.get_world_size()
+        self.version = version
 
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> None:
         dist.all_reduce(tensor, op)
@@ -76,7 +78,7 @@ class ElasticTrainer:
         index = torch.arange(start, start + self.batch_size) % len(self.labels)
         self.optimizer.zero_grad(set_to_none=False)
         F.cross_entropy(self.model(self.images[index]), self.labels[index]).backward()
-        emit("ledger", rank=rank, step=self.step, start=start, count=self.batch_size, size=size)
+        emit("ledger", rank=rank, step=self.step, start=start, count=self.batch_size, size=size, version=group.version)
         if size > 1:
             _average_gradients(list(self.model.parameters()), group)
         self.optimizer.step()
