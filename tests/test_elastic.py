@@ -241,6 +241,7 @@ def test_survivors_keep_their_processes(tmp_path: Path) -> None:
     assert len({worker["pid"] for worker in provenance["workers"]}) == 2
     for written in ("jobspec.json", "provenance.json", "log.txt"):
         assert "DDLREPRO_ELASTIC_TOKEN" not in (tmp_path / "run" / written).read_text()
+    assert "terminate called" not in (tmp_path / "run" / "log.txt").read_text()  # no teardown outlived a worker
 
 
 def test_killed_worker_survivors_continue(tmp_path: Path) -> None:

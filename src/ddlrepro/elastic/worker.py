@@ -10,6 +10,7 @@ without it, and continue from their in-memory state, losing at most the step in 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 import torch
@@ -39,6 +40,7 @@ class InPlaceWorker:
         self.cluster: Cluster | None = None
         self.group: membership.Group | None = None
         self.retired: list[membership.Group] = []
+        self.teardowns: list[threading.Thread] = []
         self.event: ResizeEvent | None = None
         self.proposed: set[int] = set()
         self.warm = int(self.params.get("standby", 0)) > 0
@@ -87,9 +89,7 @@ class InPlaceWorker:
         return event
 
     def after_step(self, step_time: float) -> None:
-        if self.retired:
-            membership.retire(self.retired)
-            self.retired = []
+        self.retire_groups()
         event, self.event = self.event, None
         if self.rank != 0:
             return
@@ -152,10 +152,18 @@ class InPlaceWorker:
         if rank == 0 and not cluster.members:
             emit("result", rank=0, steps=self.trainer.step, samples=self.trainer.offset, last_version=cluster.version)
         self.leave_group()
-        membership.retire(self.retired)
-        self.retired = []
+        self.retire_groups()
         emit("metric", rank=rank, step=self.trainer.step, metric="left", value=float(cluster.version))
         self.cluster = None
+
+    def retire_groups(self) -> None:
+        if self.retired:
+            self.teardowns.append(membership.retire(self.retired))
+            self.retired = []
+
+    def join_teardowns(self) -> None:
+        for teardown in self.teardowns:
+            teardown.join()
 
     def leave_group(self) -> None:
         """Stop using the current group; it is torn down in the background after the next step."""
@@ -199,6 +207,7 @@ def main(argv: list[str]) -> None:
     elastic_worker = InPlaceWorker(point, worker, ConfigClient(server, token), store)
     store.set(membership.ready_key(worker), str(time.time()))
     elastic_worker.run()
+    elastic_worker.join_teardowns()
 
 
 if __name__ == "__main__":
