@@ -59,12 +59,10 @@ class Group:
         self.backend.broadcast([tensor], options).wait()
 
 
-def retire(groups: list[Group]) -> threading.Thread:
-    """Tear down old groups in the background; join the thread before the process exits (a teardown still running
-    when the interpreter finalises aborts the process: "terminate called without an active exception")."""
-    thread = threading.Thread(target=groups.clear, name="retire-groups", daemon=True)
-    thread.start()
-    return thread
+def retire(groups: list[Group]) -> None:
+    """Tear down old groups in the background, on a non-daemon thread: the interpreter waits for it at exit (a
+    teardown still running when it finalises aborts the process: "terminate called without an active exception")."""
+    threading.Thread(target=groups.clear, name="retire-groups").start()
 
 
 def ready_key(worker: int) -> str:

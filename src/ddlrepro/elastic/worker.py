@@ -10,7 +10,6 @@ without it, and continue from their in-memory state, losing at most the step in 
 from __future__ import annotations
 
 import sys
-import threading
 import time
 
 import torch
@@ -40,7 +39,6 @@ class InPlaceWorker:
         self.cluster: Cluster | None = None
         self.group: membership.Group | None = None
         self.retired: list[membership.Group] = []
-        self.teardowns: list[threading.Thread] = []
         self.event: ResizeEvent | None = None
         self.proposed: set[int] = set()
         self.warm = int(self.params.get("standby", 0)) > 0
@@ -158,12 +156,8 @@ class InPlaceWorker:
 
     def retire_groups(self) -> None:
         if self.retired:
-            self.teardowns.append(membership.retire(self.retired))
+            membership.retire(self.retired)
             self.retired = []
-
-    def join_teardowns(self) -> None:
-        for teardown in self.teardowns:
-            teardown.join()
 
     def leave_group(self) -> None:
         """Stop using the current group; it is torn down in the background after the next step."""
@@ -207,7 +201,6 @@ def main(argv: list[str]) -> None:
     elastic_worker = InPlaceWorker(point, worker, ConfigClient(server, token), store)
     store.set(membership.ready_key(worker), str(time.time()))
     elastic_worker.run()
-    elastic_worker.join_teardowns()
 
 
 if __name__ == "__main__":
