@@ -87,3 +87,35 @@ def planned_jobs(dry_run_output: str) -> dict[str, int]:
             break
         counts[parts[0]] = int(parts[1])
     return counts
+
+
+def spawn_gloo(function, world: int, tmp_path: Path, *args) -> list:
+    """Run `function(rank, *args)` on `world` gloo processes; return what each rank returned."""
+    import torch
+    import torch.multiprocessing as mp
+
+    from ddlrepro.launchers.local import free_loopback_port
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    port = free_loopback_port()
+    mp.spawn(_gloo_rank, args=(function, world, port, str(tmp_path), args), nprocs=world, join=True)
+    return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(world)]
+
+
+def _gloo_rank(rank: int, function, world: int, port: int, out_dir: str, args: tuple) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.save(function(rank, *args), Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+    # Leave without interpreter finalisation: under CPU load torch's C++ teardown (seen after DDP communication
+    # hooks) sometimes aborts in it, with no Python frame left ("terminate called without an active exception"),
+    # after everything the test checks has been saved.
+    os._exit(0)

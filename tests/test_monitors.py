@@ -3,43 +3,19 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from conftest import spawn_gloo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlrepro.launchers.local import free_loopback_port
 from ddlrepro.monitors import Ema, GradientMonitor, NoiseScaleEstimator
 
 WORLD = 2
-
-
-def spawn(function, tmp_path: Path, *args) -> list[dict]:
-    """Run `function(rank, out_dir, *args)` on WORLD gloo processes; return what each rank saved."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    port = free_loopback_port()
-    mp.spawn(_entry, args=(function, port, str(tmp_path), args), nprocs=WORLD, join=True)
-    return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
-
-
-def _entry(rank: int, function, port: int, out_dir: str, args: tuple) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    try:
-        torch.save(function(rank, *args), Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-    # Leave without interpreter finalisation: under CPU load torch's C++ teardown of a DDP process that ran a
-    # communication hook sometimes aborts in it (no Python frame left, "terminate called without an active
-    # exception"), after everything this test checks has been saved.
-    os._exit(0)
 
 
 # Linear regression y = x·w* + ε, x ~ N(0, I_d), ε ~ N(0, σ²), loss ½·mean((x·w − y)²), evaluated at w = w* + δ.
@@ -70,7 +46,7 @@ def noise_scale_run(rank: int) -> dict:
 def test_noise_scale_matches_closed_form(tmp_path: Path) -> None:
     truth_gradient_sq = 1.0
     truth_trace = (DIM + 1) * 1.0 + DIM * SIGMA**2
-    results = spawn(noise_scale_run, tmp_path)
+    results = spawn_gloo(noise_scale_run, WORLD, tmp_path)
     assert results[0] == results[1]
     mean_gradient = sum(results[0]["gradient_ema"]) / STEPS
     mean_trace = sum(results[0]["trace_ema"]) / STEPS
@@ -115,7 +91,7 @@ def variance_run(rank: int) -> dict:
 
 
 def test_variance_equals_variance_of_gathered_gradients(tmp_path: Path) -> None:
-    results = spawn(variance_run, tmp_path)
+    results = spawn_gloo(variance_run, WORLD, tmp_path)
     assert results[0]["measured"] == results[1]["measured"]
     assert results[0]["measured"] == pytest.approx(results[0]["expected"], rel=1e-5)
     assert all(value > 0 for value in results[0]["measured"])
@@ -140,12 +116,12 @@ def training_run(rank: int, kind: str, interval: int) -> dict:
 
 @pytest.fixture(scope="module")
 def plain_training(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return spawn(training_run, tmp_path_factory.mktemp("plain"), "none", 1)
+    return spawn_gloo(training_run, WORLD, tmp_path_factory.mktemp("plain"), "none", 1)
 
 
 @pytest.mark.parametrize(("kind", "interval"), [("noise-scale", 1), ("variance", 1), ("variance", 4)])
 def test_monitoring_does_not_change_training(plain_training, tmp_path: Path, kind: str, interval: int) -> None:
-    monitored = spawn(training_run, tmp_path, kind, interval)
+    monitored = spawn_gloo(training_run, WORLD, tmp_path, kind, interval)
     for name, tensor in plain_training[0].items():
         assert torch.equal(tensor, monitored[0][name]), name
 

@@ -2,37 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
+from conftest import spawn_gloo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlrepro.launchers.local import free_loopback_port
 from ddlrepro.strategies import STRATEGIES, apply_strategy, reducer
-
-
-def spawn(function, world: int, tmp_path: Path, *args) -> list:
-    """Run `function(rank, *args)` on `world` gloo processes; return what each rank returned."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    port = free_loopback_port()
-    mp.spawn(_entry, args=(function, world, port, str(tmp_path), args), nprocs=world, join=True)
-    return [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(world)]
-
-
-def _entry(rank: int, function, world: int, port: int, out_dir: str, args: tuple) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.save(function(rank, *args), Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
 
 
 def sums_by_strategy(rank: int, group_size: int) -> dict[str, dict[str, torch.Tensor]]:
@@ -54,7 +34,7 @@ def sums_by_strategy(rank: int, group_size: int) -> dict[str, dict[str, torch.Te
 
 @pytest.mark.parametrize(("world", "group_size"), [(2, 2), (3, 2), (4, 1)])
 def test_every_strategy_equals_all_reduce(tmp_path: Path, world: int, group_size: int) -> None:
-    results = spawn(sums_by_strategy, world, tmp_path, group_size)
+    results = spawn_gloo(sums_by_strategy, world, tmp_path, group_size)
     for rank_sums in results:
         expected = rank_sums["ALL_REDUCE"]
         for strategy in STRATEGIES:
@@ -89,7 +69,7 @@ def train_with_every_strategy(rank: int, steps: int) -> dict[str, list[torch.Ten
 
 def test_strategy_hooks_train_as_ddp_does(tmp_path: Path) -> None:
     """Same data, same start: every hook's parameters match DDP's own (RING) and are the same bits on every rank."""
-    results = spawn(train_with_every_strategy, 3, tmp_path, 5)
+    results = spawn_gloo(train_with_every_strategy, 3, tmp_path, 5)
     for strategy in STRATEGIES:
         for rank in range(3):
             for hooked, plain in zip(results[rank][strategy], results[rank]["RING"], strict=True):
