@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import sys
+import threading
 import time
 from datetime import timedelta
 from functools import partial
@@ -52,7 +53,8 @@ def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
 
 
 class WorkerPool:
-    """The job's worker processes by worker id; hands out ids for new members (idle warm standbys first)."""
+    """The job's worker processes by worker id; hands out ids for new members (idle warm standbys first). The
+    config server's thread adds workers while the supervisor reads them: both go through the lock."""
 
     def __init__(self, spec: JobSpec, output: OutputCollector, token: str) -> None:
         (self.template,) = spec.workers
@@ -60,17 +62,15 @@ class WorkerPool:
         self.token = token
         self.warm = spec.rendezvous["standby"] > 0
         self.processes: dict[int, Started] = {}
+        self.lock = threading.Lock()
         self.removed: set[int] = set()
 
     def spawn(self) -> int:
-        worker = len(self.processes)
-        env = {
-            **self.template.env,
-            membership.WORKER_ENV: str(worker),
-            membership.TOKEN_ENV: self.token,
-        }
-        spec = WorkerSpec(worker, self.template.command, env)
-        self.processes[worker] = start(spec, partial(self.output.add_line, worker))
+        with self.lock:
+            worker = len(self.processes)
+            env = {**self.template.env, membership.WORKER_ENV: str(worker), membership.TOKEN_ENV: self.token}
+            spec = WorkerSpec(worker, self.template.command, env)
+            self.processes[worker] = start(spec, partial(self.output.add_line, worker))
         return worker
 
     def new_workers(self, count: int, members: list[int]) -> list[int]:
@@ -78,20 +78,21 @@ class WorkerPool:
         return idle + [self.spawn() for _ in range(count - len(idle))]
 
     def idle(self, members: list[int]) -> list[int]:
-        return [
-            worker for worker, one in self.processes.items() if worker not in members and one.process.poll() is None
-        ]
+        return [worker for worker, one in self.started() if worker not in members and one.process.poll() is None]
 
     def dead(self) -> list[int]:
         """Workers that exited with an error or were killed, each reported once."""
-        newly = [
-            w for w, one in self.processes.items() if one.process.poll() not in (None, 0) and w not in self.removed
-        ]
+        newly = [w for w, one in self.started() if one.process.poll() not in (None, 0) and w not in self.removed]
         self.removed.update(newly)
         return newly
 
     def all_exited(self) -> bool:
-        return all(one.process.poll() is not None for one in self.processes.values())
+        return all(one.process.poll() is not None for _, one in self.started())
+
+    def started(self) -> list[tuple[int, Started]]:
+        """Every worker started so far, with its process."""
+        with self.lock:
+            return list(self.processes.items())
 
 
 def execute(spec: JobSpec, output: OutputCollector) -> None:
@@ -116,8 +117,9 @@ def execute(spec: JobSpec, output: OutputCollector) -> None:
             _supervise(pool, config, time.monotonic() + spec.timeout_s, output)
         verify_continuity(output)
     finally:
-        stop(list(pool.processes.values()))
-        drain(list(pool.processes.values()))
+        workers = [one for _, one in pool.started()]
+        stop(workers)
+        drain(workers)
 
 
 def _await_ready(store, workers: list[int], pool: WorkerPool, timeout_s: float) -> None:
