@@ -1,0 +1,131 @@
+"""How busy the host was with work that is not ours while we measured.
+
+The host's busy CPU time comes from `/proc/stat` (user, nice, system, irq, softirq over all of its CPUs); the run's
+own CPU time from the measuring process and its descendants (or any other accounting handed in, such as a Slurm
+allocation's cgroup). Their difference is foreign load: another program, a compile, a second Snakemake job. Steal
+is time a hypervisor gave this VM's CPUs to someone else. Both are reported as a share of the host's CPU capacity
+over the measured wall time, so 0.5 on a 2-core host means one core's worth of foreign work.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+PROC_STAT = Path("/proc/stat")
+BUSY_FIELDS = ("user", "nice", "system", "irq", "softirq")
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+@dataclass(frozen=True)
+class CpuCounters:
+    """One reading of the host's CPU time and the run's own, in seconds."""
+
+    wall: float
+    busy: float
+    steal: float
+    own: float
+    cpus: int
+
+
+def read_host_cpu(stat: Path = PROC_STAT) -> tuple[float, float, int]:
+    """(busy seconds, steal seconds, CPU count) summed over every CPU of the host, from `/proc/stat`."""
+    lines = stat.read_text().splitlines()
+    fields = dict(zip(STAT_FIELDS, (int(value) for value in lines[0].split()[1:]), strict=False))
+    cpus = sum(1 for line in lines[1:] if line.startswith("cpu"))
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum(fields.get(name, 0) for name in BUSY_FIELDS) / ticks, fields.get("steal", 0) / ticks, cpus
+
+
+def process_tree_cpu(pid: int | None = None) -> float:
+    """CPU seconds of a process, of its children it has waited for (and theirs), and of its live descendants."""
+    root = psutil.Process(pid)
+    times = root.cpu_times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in root.children(recursive=True):
+        try:
+            child_times = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += child_times.user + child_times.system
+    return total
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """Foreign and steal load over one measured interval, as shares of the host's CPU capacity."""
+
+    wall_s: float
+    cpus: int
+    host_busy_s: float
+    own_s: float
+    steal_s: float
+
+    @property
+    def foreign_s(self) -> float:
+        return max(0.0, self.host_busy_s - self.own_s)
+
+    @property
+    def capacity_s(self) -> float:
+        return max(self.wall_s * self.cpus, 1e-9)
+
+    @property
+    def foreign_share(self) -> float:
+        return self.foreign_s / self.capacity_s
+
+    @property
+    def steal_share(self) -> float:
+        return self.steal_s / self.capacity_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {
+            "foreign_s": self.foreign_s,
+            "foreign_share": self.foreign_share,
+            "steal_share": self.steal_share,
+        }
+
+
+class ForeignLoadMeter:
+    """Measures foreign load between `start()` and `stop()` (or over a `with` block: `meter.load` afterwards).
+
+    `own_cpu`: the CPU seconds so far of everything that belongs to the measurement; by default this process and
+    its descendants, which must have been waited for (or still be alive) when `stop()` reads them."""
+
+    def __init__(self, own_cpu: Callable[[], float] = process_tree_cpu, stat: Path = PROC_STAT) -> None:
+        self.own_cpu = own_cpu
+        self.stat = stat
+        self._start: CpuCounters | None = None
+        self.load: HostLoad | None = None
+
+    def _read(self) -> CpuCounters:
+        busy, steal, cpus = read_host_cpu(self.stat)
+        return CpuCounters(time.monotonic(), busy, steal, self.own_cpu(), cpus)
+
+    def start(self) -> ForeignLoadMeter:
+        self._start = self._read()
+        return self
+
+    def stop(self) -> HostLoad:
+        if self._start is None:
+            raise RuntimeError("ForeignLoadMeter.stop() before start()")
+        end, begin = self._read(), self._start
+        self.load = HostLoad(
+            wall_s=end.wall - begin.wall,
+            cpus=end.cpus,
+            host_busy_s=end.busy - begin.busy,
+            own_s=end.own - begin.own,
+            steal_s=end.steal - begin.steal,
+        )
+        return self.load
+
+    def __enter__(self) -> ForeignLoadMeter:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
