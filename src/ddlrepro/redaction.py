@@ -2,7 +2,7 @@
 
 A secret is the value of an environment variable that is a secret by name (tokens, keys, passwords,
 credentials: `SECRET_NAME`), or of a variable the configuration names (`redaction.variables`, passed to every job
-as the names in `DDLREPRO_SECRET_VARIABLES`), or a value this process made and registered (the elastic config
+as the names in `DDLREPRO_REDACT_VARIABLES`), or a value this process made and registered (the elastic config
 server's token). Values too short or too common to be secrets are skipped (`plausible_secret`). Every secret is
 replaced by a marker however it is written (raw, JSON-, Python-, HTML-, URL- or shell-escaped) in every log line,
 JSON file, report and error message ddlrepro writes; the bundle refuses to pack a file that still contains one.
@@ -16,7 +16,6 @@ import html
 import json
 import os
 import re
-import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ SECRET_NAME = re.compile(rf"(^|_)({SECRET_WORDS})(_|$)", re.IGNORECASE)
 NOT_SECRET_NAME = re.compile(
     r"(_REGION|_PROFILE|_LOCATION|_CA_BUNDLE|_ENDPOINT_URL|_FILE|_PATH|_DIR|_SOCK)$", re.IGNORECASE
 )
-NAMED_SECRETS_ENV = "DDLREPRO_SECRET_VARIABLES"
+NAMED_SECRETS_ENV = "DDLREPRO_REDACT_VARIABLES"
 VARIABLE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MIN_SECRET_LENGTH = 8
 # Values of 8 characters or more that ordinary output is full of (shorter ones, `true`, `1`, are skipped anyway).
@@ -49,13 +48,13 @@ def looks_secret(name: str) -> bool:
 
 
 def named_secret_variables(environ: Mapping[str, str]) -> set[str]:
-    """The extra variable names the configuration declares secret (`DDLREPRO_SECRET_VARIABLES`)."""
+    """The extra variable names the configuration declares secret (`DDLREPRO_REDACT_VARIABLES`)."""
     return set(environ.get(NAMED_SECRETS_ENV, "").replace(",", " ").split())
 
 
 def declare_secret_variables(names: Iterable[str]) -> None:
     """Treat these variables' values as secrets here and in every process started from here (the names travel in
-    `DDLREPRO_SECRET_VARIABLES`; a value never does)."""
+    `DDLREPRO_REDACT_VARIABLES`; a value never does)."""
     bad = [name for name in names if not VARIABLE_NAME.match(name)]
     if bad:
         raise ValueError(f"redaction.variables: {', '.join(map(repr, bad))} is not a variable name")
@@ -109,7 +108,8 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
 def encoded_forms(value: str) -> dict[str, str]:
     """Every way `value` may be written to a file, each with what wrote it."""
     forms = {
-        "shell-quoted": shlex.quote(value),
+        # shlex.quote's inside, which is also what a longer quoted word holding the value contains
+        "shell-quoted": value.replace("'", "'\"'\"'"),
         "shell-escaped": re.sub(r"([^\w@%+=:,./-])", r"\\\1", value),
         "Python repr": repr(value)[1:-1],
         "Python ascii": ascii(value)[1:-1],
