@@ -55,9 +55,10 @@ def named_secret_variables(environ: Mapping[str, str]) -> set[str]:
 def declare_secret_variables(names: Iterable[str]) -> None:
     """Treat these variables' values as secrets here and in every process started from here (the names travel in
     `DDLREPRO_REDACT_VARIABLES`; a value never does)."""
-    bad = [name for name in names if not VARIABLE_NAME.match(name)]
-    if bad:
-        raise ValueError(f"redaction.variables: {', '.join(map(repr, bad))} is not a variable name")
+    names = list(names)
+    for index, name in enumerate(names):
+        if not VARIABLE_NAME.match(name):  # not echoed: it may be a value, the secret itself
+            raise ValueError(f"redaction.variables[{index}]: not an environment variable name")
     known = named_secret_variables(os.environ)
     os.environ[NAMED_SECRETS_ENV] = " ".join(sorted(known | set(names)))
 
