@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import html
+import json
+import shlex
 import shutil
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -13,6 +17,7 @@ from ddlrepro.points import Point
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+LEAKY_SITE = REPO / "tests" / "leaky"  # a sitecustomize that prints credentials from inside the ranks
 WORKFLOW_PARTS = [
     "Snakefile",
     "workflow",
@@ -119,3 +124,12 @@ def _gloo_rank(rank: int, function, world: int, port: int, out_dir: str, args: t
     # hooks) sometimes aborts in it, with no Python frame left ("terminate called without an active exception"),
     # after everything the test checks has been saved.
     os._exit(0)
+
+
+def written_forms(value: str) -> set[bytes]:
+    """The ways code writes a string (spelt out here, independently of ddlrepro.redaction), as UTF-8."""
+    forms = {value, repr(value)[1:-1], ascii(value)[1:-1], html.escape(value)}
+    forms |= {shlex.quote(value), shlex.quote(f"{value}'")[1:-5]}  # alone, and inside a longer quoted word
+    forms |= {json.dumps(value, ensure_ascii=ensure_ascii)[1:-1] for ensure_ascii in (True, False)}
+    forms |= {urllib.parse.quote(value, safe=""), urllib.parse.quote_plus(value)}
+    return {form.encode() for form in forms}

@@ -2,24 +2,33 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import copy_workflow, planned_jobs, snakemake, tiny_point
+from conftest import LEAKY_SITE, copy_workflow, planned_jobs, snakemake, tiny_point, written_forms
 
 from ddlrepro.bundle import MANIFEST, MANIFEST_DIGEST, create_bundle, read_bundle, sha256, verify_bundle, write_tarball
 from ddlrepro.figures import FIGURES
 from ddlrepro.redaction import MARKER, redact, secret_values
 from ddlrepro.rundir import OutputCollector
 
-CANARY = {"MY_SERVICE_TOKEN": "canary-8f3a-token-value", "AWS_SECRET_ACCESS_KEY": "canary-aws-secret-4c1d"}
+# Made at each run (so no copy of the code holds them), with quotes, backslashes, spaces, `$` and non-ASCII, each
+# escaped by JSON, repr, URLs or the shell on its way to a file. MY_DB_URL is a secret only because the config says so.
+_TAG = uuid.uuid4().hex[:8]
+CANARY = {
+    "MY_SERVICE_TOKEN": f'canary-{_TAG} "quoted" and \\backslash\\',
+    "AWS_SECRET_ACCESS_KEY": f"canary-{_TAG}-$HOME it's ключ-é",
+    "MY_DB_URL": f"postgres://canary:{_TAG}@db/x?a=1&b=2",
+}
 TINY = ["--configfile", "tests/configs/tiny.yaml", "tests/configs/two-figures.yaml"]
 
 
@@ -30,8 +39,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workdir = copy_workflow(tmp_path_factory.mktemp("workflow"), commit=True)
     kept = ("kungfu-fig9", "dlaas-scaling")
     disabled = "".join(f"  {figure}: {{enabled: false}}\n" for figure in FIGURES if figure not in kept)
-    (workdir / "tests" / "configs" / "two-figures.yaml").write_text(f"figures:\n{disabled}")
-    environment = {**os.environ, **CANARY}
+    (workdir / "tests" / "configs" / "two-figures.yaml").write_text(
+        f"redaction:\n  variables: [MY_DB_URL]\nfigures:\n{disabled}"
+    )
+    environment = {**os.environ, **CANARY, "WANDB_PROJECT": "ddlrepro"}  # an ordinary setting, not a secret
+    # Every rank prints the canaries (dict repr, JSON, URL, shell) as a careless library would.
+    environment.update(LEAK_WHEN="RANK", LEAK_VARIABLES=" ".join(CANARY))
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LEAKY_SITE), os.environ.get("PYTHONPATH")]))
     for target in (["bundle"], ["--report", "results/snakemake-report.html"]):
         done = subprocess.run(
             [str(Path(sys.executable).parent / "snakemake"), "--cores", "2", *target, *TINY],
@@ -104,23 +118,37 @@ def test_rerendering_catches_a_table_consistent_with_its_manifest(built: Path, t
     assert verify_bundle(tmp_path / "forged.tar.gz") == [f"{name}: differs from the one re-rendered from its table"]
 
 
+def every_written_file(workdir: Path) -> Iterator[tuple[str, bytes]]:
+    """Every file under results/ and .snakemake/, and every file in the bundle (compressed ones unpacked)."""
+    for folder in ("results", ".snakemake"):
+        for path in sorted((workdir / folder).rglob("*")):
+            if path.is_file():
+                yield str(path.relative_to(workdir)), path.read_bytes()
+    for name, data in read_bundle(bundle_of(workdir)).items():
+        yield f"bundle:{name}", gzip.decompress(data) if name.endswith(".gz") else data
+
+
 def test_canary_secrets_appear_nowhere(built: Path) -> None:
-    for path in (built / "results").rglob("*"):
-        if path.is_file():
-            data = path.read_bytes()
-            if path.suffix == ".gz":
-                with tarfile.open(path) as tar:
-                    data = b"".join(tar.extractfile(m).read() for m in tar.getmembers() if m.isfile())
-            for value in CANARY.values():
-                assert value.encode() not in data, path
+    forms = {form: name for name, value in CANARY.items() for form in written_forms(value)}
+    leaks = [(path, forms[form]) for path, data in every_written_file(built) for form in forms if form in data]
+    assert not leaks, leaks
+    logs = [path.read_bytes() for path in (built / "results" / "runs").rglob("log.txt")]
+    assert logs and all(MARKER.encode() in log for log in logs)  # the ranks did print them: redacted
+
+
+def test_ordinary_settings_are_not_redacted(built: Path) -> None:
+    jobspecs = [path.read_text() for path in (built / "results" / "runs").rglob("jobspec.json")]
+    assert jobspecs and all("ddlrepro.workloads" in jobspec for jobspec in jobspecs)
+    assert not [path for path, data in every_written_file(built) if b"[REDACTED].workloads" in data]
 
 
 def test_redaction_of_rank_output_and_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in CANARY.items():
+    by_name = {name: CANARY[name] for name in ("MY_SERVICE_TOKEN", "AWS_SECRET_ACCESS_KEY")}
+    for name, value in by_name.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("HOME_KEYBOARD", "not-a-secret-at-all")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-central-1")
-    assert set(CANARY.values()) <= set(secret_values())
+    assert set(by_name.values()) <= set(secret_values())
     assert not {"not-a-secret-at-all", "eu-central-1"} & set(secret_values())
     with OutputCollector(tmp_path) as output:
         output.add_line(0, "stdout", f"connecting with {CANARY['MY_SERVICE_TOKEN']}")

@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import snakemake
+from conftest import LEAKY_SITE, snakemake, written_forms
 
 from ddlrepro.elastic.client import ConfigClient, ConfigServerError
+from ddlrepro.elastic.cluster import TOKEN_ENV
 from ddlrepro.elastic.faults import live_records, worker_pid
 from ddlrepro.elastic.ledger import LedgerError, trained_ranges, verify
 from ddlrepro.elastic.schedule import parse_schedule
 from ddlrepro.elastic.server import ClusterConfig, ConfigServer
 from ddlrepro.points import Point
+from ddlrepro.redaction import MARKER
 from ddlrepro.run import run_point
 from ddlrepro.tables import run_rows
 from ddlrepro.workloads.elastic import ElasticTrainer
@@ -232,15 +234,33 @@ def _size_at(step: int) -> int:
     return size
 
 
-def test_survivors_keep_their_processes(tmp_path: Path) -> None:
-    """Rank 0 is the same process from the first step to the last: it was never restarted."""
+def test_survivors_keep_their_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 0 is the same process from the first step to the last: it was never restarted. The config server's
+    token is written nowhere, though every worker prints it (as a careless library would)."""
+    tokens = []
+
+    class RecordingServer(ConfigServer):
+        def __init__(self, config: ClusterConfig, token: str, *args: object) -> None:
+            tokens.append(token)
+            super().__init__(config, token, *args)
+
+    monkeypatch.setattr("ddlrepro.launchers.elastic.ConfigServer", RecordingServer)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(LEAKY_SITE), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("LEAK_WHEN", TOKEN_ENV)
+    monkeypatch.setenv("LEAK_VARIABLES", TOKEN_ENV)
     run_point(elastic_point("3:2,6:1,9:0"), tmp_path / "run", timeout_s=120)
     workers = [record for record in live_records(tmp_path / "run") if record["kind"] == "worker"]
     assert sorted(worker["rank"] for worker in workers) == [0, 1]
     provenance = json.loads((tmp_path / "run" / "provenance.json").read_text())
     assert len({worker["pid"] for worker in provenance["workers"]}) == 2
-    for written in ("jobspec.json", "provenance.json", "log.txt"):
-        assert "DDLREPRO_ELASTIC_TOKEN" not in (tmp_path / "run" / written).read_text()
+    (token,) = tokens
+    forms = written_forms(token)
+    assert not [
+        path
+        for path in (tmp_path / "run").rglob("*")
+        if path.is_file() and any(form in path.read_bytes() for form in forms)
+    ]
+    assert MARKER in (tmp_path / "run" / "log.txt").read_text()  # the workers did print it: redacted
     assert "terminate called" not in (tmp_path / "run" / "log.txt").read_text()  # no teardown outlived a worker
 
 

@@ -14,6 +14,7 @@ this installation's ddlrepro) and compares them with the bundled ones; it names 
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -27,7 +28,7 @@ from typing import Any
 import yaml
 
 from ddlrepro.provenance import git_state
-from ddlrepro.redaction import secret_values
+from ddlrepro.redaction import find_secret
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_DIGEST = "MANIFEST.sha256"
@@ -102,10 +103,11 @@ def create_bundle(
 
 
 def refuse_secrets(members: dict[str, bytes]) -> None:
-    secrets = [value.encode() for value in secret_values()]
+    """Raise naming the first file that holds a secret in any form (compressed members are searched unpacked)."""
     for name, data in members.items():
-        if not name.endswith(".tar.gz") and any(value in data for value in secrets):
-            raise ValueError(f"refusing to bundle {name}: it contains the value of a secret-looking variable")
+        found = find_secret(gzip.decompress(data) if name.endswith(".gz") else data)
+        if found:
+            raise ValueError(f"refusing to bundle {name}: it contains the value of a secret variable ({found})")
 
 
 def write_tarball(out: Path, top: str, members: dict[str, bytes]) -> None:

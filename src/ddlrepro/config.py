@@ -27,6 +27,9 @@ def key_path(path: Any) -> str:
 def describe(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
     """One line per problem: the key path, then what is wrong and what would be valid."""
     where = key_path(error.absolute_path)
+    if list(error.absolute_path)[:1] == ["redaction"] and error.validator == "pattern":
+        # What was written here instead of a variable's name may be the secret itself: never echo it.
+        return f"{where}: not an environment variable name (give names only, never values)"
     if error.validator in ("additionalProperties", "unevaluatedProperties"):
         allowed = sorted(_property_names(error.schema, schema))
         unknown = sorted(set(error.instance) - set(allowed))

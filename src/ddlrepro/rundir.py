@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlrepro.points import Point
-from ddlrepro.redaction import redact, secret_values
+from ddlrepro.redaction import redact, redact_object
 from ddlrepro.workloads.records import RECORD_PREFIX
 
 RESULT = "result.json"
@@ -32,8 +32,9 @@ STDERR_TAIL_LINES = 20
 
 
 def write_json_atomic(path: Path, value: Any) -> None:
-    """Write JSON (secrets redacted) so that readers see either the old file or the whole new one, never a part."""
-    text = redact(json.dumps(value, indent=2, sort_keys=True)) + "\n"
+    """Write JSON so that readers see either the old file or the whole new one, never a part. Secrets are redacted
+    in the object before it is serialised: JSON escapes a secret holding a quote, backslash or non-ASCII character."""
+    text = json.dumps(redact_object(value), indent=2, sort_keys=True) + "\n"
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
         handle.write(text)
         handle.flush()
@@ -69,11 +70,11 @@ class OutputCollector:
         self.result: dict[str, Any] | None = None
         self._stderr: dict[int, deque[str]] = {}
         self._lock = threading.Lock()
-        self._secrets = secret_values()
 
     def add_line(self, rank: int, stream: str, line: str) -> None:
-        """File one line a rank printed, secrets redacted."""
-        line = redact(line, self._secrets)
+        """File one line a rank printed, secrets redacted in every form (a rank may print a dict or JSON). The secrets
+        are looked up for each line: the launcher registers its own (a token) after the collector is made."""
+        line = redact(line)
         with self._lock:
             self.log.write(f"[rank {rank}{' stderr' if stream == 'stderr' else ''}] {line}\n")
             if stream == "stderr":

@@ -28,6 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from ddlrepro.redaction import register_secret
+
 MAX_BODY_BYTES = 64 * 1024
 MAX_WAIT_S = 60.0
 
@@ -133,6 +135,7 @@ class ConfigServer:
     def __init__(self, config: ClusterConfig, token: str, host: str = "127.0.0.1", port: int = 0) -> None:
         self.config = config
         self.token = token
+        register_secret(token)  # so that a worker printing it (it is in their environment) is redacted in the log
         self.http = ThreadingHTTPServer((host, port), _handler_for(self))
         self.http.daemon_threads = True
         self.thread = threading.Thread(target=self.http.serve_forever, name="config-server", daemon=True)

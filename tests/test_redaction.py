@@ -1,0 +1,140 @@
+"""Redaction: a secret is caught however it is written (rank lines, JSON files, the bundle's refusal), ordinary
+settings are not secrets, and the configuration may name more secret variables."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import urllib.parse
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO, written_forms
+
+from ddlrepro.bundle import create_bundle
+from ddlrepro.config import ConfigError, validate_config
+from ddlrepro.redaction import MARKER, NAMED_SECRETS_ENV, redact, secret_values
+from ddlrepro.rundir import OutputCollector, write_json_atomic
+
+# Quotes, a backslash, spaces, `$` and non-ASCII: each is escaped by JSON, repr, URLs or the shell.
+TRICKY = "tok\"en \\ it's $HOME – é-42"
+
+
+@pytest.fixture
+def tricky_secret(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("MY_SERVICE_TOKEN", TRICKY)
+    return TRICKY
+
+
+def assert_no_form(data: bytes, value: str) -> None:
+    leaked = [form for form in written_forms(value) if form in data]
+    assert not leaked, leaked
+
+
+def test_rank_lines_are_redacted_in_every_form(tmp_path: Path, tricky_secret: str) -> None:
+    printed = {"token": tricky_secret}
+    lines = [
+        str(printed),
+        json.dumps(printed),
+        json.dumps(printed, ensure_ascii=False),
+        urllib.parse.urlencode(printed),
+    ]
+    lines += [f"curl -H {shlex.quote('Bearer ' + tricky_secret)}", f"ascii {tricky_secret!a}"]
+    with OutputCollector(tmp_path) as output:
+        for line in lines:
+            output.add_line(0, "stdout", line)
+    log = (tmp_path / "log.txt").read_bytes()
+    assert_no_form(log, tricky_secret)
+    assert log.count(MARKER.encode()) == len(lines)
+
+
+def test_json_is_redacted_before_it_is_serialised(tmp_path: Path, tricky_secret: str) -> None:
+    write_json_atomic(
+        tmp_path / "a.json", {"command": ["x", tricky_secret], tricky_secret: {"note": f"<{tricky_secret}>"}}
+    )
+    text = (tmp_path / "a.json").read_bytes()
+    assert_no_form(text, tricky_secret)
+    assert json.loads(text) == {"command": ["x", MARKER], MARKER: {"note": f"<{MARKER}>"}}
+
+
+def bundle_with_report(tmp_path: Path, report: str, repo: Path | None = None) -> Path:
+    results = tmp_path / "results"
+    (results / "provenance").mkdir(parents=True)
+    (results / "report.html").write_text(report)
+    (results / "checks.tsv").write_text("")
+    references = REPO / "config" / "references.yaml"
+    out = tmp_path / "b.tar.gz"
+    return create_bundle(out, results, [], [], {"scale": "smoke"}, references, repo or tmp_path)
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [str, json.dumps, ascii, shlex.quote, urllib.parse.quote_plus, urllib.parse.quote],
+    ids=["raw", "json", "ascii", "shell", "url-plus", "url"],
+)
+def test_bundle_refuses_a_secret_in_any_form(tmp_path: Path, tricky_secret: str, encode) -> None:
+    with pytest.raises(ValueError, match=r"refusing to bundle results/report\.html: .*MY_SERVICE_TOKEN"):
+        bundle_with_report(tmp_path, f"<p>the token is {encode(tricky_secret)}</p>")
+    assert not (tmp_path / "b.tar.gz").exists()
+
+
+def test_bundle_refuses_a_secret_committed_to_the_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DB_PASSWORD", "rocket-science-7")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "settings.py").write_text('PASSWORD = "rocket-science-7"\n')
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-C", str(repo)]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "x"]):
+        subprocess.run([*git, *command], check=True, capture_output=True)
+    with pytest.raises(ValueError, match=r"refusing to bundle code\.tar\.gz: .*DB_PASSWORD"):
+        bundle_with_report(tmp_path, "<p>nothing secret</p>", repo)
+
+
+ORDINARY = {
+    "WANDB_PROJECT": "ddlrepro",  # a setting of a service that has secrets, not a secret
+    "AWS_DEFAULT_REGION": "eu-central-1",
+    "HF_HUB_ENABLE_HF_TRANSFER": "1",
+    "MY_API_TOKEN": "true",  # too short
+    "SOME_PASSWORD": "hunter2",  # 7 characters: too short
+    "NUMERIC_KEY": "1234567890",  # a number: measurements are full of them
+    "PACKAGE_TOKEN": "ddlrepro",  # the package's name is in every command
+    "CHECKOUT_SECRET": str(REPO),  # a path of this checkout
+    "SSH_AUTH_SOCK": "/tmp/ssh-agent.sock",
+    "GOOGLE_APPLICATION_CREDENTIALS_FILE": "/home/me/key.json",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HOME_KEYBOARD": "not-a-secret-at-all",
+}
+
+
+def test_ordinary_settings_are_not_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert secret_values(ORDINARY) == []
+    for name, value in ORDINARY.items():
+        monkeypatch.setenv(name, value)
+    command = "python -m ddlrepro.workloads.throughput --project ddlrepro"
+    assert redact(command) == command
+
+
+def test_secrets_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    secrets = {
+        "HF_TOKEN": "hf_abcdefgh123",
+        "WANDB_API_KEY": "0123456789abcdef0123",
+        "MLFLOW_TRACKING_PASSWORD": "correct horse",
+        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE123",
+        "AZURE_STORAGE_CONNECTION_STRING": "AccountName=x;AccountKey=y",
+        "GITHUB_PAT": "ghp_exampleexample",
+        "db_credentials": "user:pass-word",
+    }
+    assert sorted(secret_values({**ORDINARY, **secrets})) == sorted(secrets.values())
+
+
+def test_the_configuration_names_more_secret_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    environ = {"DATABASE_URL": "postgres://me:pw@db/x", "OTHER_URL": "https://example.org/x"}
+    assert secret_values(environ) == []
+    assert secret_values({**environ, NAMED_SECRETS_ENV: "DATABASE_URL"}) == ["postgres://me:pw@db/x"]
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    validate_config({**config, "redaction": {"variables": ["DATABASE_URL"]}})
+    with pytest.raises(ConfigError, match=r"redaction\.variables\[0\]: not an environment variable name") as error:
+        validate_config({**config, "redaction": {"variables": ["DATABASE_URL=postgres://me:pw@db/x"]}})
+    assert "postgres" not in str(error.value)
