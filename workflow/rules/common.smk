@@ -172,7 +172,8 @@ def figure_outputs(figures):
     """A figure's table, plot and summary, and the run results they are built from. Snakemake does not rerun a
     job whose output exists because an input is missing (it takes that for a removed intermediate), so a table
     would outlive a run folder whose result a killed forced rerun deleted; every target that asks for a figure
-    also asks for its runs, which puts a missing run and everything built from it back in the plan."""
+    also asks for its runs, which puts a missing run and everything built from it back in the plan.
+    """
     return [
         path
         for figure in figures
