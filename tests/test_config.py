@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,28 @@ def test_snakemake_rejects_bad_references_and_stages_before_any_job(workflow_cop
     done = snakemake(workflow_copy, "--configfile", str(bad))
     assert "figures.easyscale-fig9.stages[1]: [3] runs 3 ESTs, logical_workers is 4" in done.stderr
     assert not (workflow_copy / "results").exists()
+
+
+BROKEN_CONFIGS = {
+    "empty": ("", r"config\.yaml: the config file is empty"),
+    "syntax": ("scale: smoke\nfigures: {kungfu-fig9: [1\n", r"config\.yaml:3:1: not valid YAML"),
+    "tabs": ("scale: smoke\nfigures:\n\tkungfu-fig9: {}\n", r"config\.yaml:3:1: not valid YAML.*tab"),
+    "list": ("- scale\n", r"config\.yaml:1:1: the top level must be a mapping"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_CONFIGS))
+def test_snakemake_names_file_line_and_column_of_a_broken_config_file(workflow_copy: Path, case: str) -> None:
+    text, expected = BROKEN_CONFIGS[case]
+    (workflow_copy / "config" / "config.yaml").write_text(text)
+    result = snakemake(workflow_copy, "-n", timeout=120)
+    assert result.returncode != 0
+    assert re.search(expected, result.stdout + result.stderr), (result.stdout + result.stderr)[-2000:]
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_CONFIGS))
+def test_load_config_names_file_line_and_column(tmp_path: Path, case: str) -> None:
+    text, expected = BROKEN_CONFIGS[case]
+    (tmp_path / "config.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=expected):
+        load_config(tmp_path / "config.yaml")
