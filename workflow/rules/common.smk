@@ -17,6 +17,7 @@ from ddlrepro.bundle import bundle_name
 from ddlrepro.launchers.slurm import allocation
 from ddlrepro.figures import FIGURES, enabled_figures, figure_points, figure_source
 from ddlrepro.provenance import git_state, record_invocation
+from ddlrepro.launchers.sizes import check_sizes
 
 try:
     validate_config(
@@ -24,6 +25,7 @@ try:
     )
     load_references(Path(config["references"]))
     POINTS = figure_points(config)
+    check_sizes(POINTS, config["launcher"])
 except (ConfigError, OSError) as error:
     raise WorkflowError(str(error)) from None
 
