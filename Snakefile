@@ -4,6 +4,9 @@
 #   snakemake kungfu_fig9                      one figure (rule names: figure ids with _ for -)
 
 
+include: "workflow/rules/configfiles.smk"
+
+
 configfile: "config/config.yaml"
 
 

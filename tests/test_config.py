@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from conftest import REPO, snakemake
 from ddlrepro.config import CONFIG_SCHEMA, ConfigError, load_config, validate_config
 from ddlrepro.figures import FIGURES, figure_points
 from ddlrepro.models import MODELS
+from ddlrepro.points import Point
 
 SMOKE = REPO / "config" / "config.yaml"
 PAPER = REPO / "config" / "paper.yaml"
@@ -129,3 +131,60 @@ def test_snakemake_rejects_bad_references_and_stages_before_any_job(workflow_cop
     done = snakemake(workflow_copy, "--configfile", str(bad))
     assert "figures.easyscale-fig9.stages[1]: [3] runs 3 ESTs, logical_workers is 4" in done.stderr
     assert not (workflow_copy / "results").exists()
+
+
+BROKEN_CONFIGS = {
+    "empty": ("", r"config\.yaml: the config file is empty"),
+    "syntax": ("scale: smoke\nfigures: {kungfu-fig9: [1\n", r"config\.yaml:3:1: not valid YAML"),
+    "tabs": ("scale: smoke\nfigures:\n\tkungfu-fig9: {}\n", r"config\.yaml:3:1: not valid YAML.*tab"),
+    "list": ("- scale\n", r"config\.yaml:1:1: the top level must be a mapping"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_CONFIGS))
+def test_snakemake_names_file_line_and_column_of_a_broken_config_file(workflow_copy: Path, case: str) -> None:
+    text, expected = BROKEN_CONFIGS[case]
+    (workflow_copy / "config" / "config.yaml").write_text(text)
+    result = snakemake(workflow_copy, "-n", timeout=120)
+    assert result.returncode != 0
+    assert re.search(expected, result.stdout + result.stderr), (result.stdout + result.stderr)[-2000:]
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_CONFIGS))
+def test_load_config_names_file_line_and_column(tmp_path: Path, case: str) -> None:
+    text, expected = BROKEN_CONFIGS[case]
+    (tmp_path / "config.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=expected):
+        load_config(tmp_path / "config.yaml")
+
+
+def test_snakemake_refuses_a_point_that_cannot_fit_this_machine(workflow_copy: Path) -> None:
+    huge = workflow_copy / "huge.yaml"
+    huge.write_text("figures:\n  kungfu-fig9:\n    workers: [10000]\n")
+    done = snakemake(workflow_copy, "-n", "--configfile", str(huge), timeout=120)
+    assert done.returncode != 0
+    assert re.search(
+        r"kungfu-fig9 point \S+-np10000-\S+: 10000 workers × 1 threads = 10000 threads", done.stdout + done.stderr
+    )
+    assert not (workflow_copy / "results").exists()
+
+
+def test_sizes_are_checked_against_declared_cluster_limits() -> None:
+    from ddlrepro.launchers.local import check_fits_machine
+    from ddlrepro.launchers.sizes import check_sizes
+
+    wide = Point("kungfu-fig9", "throughput", 64, 4, {})
+    elastic = Point("kungfu-fig7", "elastic", 1, 1, {"schedule": "10:6,20:0", "initial_workers": 1, "standby": 2})
+    slurm = {"name": "slurm", "slurm": {"tasks_per_node": 16, "max_nodes": 3}}
+    with pytest.raises(ConfigError, match=r"kungfu-fig9 point .*: needs 4 nodes .* over launcher.slurm.max_nodes 3"):
+        check_sizes({"kungfu-fig9": {wide.id: wide}}, slurm)
+    slurm["slurm"] = {"tasks_per_node": 16, "cpus_per_node": 32}
+    with pytest.raises(ConfigError, match=r"16 workers × 4 threads = 64 CPUs on one node, over .*cpus_per_node 32"):
+        check_sizes({"kungfu-fig9": {wide.id: wide}}, slurm)
+    kubernetes = {"name": "kubernetes", "kubernetes": {"max_pods": 7}}
+    with pytest.raises(ConfigError, match=r"kungfu-fig7 point .*: needs 8 pods, over launcher.kubernetes.max_pods 7"):
+        check_sizes({"kungfu-fig7": {elastic.id: elastic}}, kubernetes)
+    with pytest.raises(ConfigError, match=r"8 workers × 1 threads = 8 threads, more than this machine's 2 usable"):
+        check_fits_machine(elastic, oversubscription=2, cores=2)
+    check_fits_machine(elastic, oversubscription=4, cores=2)
+    check_sizes({"kungfu-fig9": {wide.id: wide}}, {"name": "slurm", "slurm": {"tasks_per_node": 16}})

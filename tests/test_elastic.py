@@ -70,7 +70,7 @@ def resize_events(run_dir: Path) -> pd.DataFrame:
 @pytest.fixture
 def server():
     spawned = iter(range(100, 200))
-    config = ClusterConfig([0], lambda count, members: [next(spawned) for _ in range(count)])
+    config = ClusterConfig([0], lambda count, members: [next(spawned) for _ in range(count)], max_size=8)
     with ConfigServer(config, TOKEN) as running:
         yield running
 

@@ -74,11 +74,45 @@ def _leaves(error: jsonschema.ValidationError) -> list[jsonschema.ValidationErro
     return [error]
 
 
+def load_config_file(path: Path) -> dict[str, Any]:
+    """One config file's mapping; ConfigError names the file, and the line and column where YAML can tell."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot read the config file: {error}") from None
+    try:
+        value = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        raise ConfigError(f"{path}:{_yaml_position(error)}: not valid YAML: {_yaml_problem(error, text)}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if value is None:
+        raise ConfigError(f"{path}: the config file is empty (it needs at least one key, e.g. `scale: smoke`)")
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}:1:1: the top level must be a mapping of keys, not a {type(value).__name__}")
+    return value
+
+
+def _yaml_position(error: yaml.MarkedYAMLError) -> str:
+    """`line:column` (1-based) of the problem, or of its context when the problem itself has no mark."""
+    mark = error.problem_mark or error.context_mark
+    return f"{mark.line + 1}:{mark.column + 1}" if mark else "?"
+
+
+def _yaml_problem(error: yaml.MarkedYAMLError, text: str) -> str:
+    problem = " ".join(part for part in (error.context, error.problem) if part)
+    mark = error.problem_mark or error.context_mark
+    lines = text.splitlines()
+    if mark and mark.line < len(lines) and "\t" in lines[mark.line]:
+        return f"{problem} (a tab in the indentation: YAML indents with spaces only)"
+    return problem
+
+
 def load_config(*paths: Path) -> dict[str, Any]:
     """Load and merge YAML config files in order (later ones override), as Snakemake does, then validate."""
     merged: dict[str, Any] = {}
     for path in paths:
-        merge_into(merged, yaml.safe_load(Path(path).read_text()) or {})
+        merge_into(merged, load_config_file(path))
     validate_config(merged)
     return merged
 

@@ -17,6 +17,7 @@ from ddlrepro.bundle import bundle_name
 from ddlrepro.launchers.slurm import allocation
 from ddlrepro.figures import FIGURES, enabled_figures, figure_points, figure_source
 from ddlrepro.provenance import git_state, record_invocation
+from ddlrepro.launchers.sizes import check_sizes
 from ddlrepro.redaction import declare_secret_variables
 
 try:
@@ -25,6 +26,7 @@ try:
     )
     load_references(Path(config["references"]))
     POINTS = figure_points(config)
+    check_sizes(POINTS, config["launcher"])
     declare_secret_variables(config.get("redaction", {}).get("variables", []))
 except (ConfigError, OSError) as error:
     raise WorkflowError(str(error)) from None
@@ -171,6 +173,11 @@ def figure_checks(figures):
 
 
 def figure_outputs(figures):
+    """A figure's table, plot and summary, and the run results they are built from. Snakemake does not rerun a
+    job whose output exists because an input is missing (it takes that for a removed intermediate), so a table
+    would outlive a run folder whose result a killed forced rerun deleted; every target that asks for a figure
+    also asks for its runs, which puts a missing run and everything built from it back in the plan.
+    """
     return [
         path
         for figure in figures
@@ -180,4 +187,4 @@ def figure_outputs(figures):
             f"results/tables/{figure}.csv",
             f"results/tables/{figure}.summary.csv",
         )
-    ]
+    ] + all_point_results(figures)

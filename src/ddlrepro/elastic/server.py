@@ -12,17 +12,21 @@ job). Endpoints (JSON bodies; changes need `Authorization: Bearer <token>`):
     POST /reset                       back to the initial membership
     GET  /health
 
-Bound to 127.0.0.1 unless told otherwise. Malformed requests get a 4xx with a JSON reason, never a crash.
+Bound to 127.0.0.1 unless told otherwise. Malformed or hostile requests get a 4xx with a JSON reason, never a
+crash: numbers are plain ASCII digits within bounds (a size at most the job's declared maximum), bodies are
+refused with 413 before they are read (and drained, so the client sees the answer), JSON nesting is limited.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -32,6 +36,11 @@ from ddlrepro.redaction import register_secret
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_WAIT_S = 60.0
+MAX_DIGITS = 18  # any number a client may send fits in 64 bits; int() of 5,000 digits raises instead
+MAX_WORKER_ID = 2**31 - 1
+LISTEN_BACKLOG = 1024  # every worker long-polls at once; the default backlog of 5 made 200 polls wait up to 31 s
+DRAIN_BYTES = 16 * 1024 * 1024  # an oversized body is read and dropped up to this much, so the client gets its 413
+DRAIN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -63,15 +72,20 @@ class ClusterConfig:
     """The versions of the cluster, safe to change from several threads; `on_change` sees every new version.
 
     `new_workers(k, members)` gives the ids of k workers to add to `members` (the launcher may hand out warm
-    standbys first)."""
+    standbys first). `max_size` is the job's declared maximum: no change may make the cluster larger."""
 
     def __init__(
         self,
         initial: list[int],
         new_workers: Callable[[int, list[int]], list[int]],
         on_change: Callable[[Cluster], None] | None = None,
+        *,
+        max_size: int,
     ) -> None:
+        if len(initial) > max_size:
+            raise ValueError(f"{len(initial)} initial members exceed the declared maximum of {max_size}")
         self.initial = list(initial)
+        self.max_size = max_size
         self.new_workers = new_workers
         self.on_change = on_change
         self.versions = [Cluster(1, list(initial), time.time(), "initial")]
@@ -97,6 +111,7 @@ class ClusterConfig:
             return self.versions[-1]
 
     def resize(self, size: int) -> Cluster:
+        self._check_size(size)
         with self.changed:
             members = self.versions[-1].members
             if size <= len(members):
@@ -113,12 +128,19 @@ class ClusterConfig:
             return self._publish([member for member in members if member != worker], f"worker {worker} removed")
 
     def put(self, members: list[int]) -> Cluster:
+        self._check_size(len(members))
         with self.changed:
             return self._publish(members, "put")
 
     def reset(self) -> Cluster:
         with self.changed:
             return self._publish(self.initial, "reset")
+
+    def _check_size(self, size: int) -> None:
+        if size > self.max_size:
+            raise RequestError(
+                HTTPStatus.BAD_REQUEST, f"size {size} is over this job's declared maximum of {self.max_size}"
+            )
 
     def _publish(self, members: list[int], reason: str) -> Cluster:
         cluster = Cluster(len(self.versions) + 1, list(members), time.time(), reason)
@@ -136,7 +158,7 @@ class ConfigServer:
         self.config = config
         self.token = token
         register_secret(token)  # so that a worker printing it (it is in their environment) is redacted in the log
-        self.http = ThreadingHTTPServer((host, port), _handler_for(self))
+        self.http = _Listener((host, port), _handler_for(self))
         self.http.daemon_threads = True
         self.thread = threading.Thread(target=self.http.serve_forever, name="config-server", daemon=True)
 
@@ -158,6 +180,10 @@ class ConfigServer:
         return scheme == "Bearer" and hmac.compare_digest(given.encode(), self.token.encode())
 
 
+class _Listener(ThreadingHTTPServer):
+    request_queue_size = LISTEN_BACKLOG
+
+
 def _handler_for(server: ConfigServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -172,15 +198,19 @@ def _handler_for(server: ConfigServer) -> type[BaseHTTPRequestHandler]:
         def do_PUT(self) -> None:
             self._answer(lambda: _change(server, "PUT", self.path, self._body(), self.headers))
 
-        def _body(self) -> bytes:
-            length = self.headers.get("Content-Length", "0")
-            if not length.isdigit():
-                raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length!r}")
-            if int(length) > MAX_BODY_BYTES:
-                raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body over {MAX_BODY_BYTES} bytes")
-            return self.rfile.read(int(length))
+        def handle_expect_100(self) -> bool:
+            """Refuse an announced oversized body before the client sends it (curl asks for large bodies)."""
+            try:
+                _body_length(self.headers)
+            except RequestError as error:
+                self._answer(partial(_raise, error), drain=False)  # the client has not sent the body
+                return False
+            return super().handle_expect_100()
 
-        def _answer(self, handle: Callable[[], Cluster | dict[str, Any]]) -> None:
+        def _body(self) -> bytes:
+            return self.rfile.read(_body_length(self.headers))
+
+        def _answer(self, handle: Callable[[], Cluster | dict[str, Any]], drain: bool = True) -> None:
             try:
                 answer = handle()
                 status, body = HTTPStatus.OK, asdict(answer) if isinstance(answer, Cluster) else answer
@@ -195,11 +225,47 @@ def _handler_for(server: ConfigServer) -> type[BaseHTTPRequestHandler]:
                 self.close_connection = True
             self.end_headers()
             self.wfile.write(payload)
+            if status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE and drain:
+                self._drain_body()
+
+        def _drain_body(self) -> None:
+            """Read and drop what the client is still sending: closing with unread data resets the connection,
+            and the client would see a broken pipe instead of our 413. Bounded in bytes and time."""
+            deadline = time.monotonic() + DRAIN_S
+            self.connection.settimeout(DRAIN_S)
+            drained = 0
+            with contextlib.suppress(OSError):
+                while drained < DRAIN_BYTES and time.monotonic() < deadline:
+                    chunk = self.rfile.read1(64 * 1024)
+                    if not chunk:
+                        break
+                    drained += len(chunk)
 
         def log_message(self, format: str, *args: Any) -> None:
             """Quiet: requests are not logged (they come every training step)."""
 
     return Handler
+
+
+def _raise(error: RequestError) -> Cluster:
+    raise error
+
+
+def _body_length(headers: Any) -> int:
+    """The request's Content-Length: ASCII digits only, at most MAX_BODY_BYTES (413 beyond, before any reading)."""
+    if "Transfer-Encoding" in headers:
+        raise RequestError(HTTPStatus.LENGTH_REQUIRED, "bodies need a Content-Length (no Transfer-Encoding)")
+    length = headers.get("Content-Length", "0")
+    if not _is_ascii_number(length):
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length!r}")
+    if int(length) > MAX_BODY_BYTES:
+        raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body over {MAX_BODY_BYTES} bytes")
+    return int(length)
+
+
+def _is_ascii_number(text: str) -> bool:
+    """Plain 0-9 digits, not too many: `str.isdigit()` also accepts '²', which int() then refuses."""
+    return 0 < len(text) <= MAX_DIGITS and text.isascii() and text.isdigit()
 
 
 def _get(config: ClusterConfig, path: str) -> Cluster | dict[str, Any]:
@@ -224,13 +290,20 @@ def _change(server: ConfigServer, method: str, path: str, body: bytes, headers: 
     config = server.config
     request = _json_object(body)
     if route == ("POST", "/resize"):
-        return config.resize(_field(request, "size", int, minimum=0))
+        return config.resize(_field(request, "size", int, minimum=0, maximum=config.max_size))
     if route == ("POST", "/remove"):
-        return config.remove(_field(request, "worker", int, minimum=0))
+        return config.remove(_field(request, "worker", int, minimum=0, maximum=MAX_WORKER_ID))
     if route == ("PUT", "/config"):
         members = _field(request, "members", list)
-        if not all(isinstance(member, int) and member >= 0 for member in members) or len(set(members)) < len(members):
-            raise RequestError(HTTPStatus.BAD_REQUEST, "`members` must be distinct worker ids (whole numbers >= 0)")
+        if len(members) > config.max_size:
+            raise RequestError(
+                HTTPStatus.BAD_REQUEST,
+                f"{len(members)} members are over this job's declared maximum of {config.max_size}",
+            )
+        if not all(_is_worker_id(member) for member in members) or len(set(members)) < len(members):
+            raise RequestError(
+                HTTPStatus.BAD_REQUEST, f"`members` must be distinct worker ids (whole numbers 0..{MAX_WORKER_ID})"
+            )
         return config.put(members)
     if route == ("POST", "/reset"):
         return config.reset()
@@ -244,20 +317,33 @@ def _json_object(body: bytes) -> dict[str, Any]:
         value = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise RequestError(HTTPStatus.BAD_REQUEST, f"body is not JSON: {error}") from None
+    except RecursionError:  # the decoder's own depth limit: deeper nesting than any request of ours needs
+        raise RequestError(HTTPStatus.BAD_REQUEST, "body is nested too deeply") from None
+    except ValueError as error:  # an integer literal beyond int()'s digit limit
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"body is not acceptable JSON: {error}") from None
     if not isinstance(value, dict):
         raise RequestError(HTTPStatus.BAD_REQUEST, "body must be a JSON object")
     return value
 
 
-def _field(request: dict[str, Any], name: str, kind: type, minimum: int | None = None) -> Any:
+def _field(
+    request: dict[str, Any], name: str, kind: type, minimum: int | None = None, maximum: int | None = None
+) -> Any:
     value = request.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool) or (minimum is not None and value < minimum):
-        expected = f"a whole number >= {minimum}" if minimum is not None else kind.__name__
-        raise RequestError(HTTPStatus.BAD_REQUEST, f"`{name}` must be {expected}, got {value!r}")
+    out_of_bounds = kind is int and isinstance(value, int) and not minimum <= value <= maximum
+    if not isinstance(value, kind) or isinstance(value, bool) or out_of_bounds:
+        expected = f"a whole number from {minimum} to {maximum}" if kind is int else kind.__name__
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"`{name}` must be {expected}, got {shown}")
     return value
 
 
+def _is_worker_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_WORKER_ID
+
+
 def _whole(text: str, name: str) -> int:
-    if not text.isdigit():
-        raise RequestError(HTTPStatus.BAD_REQUEST, f"query parameter `{name}` must be a whole number, got {text!r}")
+    if not _is_ascii_number(text):
+        shown = text if len(text) <= 40 else f"{text[:40]}..."
+        raise RequestError(HTTPStatus.BAD_REQUEST, f"query parameter `{name}` must be a whole number, got {shown!r}")
     return int(text)

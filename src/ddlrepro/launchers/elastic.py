@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import socket
 import sys
 import threading
 import time
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ddlrepro.elastic import cluster as membership
 from ddlrepro.elastic.ledger import LedgerError, verify
-from ddlrepro.elastic.schedule import parse_schedule
+from ddlrepro.elastic.schedule import largest_size, parse_schedule
 from ddlrepro.elastic.server import ClusterConfig, ConfigServer, RequestError
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
 from ddlrepro.launchers.local import free_loopback_port
@@ -28,12 +30,15 @@ from ddlrepro.launchers.processes import POLL_INTERVAL_S, Started, drain, start,
 from ddlrepro.points import Point
 from ddlrepro.rundir import OutputCollector
 
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
 WORKER_MODULE = "ddlrepro.elastic.worker"
+LISTEN_BACKLOG = 1024  # every worker and standby of the job connects at once
 
 
 def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
     """The worker command and environment (without the token, made at start), the initial members and the pool."""
-    parse_schedule(point.params["schedule"])
     env = {
         "OMP_NUM_THREADS": str(point.threads_per_worker),
         "PYTHONUNBUFFERED": "1",
@@ -48,6 +53,7 @@ def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
         "schedule": point.params["schedule"],
         "initial_workers": point.params["initial_workers"],
         "standby": point.params.get("standby", 0),
+        "max_size": largest_size(parse_schedule(point.params["schedule"]), point.params["initial_workers"]),
     }
     return JobSpec("elastic", [WorkerSpec(None, command, env)], timeout_s, rendezvous)
 
@@ -97,16 +103,11 @@ class WorkerPool:
 
 def execute(spec: JobSpec, output: OutputCollector) -> None:
     """Run the elastic job until the schedule stops it; raise RunFailed on a timeout or if every member died."""
-    import torch.distributed as dist
-
     token = secrets.token_urlsafe(24)
-    store_host, _, store_port = spec.workers[0].env[membership.STORE_ENV].rpartition(":")
-    store = dist.TCPStore(
-        store_host, int(store_port), is_master=True, wait_for_workers=False, timeout=timedelta(seconds=spec.timeout_s)
-    )
+    store = host_store(spec.workers[0].env[membership.STORE_ENV], spec.timeout_s)
     pool = WorkerPool(spec, output, token)
     initial = spec.rendezvous["initial_workers"]
-    config = ClusterConfig(list(range(initial)), pool.new_workers)
+    config = ClusterConfig(list(range(initial)), pool.new_workers, max_size=spec.rendezvous["max_size"])
     server_host, _, server_port = spec.workers[0].env[membership.SERVER_ENV].rpartition(":")
     try:
         with ConfigServer(config, token, server_host, int(server_port)):
@@ -120,6 +121,27 @@ def execute(spec: JobSpec, output: OutputCollector) -> None:
         workers = [one for _, one in pool.started()]
         stop(workers)
         drain(workers)
+
+
+def host_store(address: str, timeout_s: float) -> dist.TCPStore:
+    """The job's TCPStore, listening on `address`'s host only.
+
+    torch binds a master store to every interface whatever `host_name` says, and the store has no authentication,
+    so we bind the listening socket ourselves and hand it over. Elastic jobs run on one node, so `address` is on
+    127.0.0.1; on a multi-node job it would be the rendezvous host's own address, protected only by the job's
+    network."""
+    import torch.distributed as dist
+
+    host, _, port = address.rpartition(":")
+    listener = socket.create_server((host, int(port)), backlog=LISTEN_BACKLOG)
+    return dist.TCPStore(
+        host,
+        int(port),
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+        master_listen_fd=listener.detach(),  # the store owns and closes the socket from here on
+    )
 
 
 def _await_ready(store, workers: list[int], pool: WorkerPool, timeout_s: float) -> None:

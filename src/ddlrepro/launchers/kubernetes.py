@@ -18,7 +18,9 @@ from typing import Any
 
 from kubernetes import client
 
+from ddlrepro.config import ConfigError
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
+from ddlrepro.launchers.local import peak_workers
 from ddlrepro.points import Point
 from ddlrepro.redaction import redact
 from ddlrepro.rundir import OutputCollector
@@ -429,3 +431,13 @@ def finish(spec: JobSpec, outcome: Outcome, pods: dict[str, tuple[int, list[str]
     rank, lines = pods.get(outcome.failed_pod, (None, []))
     raced = " (a start-up race; no retries left)" if outcome.raced else ""
     raise RunFailed(rank, f"pod {outcome.failed_pod} of {job} {outcome.reason}{raced}", lines[-LOG_TAIL_LINES:])
+
+
+def check_cluster_limits(point: Point, kubernetes: dict[str, Any]) -> None:
+    """Refuse a point needing more pods than the declared `max_pods` (checked only if set)."""
+    pods = peak_workers(point)
+    if pods > kubernetes.get("max_pods", pods):
+        raise ConfigError(
+            f"{point.figure} point {point.id}: needs {pods} pods, over launcher.kubernetes.max_pods "
+            f"{kubernetes['max_pods']}"
+        )

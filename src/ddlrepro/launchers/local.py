@@ -24,6 +24,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from ddlrepro.config import ConfigError
 from ddlrepro.launchers import horovod
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
 from ddlrepro.launchers.processes import (
@@ -43,6 +44,28 @@ def free_loopback_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def peak_workers(point: Point) -> int:
+    """Worker processes the point runs at once at most: an elastic schedule's largest cluster plus its standbys."""
+    if "schedule" not in point.params:
+        return point.workers
+    from ddlrepro.elastic.schedule import largest_size, parse_schedule
+
+    largest = largest_size(parse_schedule(point.params["schedule"]), point.params["initial_workers"])
+    return largest + point.params.get("standby", 0)
+
+
+def check_fits_machine(point: Point, oversubscription: float, cores: int | None = None) -> None:
+    """Refuse a point whose workers × threads exceed this machine's usable cores × `oversubscription`."""
+    cores = cores or len(os.sched_getaffinity(0))
+    workers = peak_workers(point)
+    needed = workers * point.threads_per_worker
+    if needed > cores * oversubscription:
+        raise ConfigError(
+            f"{point.figure} point {point.id}: {workers} workers × {point.threads_per_worker} threads = {needed} "
+            f"threads, more than this machine's {cores} usable cores × launcher.oversubscription {oversubscription}"
+        )
 
 
 def launch_mode(point: Point) -> str:

@@ -21,6 +21,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ddlrepro.config import ConfigError
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
 from ddlrepro.launchers.local import check_image_can_run, launch_mode
 from ddlrepro.launchers.processes import run_to_completion
@@ -55,6 +56,22 @@ def allocation(point: Point, slurm: dict[str, Any], runtime_min: int) -> dict[st
     if slurm["gpus_per_node"]:
         settings["gres"] = f"gpu:{min(slurm['gpus_per_node'], per_node)}"
     return settings
+
+
+def check_cluster_limits(point: Point, slurm: dict[str, Any]) -> None:
+    """Refuse a point over the cluster's declared `max_nodes` or `cpus_per_node` (each checked only if set)."""
+    nodes, per_node = node_shape(point, slurm)
+    cpus = per_node * point.threads_per_worker
+    if nodes > slurm.get("max_nodes", nodes):
+        raise ConfigError(
+            f"{point.figure} point {point.id}: needs {nodes} nodes ({point.workers} workers, {per_node} per node), "
+            f"over launcher.slurm.max_nodes {slurm['max_nodes']}"
+        )
+    if cpus > slurm.get("cpus_per_node", cpus):
+        raise ConfigError(
+            f"{point.figure} point {point.id}: {per_node} workers × {point.threads_per_worker} threads = {cpus} CPUs "
+            f"on one node, over launcher.slurm.cpus_per_node {slurm['cpus_per_node']}"
+        )
 
 
 def node_shape(point: Point, slurm: dict[str, Any]) -> tuple[int, int]:

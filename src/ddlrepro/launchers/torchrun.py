@@ -111,7 +111,8 @@ def execute(spec: JobSpec, output: OutputCollector) -> None:
     token = secrets.token_urlsafe(24)
     agents = Agents(spec, output, token)
     initial = spec.rendezvous["initial_workers"]
-    config = ClusterConfig(list(range(initial)), agents.new_agents, agents.follow)
+    most = largest_size(parse_schedule(spec.rendezvous["schedule"]), initial)
+    config = ClusterConfig(list(range(initial)), agents.new_agents, agents.follow, max_size=most)
     host, _, port = spec.rendezvous["config_server"].rpartition(":")
     deadline = time.monotonic() + spec.timeout_s
     try:

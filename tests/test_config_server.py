@@ -1,0 +1,138 @@
+"""Hostile input to the elastic config server and its store: each request over a real socket to a real server on
+127.0.0.1 gets a 4xx and the server keeps answering; the store listens on loopback only."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from ddlrepro.elastic.client import ConfigClient
+from ddlrepro.elastic.server import MAX_BODY_BYTES, ClusterConfig, ConfigServer
+from ddlrepro.launchers.elastic import host_store
+from ddlrepro.launchers.local import free_loopback_port
+
+TOKEN = "hostile-test-token"
+MAX_SIZE = 4
+AUTH = f"Authorization: Bearer {TOKEN}\r\n"
+
+
+@pytest.fixture
+def server() -> Iterator[ConfigServer]:
+    spawned = iter(range(100, 10_000))
+    config = ClusterConfig([0], lambda count, members: [next(spawned) for _ in range(count)], max_size=MAX_SIZE)
+    with ConfigServer(config, TOKEN) as running:
+        yield running
+
+
+def exchange(server: ConfigServer, head: str, body: bytes = b"", read_first: bool = False) -> int:
+    """Send a raw request (head: request line and headers) and return the status the server answers with."""
+    host, port = server.address.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(head.encode("latin-1") + b"\r\n")
+        reader = connection.makefile("rb")
+        if read_first:
+            status_line = reader.readline()
+        connection.sendall(body)
+        if not read_first:
+            status_line = reader.readline()
+        return int(status_line.split()[1])
+
+
+def post(path: str, body: bytes, headers: str = AUTH) -> tuple[str, bytes]:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{headers}", body
+
+
+def put(body: bytes) -> tuple[str, bytes]:
+    return f"PUT /config HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{AUTH}", body
+
+
+def still_serving(server: ConfigServer) -> None:
+    assert exchange(server, "GET /health HTTP/1.1\r\nHost: x\r\n") == 200
+    assert ConfigClient(server.address).latest().members == [0]
+
+
+@pytest.mark.parametrize(
+    ("head", "body"),
+    [
+        ("GET /config?version=%C2%B2 HTTP/1.1\r\nHost: x\r\n", b""),
+        ("GET /config?after=1&timeout=%C2%B2 HTTP/1.1\r\nHost: x\r\n", b""),
+        ("GET /config?after=%C2%B2 HTTP/1.1\r\nHost: x\r\n", b""),
+        (f"GET /config?version={'9' * 5000} HTTP/1.1\r\nHost: x\r\n", b""),
+        ("GET /config?version=%EF%BC%91 HTTP/1.1\r\nHost: x\r\n", b""),  # a full-width digit one
+        ("POST /resize HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n", b""),
+        ("POST /resize HTTP/1.1\r\nHost: x\r\nContent-Length: \xb2\r\n" + AUTH, b""),
+        ("POST /resize HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n" + AUTH, b""),
+        ("POST /resize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n" + AUTH, b"0\r\n\r\n"),
+        post("/resize", b"[" * 60_000),
+        post("/resize", b'{"size": ' + b"[" * 60_000 + b"}"),
+        post("/resize", b'{"size": %d}' % 10**30),
+        post("/resize", b'{"size": 100000}'),
+        post("/resize", b'{"size": %d}' % (MAX_SIZE + 1)),
+        post("/resize", b'{"size": ' + b"9" * 5000 + b"}"),
+        post("/resize", b'{"size": 2.5}'),
+        post("/remove", b'{"worker": %d}' % 10**30),
+        post("/reset", b"{" * 60_000),
+        put(b'{"members": [1e400, 2]}'),
+        put(b'{"members": [0, 1, 2, 3, 4]}'),
+        put(b'{"members": [0, 10000000000000000000]}'),
+        put(b'{"members": [0, "1"]}'),
+    ],
+)
+def test_hostile_requests_get_a_4xx_and_the_server_keeps_serving(server: ConfigServer, head: str, body: bytes) -> None:
+    status = exchange(server, head, body)
+    assert 400 <= status < 500
+    still_serving(server)
+
+
+def test_an_oversized_body_sent_whole_gets_413_not_a_broken_pipe(server: ConfigServer) -> None:
+    body = b"x" * (10 * 1024 * 1024)
+    assert exchange(server, *post("/resize", body)) == 413
+    still_serving(server)
+
+
+def test_an_announced_oversized_body_is_refused_before_it_is_sent(server: ConfigServer) -> None:
+    head = f"POST /resize HTTP/1.1\r\nHost: x\r\nContent-Length: {MAX_BODY_BYTES + 1}\r\nExpect: 100-continue\r\n"
+    assert exchange(server, head + AUTH, read_first=True) == 413
+    still_serving(server)
+
+
+def test_sizes_up_to_the_declared_maximum_are_accepted(server: ConfigServer) -> None:
+    client = ConfigClient(server.address, TOKEN)
+    assert len(client.resize(MAX_SIZE).members) == MAX_SIZE
+    assert exchange(server, *post("/resize", json.dumps({"size": MAX_SIZE + 1}).encode())) == 400
+    assert len(client.latest().members) == MAX_SIZE
+
+
+def test_two_hundred_concurrent_long_polls_are_all_answered_promptly(server: ConfigServer) -> None:
+    polls, answered = 200, []
+    host, port = server.address.split(":")
+
+    def poll() -> None:
+        started = time.monotonic()
+        with socket.create_connection((host, int(port)), timeout=20) as connection:
+            connection.sendall(b"GET /config?after=0&timeout=15 HTTP/1.1\r\nHost: x\r\n\r\n")
+            connection.makefile("rb").readline()
+            answered.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=poll, daemon=True) for _ in range(polls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=25)
+    assert len(answered) == polls
+    assert max(answered) < 5.0, f"slowest long poll answered after {max(answered):.1f} s"
+
+
+def test_the_store_listens_on_loopback_only() -> None:
+    port = free_loopback_port()
+    store = host_store(f"127.0.0.1:{port}", timeout_s=10)
+    listening = [c.laddr.ip for c in psutil.Process().net_connections("tcp") if c.laddr.port == port and not c.raddr]
+    assert listening == ["127.0.0.1"]
+    store.set("key", "value")
+    assert store.get("key") == b"value"

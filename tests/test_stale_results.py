@@ -1,0 +1,57 @@
+"""A table and figure never outlive the run folders they were built from: a forced rerun killed mid-run leaves the
+next plain `snakemake` to redo the run and everything built from it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from conftest import SNAKEMAKE, planned_jobs, snakemake
+
+ONE_POINT = "figures:\n  dlaas-scaling:\n    workers: [1]\n"
+TARGET = ["--configfile", "tests/configs/tiny.yaml", "one.yaml", "--", "dlaas_scaling"]
+
+
+def interrupt_when_result_deleted(workdir: Path, result: Path, timeout_s: float = 120) -> None:
+    """Run a forced rerun and press Ctrl-C (SIGINT to its process group) once its run has deleted `result`."""
+    forced = subprocess.Popen(
+        [SNAKEMAKE, "--cores", "2", "--forceall", *TARGET],
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout_s
+    try:
+        while result.exists() and forced.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not result.exists(), "the forced rerun never started its run"
+        os.killpg(forced.pid, signal.SIGINT)
+        forced.wait(timeout=60)
+    finally:
+        if forced.poll() is None:
+            os.killpg(forced.pid, signal.SIGKILL)
+            forced.wait(timeout=30)
+
+
+def test_a_killed_forced_rerun_is_redone_by_the_next_run(workflow_copy: Path) -> None:
+    (workflow_copy / "one.yaml").write_text(ONE_POINT)
+    built = snakemake(workflow_copy, *TARGET, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (result,) = (workflow_copy / "results/runs/dlaas-scaling").glob("*/result.json")
+    table = workflow_copy / "results/tables/dlaas-scaling.csv"
+
+    interrupt_when_result_deleted(workflow_copy, result)
+    assert table.exists() and not result.exists()
+
+    plan = snakemake(workflow_copy, "-n", *TARGET, timeout=120)
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    jobs = planned_jobs(plan.stdout + plan.stderr)
+    assert {rule: jobs.get(rule) for rule in ("run_point", "tabulate", "plot")} == {
+        "run_point": 1,
+        "tabulate": 1,
+        "plot": 1,
+    }
