@@ -215,6 +215,7 @@ def test_manifest_figures_never_become_paths(built: Path, tmp_path: Path) -> Non
     members = read_bundle(bundle_of(built))
     manifest = json.loads(members[MANIFEST])
     manifest["figures"] = ["../../escaped"]
+    members.pop(SIGNATURE, None)
     members[MANIFEST] = json.dumps(manifest).encode()
     members[MANIFEST_DIGEST] = f"{sha256(members[MANIFEST])}  {MANIFEST}\n".encode()
     write_tarball(tmp_path / "a" / "b" / "hostile.tar.gz", "ddlrepro-x", members)
