@@ -291,6 +291,8 @@ def check_expected_digest(members: dict[str, bytes], expect: str) -> list[str]:
 
 def check_signature(members: dict[str, bytes], allowed_signers: Path) -> list[str]:
     """MANIFEST.json must carry an `ssh-keygen -Y sign` signature by a key listed in `allowed_signers`."""
+    if not allowed_signers.is_file():
+        return [f"{allowed_signers}: no such allowed_signers file"]
     if SIGNATURE not in members:
         return [f"{SIGNATURE}: missing (the bundle is not signed)"]
     with tempfile.TemporaryDirectory() as scratch:
