@@ -6,8 +6,10 @@ import gzip
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,19 @@ import pandas as pd
 import pytest
 from conftest import LEAKY_SITE, copy_workflow, planned_jobs, snakemake, tiny_point, written_forms
 
-from ddlrepro.bundle import MANIFEST, MANIFEST_DIGEST, create_bundle, read_bundle, sha256, verify_bundle, write_tarball
+from ddlrepro.bundle import (
+    MANIFEST,
+    MANIFEST_DIGEST,
+    SIGNATURE,
+    BundleError,
+    create_bundle,
+    digest_file,
+    read_bundle,
+    sha256,
+    sign_manifest,
+    verify_bundle,
+    write_tarball,
+)
 from ddlrepro.figures import FIGURES
 from ddlrepro.redaction import MARKER, redact, secret_values
 from ddlrepro.rundir import OutputCollector
@@ -30,6 +44,15 @@ CANARY = {
     "MY_DB_URL": f"postgres://canary:{_TAG}@db/x?a=1&b=2",
 }
 TINY = ["--configfile", "tests/configs/tiny.yaml", "tests/configs/two-figures.yaml"]
+SSH_KEYGEN = shutil.which("ssh-keygen")
+needs_ssh_keygen = pytest.mark.skipif(SSH_KEYGEN is None, reason="ssh-keygen (OpenSSH) is not installed")
+
+
+def ssh_key(folder: Path, name: str) -> tuple[Path, str]:
+    """A fresh ed25519 key pair without passphrase: the private key's path and the allowed_signers line."""
+    key = folder / name
+    subprocess.run([SSH_KEYGEN, "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", str(key)], check=True)
+    return key, f"{name}@example.invalid {key.with_suffix('.pub').read_text().strip()}\n"
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +62,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workdir = copy_workflow(tmp_path_factory.mktemp("workflow"), commit=True)
     kept = ("kungfu-fig9", "dlaas-scaling")
     disabled = "".join(f"  {figure}: {{enabled: false}}\n" for figure in FIGURES if figure not in kept)
+    signing = ""
+    if SSH_KEYGEN:
+        key, signer = ssh_key(tmp_path_factory.mktemp("keys"), "author")
+        (workdir / "allowed_signers").write_text(signer)
+        signing = f"bundle: {{sign_key: {key}}}\n"
     (workdir / "tests" / "configs" / "two-figures.yaml").write_text(
-        f"redaction:\n  variables: [MY_DB_URL]\nfigures:\n{disabled}"
+        f"{signing}redaction:\n  variables: [MY_DB_URL]\nfigures:\n{disabled}"
     )
     environment = {**os.environ, **CANARY, "WANDB_PROJECT": "ddlrepro"}  # an ordinary setting, not a secret
     # Every rank prints the canaries (dict repr, JSON, URL, shell) as a careless library would.
@@ -56,6 +84,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
             timeout=600,
         )
         assert done.returncode == 0, done.stderr[-3000:]
+        (workdir / f"snakemake-{target[0].lstrip('-')}.out").write_text(done.stdout + done.stderr)
     return workdir
 
 
@@ -76,7 +105,7 @@ def test_bundle_holds_everything_and_verifies(built: Path) -> None:
     assert len(runs) == 4
     assert any(name.startswith("results/provenance/invocation-") for name in members)
     manifest = json.loads(members[MANIFEST])
-    assert set(manifest["files"]) == set(members) - {MANIFEST, MANIFEST_DIGEST}
+    assert set(manifest["files"]) == set(members) - {MANIFEST, MANIFEST_DIGEST, SIGNATURE}
     assert verify_bundle(bundle) == []
 
 
@@ -91,7 +120,7 @@ def flipped(bundle: Path, target: Path, name: str) -> Path:
 
 def test_flipping_any_byte_names_the_file(built: Path, tmp_path: Path) -> None:
     bundle = bundle_of(built)
-    for name in read_bundle(bundle):
+    for name in set(read_bundle(bundle)) - {SIGNATURE}:  # the signature: test_signature_from_another_key_fails
         problems = verify_bundle(flipped(bundle, tmp_path / "flipped.tar.gz", name), render=False)
         assert problems, name
         assert any(name in problem for problem in problems), (name, problems)
@@ -104,18 +133,166 @@ def test_verify_cli_fails_and_names_the_file(built: Path, tmp_path: Path) -> Non
     assert "results/tables/dlaas-scaling.csv: sha256 differs from the manifest" in done.stderr
 
 
-def test_rerendering_catches_a_table_consistent_with_its_manifest(built: Path, tmp_path: Path) -> None:
+def test_rederiving_catches_a_summary_consistent_with_its_manifest(built: Path, tmp_path: Path) -> None:
     members = read_bundle(bundle_of(built))
     name = "results/tables/dlaas-scaling.summary.csv"
     summary = pd.read_csv(io.BytesIO(members[name]))
     summary.loc[1, "efficiency"] = 0.99
     members[name] = summary.to_csv(index=False).encode()
+    (problem,) = verify_bundle(rehashed(members, tmp_path / "forged.tar.gz"))
+    assert problem.startswith(
+        f"{name}: differs from the one re-derived from results/runs/dlaas-scaling/: first at row 2"
+    )
+    assert "column efficiency: 0.99 bundled" in problem
+
+
+def rehashed(members: dict[str, bytes], target: Path) -> Path:
+    """What a forger without the published digest does: recompute every hash after an edit (drops the signature)."""
+    members = {name: data for name, data in members.items() if name != SIGNATURE}
     manifest = json.loads(members[MANIFEST])
-    manifest["files"][name] = sha256(members[name])
+    manifest["files"] = {
+        name: sha256(data) for name, data in members.items() if name not in (MANIFEST, MANIFEST_DIGEST)
+    }
     members[MANIFEST] = json.dumps(manifest).encode()
     members[MANIFEST_DIGEST] = f"{sha256(members[MANIFEST])}  {MANIFEST}\n".encode()
-    write_tarball(tmp_path / "forged.tar.gz", "ddlrepro-x", members)
-    assert verify_bundle(tmp_path / "forged.tar.gz") == [f"{name}: differs from the one re-rendered from its table"]
+    write_tarball(target, "ddlrepro-x", members)
+    return target
+
+
+def test_flipped_check_verdict_is_caught_by_recomputing_the_checks(built: Path, tmp_path: Path) -> None:
+    members = read_bundle(bundle_of(built))
+    checks = pd.read_csv(io.BytesIO(members["results/checks.tsv"]), sep="\t", dtype=str, keep_default_na=False)
+    row = checks.index[checks["status"].isin(["pass", "fail"])][0]
+    checks.loc[row, "status"] = {"pass": "fail", "fail": "pass"}[checks.loc[row, "status"]]
+    members["results/checks.tsv"] = checks.to_csv(sep="\t", index=False).encode()
+    assert verify_bundle(rehashed(members, tmp_path / "forged.tar.gz"), render=False) == []
+    (problem,) = verify_bundle(tmp_path / "forged.tar.gz")
+    assert problem.startswith("results/checks.tsv: differs from the one re-derived from the checks of every figure")
+    assert f"(check {checks.loc[row, 'check']}), column status" in problem
+
+
+def test_edited_run_metrics_are_caught_by_retabulating(built: Path, tmp_path: Path) -> None:
+    members = read_bundle(bundle_of(built))
+    name = next(
+        name
+        for name in sorted(members)
+        if name.startswith("results/runs/kungfu-fig9/") and name.endswith("metrics.jsonl")
+    )
+    records = [json.loads(line) for line in members[name].decode().splitlines()]
+    edited = next(record for record in records if record["metric"] == "img_per_sec")
+    edited["value"] *= 3
+    members[name] = "".join(json.dumps(record) + "\n" for record in records).encode()
+    problems = verify_bundle(rehashed(members, tmp_path / "forged.tar.gz"))
+    assert problems[0].startswith(
+        "results/tables/kungfu-fig9.csv: differs from the one re-derived from results/runs/kungfu-fig9/: first at row"
+    )
+    assert f"(point_id {name.split('/')[3]}), column value" in problems[0]
+
+
+def test_expect_anchors_the_manifest_digest(built: Path) -> None:
+    bundle = bundle_of(built)
+    digest = digest_file(bundle).read_text().strip()
+    assert digest == sha256(read_bundle(bundle)[MANIFEST])
+    assert f"{bundle.relative_to(built)}: manifest sha256 {digest}" in (built / "snakemake-bundle.out").read_text()
+    verify = [sys.executable, "-m", "ddlrepro", "verify", str(bundle), "--hashes-only", "--expect"]
+    done = subprocess.run([*verify, digest], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"manifest sha256 {digest}" in done.stdout and "digest: as expected" in done.stdout
+    wrong = sha256(b"another bundle")
+    done = subprocess.run([*verify, wrong], capture_output=True, text=True)
+    assert done.returncode != 0
+    assert f"MANIFEST.json: sha256 is {digest}, not the expected {wrong}" in done.stderr
+
+
+@needs_ssh_keygen
+def test_signature_by_the_configured_key_verifies(built: Path) -> None:
+    bundle = bundle_of(built)
+    assert SIGNATURE in read_bundle(bundle)
+    assert verify_bundle(bundle, render=False, allowed_signers=built / "allowed_signers") == []
+
+
+@needs_ssh_keygen
+def test_signature_from_another_key_fails(built: Path, tmp_path: Path) -> None:
+    members = read_bundle(bundle_of(built))
+    other, _ = ssh_key(tmp_path, "someone-else")
+    members[SIGNATURE] = sign_manifest(members[MANIFEST], other)
+    write_tarball(tmp_path / "resigned.tar.gz", "ddlrepro-x", members)
+    allowed = built / "allowed_signers"
+    problems = verify_bundle(tmp_path / "resigned.tar.gz", render=False, allowed_signers=allowed)
+    assert problems == [f"{SIGNATURE}: not made by any key in {allowed}"]
+    forged = rehashed(read_bundle(bundle_of(built)), tmp_path / "unsigned.tar.gz")
+    assert verify_bundle(forged, render=False, allowed_signers=allowed) == [
+        f"{SIGNATURE}: missing (the bundle is not signed)"
+    ]
+
+
+def test_manifest_figures_never_become_paths(built: Path, tmp_path: Path) -> None:
+    members = read_bundle(bundle_of(built))
+    manifest = json.loads(members[MANIFEST])
+    manifest["figures"] = ["../../escaped"]
+    members.pop(SIGNATURE, None)
+    members[MANIFEST] = json.dumps(manifest).encode()
+    members[MANIFEST_DIGEST] = f"{sha256(members[MANIFEST])}  {MANIFEST}\n".encode()
+    write_tarball(tmp_path / "a" / "b" / "hostile.tar.gz", "ddlrepro-x", members)
+    for render in (False, True):
+        (problem,) = verify_bundle(tmp_path / "a" / "b" / "hostile.tar.gz", render=render)
+        assert problem.startswith(f"{MANIFEST}: figures/0: '../../escaped' is not one of")
+    assert not list(tmp_path.rglob("escaped*"))
+
+
+def tarball(path: Path, *members: tuple[tarfile.TarInfo, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for info, data in members:
+            info.size = len(data) if info.isfile() else 0
+            tar.addfile(info, io.BytesIO(data) if info.isfile() else None)
+    return path
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    return info, b"data\n"
+
+
+HOSTILE = {
+    "absolute": ([member("/tmp/ddlrepro-x/MANIFEST.json")], "has an absolute path"),
+    "dotdot": ([member("ddlrepro-x/../../x.csv")], "has '..' in its path"),
+    "symlink": ([member("ddlrepro-x/a"), member("ddlrepro-x/b", tarfile.SYMTYPE, "/etc/passwd")], "is a link"),
+    "hardlink": ([member("ddlrepro-x/a"), member("ddlrepro-x/b", tarfile.LNKTYPE, "../../x")], "is a link"),
+    "device": ([member("ddlrepro-x/a"), member("ddlrepro-x/null", tarfile.CHRTYPE)], "is a device"),
+    "duplicate": ([member("ddlrepro-x/a"), member("ddlrepro-x/b"), member("ddlrepro-x/a")], "appears twice"),
+    "no top folder": ([member("ddlrepro-x/a"), member("MANIFEST.json")], "is outside the bundle's top folder"),
+    "other top folder": ([member("ddlrepro-x/a"), member("other/a")], "is outside the bundle's top folder"),
+}
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_hostile_members_are_refused(case: str, tmp_path: Path) -> None:
+    members, reason = HOSTILE[case]
+    bundle = tarball(tmp_path / "hostile.tar.gz", *members)
+    with pytest.raises(BundleError, match=reason) as refused:
+        verify_bundle(bundle)
+    assert str(refused.value).startswith(f"{bundle}: member ")
+
+
+def broken_files(folder: Path) -> dict[str, Path]:
+    whole = tarball(folder / "whole.tar.gz", *(member(f"ddlrepro-x/{index}") for index in range(50)))
+    (folder / "truncated.tar.gz").write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    (folder / "empty.tar.gz").write_bytes(b"")
+    (folder / "text.tar.gz").write_text("not a tarball\n")
+    with tarfile.open(folder / "no-members.tar", "w"):
+        pass
+    return {name: folder / name for name in ("truncated.tar.gz", "empty.tar.gz", "text.tar.gz", "no-members.tar")}
+
+
+def test_broken_tarballs_are_a_clear_error(tmp_path: Path) -> None:
+    for name, path in broken_files(tmp_path).items():
+        with pytest.raises(BundleError, match=f"^{path}: ") as refused:
+            read_bundle(path)
+        assert "Traceback" not in str(refused.value), name
+        done = subprocess.run([sys.executable, "-m", "ddlrepro", "verify", str(path)], capture_output=True, text=True)
+        assert done.returncode != 0 and done.stderr.startswith(f"{path} does NOT verify: {path}: "), done.stderr
+        assert "Traceback" not in done.stderr, name
 
 
 def every_written_file(workdir: Path) -> Iterator[tuple[str, bytes]]:

@@ -108,3 +108,9 @@ def compare_value(reference: dict[str, Any], measured: float, summary: pd.DataFr
 def check_figure(figure: str, summary: pd.DataFrame, references: list[dict[str, Any]], scale: str) -> pd.DataFrame:
     rows = [{"figure": figure, **evaluate(reference, summary, scale)} for reference in references]
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def collect_checks(paths: list[Path]) -> pd.DataFrame:
+    """Every figure's checks TSV in one table (results/checks.tsv), cells kept as written."""
+    tables = [pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False) for path in paths]
+    return pd.concat(tables, ignore_index=True)

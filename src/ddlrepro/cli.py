@@ -100,10 +100,9 @@ def cmd_check(args: argparse.Namespace) -> None:
 
 
 def cmd_collect_checks(args: argparse.Namespace) -> None:
-    import pandas as pd
+    from ddlrepro.checks import collect_checks
 
-    tables = [pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False) for path in args.checks]
-    pd.concat(tables, ignore_index=True).to_csv(args.out, sep="\t", index=False)
+    collect_checks([Path(path) for path in args.checks]).to_csv(args.out, sep="\t", index=False)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -113,7 +112,7 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_bundle(args: argparse.Namespace) -> None:
-    from ddlrepro.bundle import create_bundle
+    from ddlrepro.bundle import create_bundle, digest_file
     from ddlrepro.config import REPO_ROOT
 
     run_dirs = [Path(path).parent for path in args.runs]
@@ -122,18 +121,26 @@ def cmd_bundle(args: argparse.Namespace) -> None:
         Path(args.out), Path(args.results), args.figures, run_dirs, config, Path(args.references), REPO_ROOT
     )
     print(f"{out}: {len(run_dirs)} runs, figures {', '.join(args.figures)}")
+    print(f"{out}: manifest sha256 {digest_file(out).read_text().strip()} (also in {digest_file(out)})")
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
-    from ddlrepro.bundle import verify_bundle
+    from ddlrepro.bundle import BundleError, manifest_digest, read_bundle, verify_bundle
 
-    problems = verify_bundle(Path(args.bundle), render=not args.hashes_only)
+    bundle = Path(args.bundle)
+    signers = Path(args.allowed_signers) if args.allowed_signers else None
+    try:
+        problems = verify_bundle(bundle, not args.hashes_only, args.expect, signers)
+    except BundleError as error:
+        sys.exit(f"{bundle} does NOT verify: {error}")
     if problems:
-        sys.exit(f"{args.bundle} does NOT verify:\n" + "\n".join(f"  - {problem}" for problem in problems))
-    print(
-        f"{args.bundle} verifies: every hash matches"
-        + ("" if args.hashes_only else ", every figure re-renders the same")
-    )
+        sys.exit(f"{bundle} does NOT verify:\n" + "\n".join(f"  - {problem}" for problem in problems))
+    digest = manifest_digest(read_bundle(bundle))
+    print(f"{bundle} verifies: every hash matches (manifest sha256 {digest})")
+    print("  - digest: " + ("as expected" if args.expect else "not anchored (pass --expect with the published one)"))
+    print("  - signature: " + (f"by a key in {signers}" if signers else "not checked (pass --allowed-signers)"))
+    if not args.hashes_only:
+        print("  - every table, figure and check re-derived from the bundled runs matches")
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
@@ -234,9 +241,13 @@ def parser() -> argparse.ArgumentParser:
     bundle.add_argument("--references", required=True)
     bundle.set_defaults(handler=cmd_bundle)
 
-    verify = commands.add_parser("verify", help="check a bundle's hashes and re-render its figures")
+    verify = commands.add_parser("verify", help="check a bundle's hashes and re-derive its tables, figures, checks")
     verify.add_argument("bundle")
-    verify.add_argument("--hashes-only", action="store_true", help="skip re-rendering the figures")
+    verify.add_argument("--hashes-only", action="store_true", help="skip re-deriving from the runs")
+    verify.add_argument("--expect", metavar="DIGEST", help="the published sha256 of the bundle's MANIFEST.json")
+    verify.add_argument(
+        "--allowed-signers", metavar="FILE", help="ssh-keygen allowed_signers file: require a signature by one of them"
+    )
     verify.set_defaults(handler=cmd_verify)
 
     compare = commands.add_parser("compare", help="one figure across environments (results folders or bundles)")

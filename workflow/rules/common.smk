@@ -13,7 +13,7 @@ expose_to_jobs(Path(workflow.basedir) / "src")
 
 from ddlrepro.checks import load_references
 from ddlrepro.config import ConfigError, validate_config
-from ddlrepro.bundle import bundle_name
+from ddlrepro.bundle import bundle_name, digest_file
 from ddlrepro.launchers.slurm import allocation
 from ddlrepro.figures import FIGURES, enabled_figures, figure_points, figure_source
 from ddlrepro.provenance import git_state, record_invocation

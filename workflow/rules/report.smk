@@ -1,4 +1,4 @@
-# Checks against the papers, the HTML report of every enabled figure, and the bundle.
+# Checks against the papers, the HTML report of every enabled figure, and the bundle (+ its manifest's digest).
 
 
 rule check_figure:
@@ -59,7 +59,8 @@ rule bundle:
         references=config["references"],
         runs=all_point_results(ENABLED),
     output:
-        BUNDLE,
+        bundle=BUNDLE,
+        digest=str(digest_file(Path(BUNDLE))),
     log:
         "results/logs/bundle.log",
     conda:
@@ -68,5 +69,7 @@ rule bundle:
         figures=" ".join(ENABLED),
         config=shlex.quote(json.dumps(config)),
     shell:
-        "python -m ddlrepro bundle --out {output} --figures {params.figures} --runs {input.runs}"
+        "python -m ddlrepro bundle --out {output.bundle} --figures {params.figures} --runs {input.runs}"
         " --config-json {params.config} --references {input.references} > {log} 2>&1"
+        # Printed where the user sees it: the digest is the anchor to publish outside the bundle.
+        " && echo '{output.bundle}: manifest sha256' $(cat {output.digest})"
