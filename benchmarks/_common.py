@@ -1,0 +1,48 @@
+"""Shared by the benchmarks: how busy the host was with other work while a figure was measured, and the verdict.
+
+Every figure is printed with the foreign and steal load the host saw over its measured section
+(`ddlrepro.hostload`). Above `DISTURBED_SHARE` of the host's CPU capacity (foreign + steal) a figure with a target
+is marked `disturbed` instead of `met` or `missed`: on a busy machine a timing says nothing about the code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ddlrepro.hostload import ForeignLoadMeter, HostLoad
+
+DISTURBED_SHARE = 0.10
+
+
+@contextmanager
+def measured() -> Iterator[ForeignLoadMeter]:
+    """Meter the foreign load over the block; `meter.load` afterwards (children must have been waited for)."""
+    meter = ForeignLoadMeter()
+    with meter:
+        yield meter
+
+
+def disturbed(load: HostLoad) -> bool:
+    return load.foreign_share + load.steal_share > DISTURBED_SHARE
+
+
+def verdict(met: bool, load: HostLoad) -> str:
+    """`disturbed` on a busy host, else `met` or `missed`."""
+    if disturbed(load):
+        return "disturbed"
+    return "met" if met else "missed"
+
+
+def load_note(load: HostLoad) -> str:
+    return f"foreign load {100 * load.foreign_share:.1f} % (steal {100 * load.steal_share:.1f} %)"
+
+
+def judged(figure: str, met: bool, target: str, load: HostLoad) -> str:
+    """One figure against its target, e.g. `... 0.951  (target >= 0.9): met  [foreign load 2.0 % (steal 0.0 %)]`."""
+    return f"{figure}  (target {target}): {verdict(met, load)}  [{load_note(load)}]"
+
+
+def noted(figure: str, load: HostLoad) -> str:
+    """A figure without a target, with the load it was measured under."""
+    return f"{figure}  [{load_note(load)}]"
