@@ -3,6 +3,7 @@
 Every figure is printed with the foreign and steal load the host saw over its measured section
 (`ddlrepro.hostload`). Above `DISTURBED_SHARE` of the host's CPU capacity (foreign + steal) a figure with a target
 is marked `disturbed` instead of `met` or `missed`: on a busy machine a timing says nothing about the code.
+Memory is judged whatever the load (other programs do not change it), with the load still printed.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ def disturbed(load: HostLoad) -> bool:
     return load.foreign_share + load.steal_share > DISTURBED_SHARE
 
 
-def verdict(met: bool, load: HostLoad) -> str:
-    """`disturbed` on a busy host, else `met` or `missed`."""
-    if disturbed(load):
+def verdict(met: bool, load: HostLoad, timed: bool = True) -> str:
+    """`disturbed` for a timing taken on a busy host, else `met` or `missed` (`timed=False`: a figure, such as
+    memory, that other programs' CPU use does not change)."""
+    if timed and disturbed(load):
         return "disturbed"
     return "met" if met else "missed"
 
@@ -38,9 +40,9 @@ def load_note(load: HostLoad) -> str:
     return f"foreign load {100 * load.foreign_share:.1f} % (steal {100 * load.steal_share:.1f} %)"
 
 
-def judged(figure: str, met: bool, target: str, load: HostLoad) -> str:
+def judged(figure: str, met: bool, target: str, load: HostLoad, timed: bool = True) -> str:
     """One figure against its target, e.g. `... 0.951  (target >= 0.9): met  [foreign load 2.0 % (steal 0.0 %)]`."""
-    return f"{figure}  (target {target}): {verdict(met, load)}  [{load_note(load)}]"
+    return f"{figure}  (target {target}): {verdict(met, load, timed)}  [{load_note(load)}]"
 
 
 def noted(figure: str, load: HostLoad) -> str:
