@@ -28,11 +28,14 @@ def disturbed(load: HostLoad) -> bool:
     return load.foreign_share + load.steal_share > DISTURBED_SHARE
 
 
-def verdict(met: bool, load: HostLoad, timed: bool = True) -> str:
-    """`disturbed` for a timing taken on a busy host, else `met` or `missed` (`timed=False`: a figure, such as
-    memory, that other programs' CPU use does not change)."""
+def verdict(met: bool | None, load: HostLoad, timed: bool = True) -> str:
+    """`disturbed` for a timing taken on a busy host, else `met` or `missed`, or `inconclusive` (`met` None: the
+    figure's noise exceeds its margin to the target). `timed=False`: a figure, such as memory, that other
+    programs' CPU use does not change."""
     if timed and disturbed(load):
         return "disturbed"
+    if met is None:
+        return "inconclusive"
     return "met" if met else "missed"
 
 
@@ -40,7 +43,7 @@ def load_note(load: HostLoad) -> str:
     return f"foreign load {100 * load.foreign_share:.1f} % (steal {100 * load.steal_share:.1f} %)"
 
 
-def judged(figure: str, met: bool, target: str, load: HostLoad, timed: bool = True) -> str:
+def judged(figure: str, met: bool | None, target: str, load: HostLoad, timed: bool = True) -> str:
     """One figure against its target, e.g. `... 0.951  (target >= 0.9): met  [foreign load 2.0 % (steal 0.0 %)]`."""
     return f"{figure}  (target {target}): {verdict(met, load, timed)}  [{load_note(load)}]"
 
