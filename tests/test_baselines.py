@@ -11,8 +11,13 @@ import pandas as pd
 import pytest
 import torch
 
+from ddlrepro.figures import kungfu_fig7
 from ddlrepro.figures.easyscale_overheads import peak_memory
 from ddlrepro.hostload import HostLoad
+from ddlrepro.launchers import torchrun
+from ddlrepro.points import Point
+from ddlrepro.run import run_point
+from ddlrepro.tables import tidy_table
 from ddlrepro.workloads.runtime import RankContext, ResourceSampler
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,3 +101,61 @@ def test_a_judged_figure_shows_the_load_beside_it() -> None:
 
 def test_memory_is_judged_whatever_the_load() -> None:
     assert verdict(False, load(9.0), timed=False) == "missed"
+
+
+FIG7_SECTION = {
+    "model": "resnet20",
+    "image_size": 16,
+    "batch_size": 4,
+    "dataset_size": 64,
+    "initial_workers": 1,
+    "schedule": "3:2,6:1,9:0",
+    "modes": ["torchrun", "torchrun-tuned"],
+    "standby": 1,
+    "collective_timeout_s": 30,
+}
+
+
+def fig7_point(mode: str) -> Point:
+    (point,) = kungfu_fig7.points({**FIG7_SECTION, "modes": [mode]}, {"threads_per_worker": 1})
+    return point
+
+
+def test_the_tuned_torchrun_point_asks_for_a_short_keep_alive_and_the_default_for_torchs() -> None:
+    tuned = torchrun.render(fig7_point("torchrun-tuned"), 60, Path("run"))
+    default = torchrun.render(fig7_point("torchrun"), 60, Path("run"))
+    assert tuned.rendezvous["rdzv_conf"] == "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
+    assert default.rendezvous["rdzv_conf"] == "last_call_timeout=1"
+
+
+def test_an_unknown_keep_alive_is_named() -> None:
+    point = fig7_point("torchrun-tuned")
+    broken = Point(point.figure, point.workload, point.workers, 1, {**point.params, "torchrun_keep_alive": "fast"})
+    with pytest.raises(ValueError, match="torchrun_keep_alive: 'fast'"):
+        torchrun.render(broken, 60, Path("run"))
+
+
+def test_speedups_are_against_the_faster_torchrun_for_each_kind_of_event() -> None:
+    wide = pd.DataFrame(
+        [
+            {"mode": "torchrun", "step": 3, "kind": "grow", "latency": 4.0, "to_sync": 4.0},
+            {"mode": "torchrun", "step": 6, "kind": "shrink", "latency": 20.0, "to_sync": 20.0},
+            {"mode": "torchrun-tuned", "step": 3, "kind": "grow", "latency": 5.0, "to_sync": 5.0},
+            {"mode": "torchrun-tuned", "step": 6, "kind": "shrink", "latency": 8.0, "to_sync": 8.0},
+            {"mode": "inplace-cold", "step": 3, "kind": "grow", "latency": 2.0, "to_sync": 2.0},
+            {"mode": "inplace-cold", "step": 6, "kind": "shrink", "latency": 0.02, "to_sync": 0.02},
+        ]
+    )
+    summary = kungfu_fig7.summarise(wide).set_index(["mode", "kind"])
+    assert summary.loc[("inplace-cold", "grow"), "speedup_vs_torchrun"] == pytest.approx(2.0)
+    assert summary.loc[("inplace-cold", "grow"), "torchrun_baseline"] == "torchrun"
+    assert summary.loc[("inplace-cold", "shrink"), "speedup_vs_torchrun"] == pytest.approx(400.0)
+    assert summary.loc[("inplace-cold", "shrink"), "torchrun_baseline"] == "torchrun-tuned"
+
+
+def test_tuned_torchrun_restarts_a_shrunk_job_before_the_default_keep_alive_could(tmp_path: Path) -> None:
+    """torch's default notices a departed agent after 5 s x 3 heartbeats; tuned, the restart is well under that."""
+    run_point(fig7_point("torchrun-tuned"), tmp_path / "run", timeout_s=300)
+    events = kungfu_fig7.events(tidy_table([tmp_path / "run"]))
+    (shrink,) = events.loc[events["kind"] == "shrink", "restart"]
+    assert shrink < 10.0
