@@ -73,8 +73,8 @@ def measure_bare(args: argparse.Namespace) -> float:
     return float(subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout)
 
 
-def measure_harness(args: argparse.Namespace, run_dir: Path, **extra: Any) -> float:
-    """img/s per worker of the throughput workload, 1 worker × 1 thread, through the launcher (`extra`: more
+def measure_harness(args: argparse.Namespace, run_dir: Path, workers: int = 1, **extra: Any) -> float:
+    """img/s per worker of the throughput workload, `workers` × 1 thread, through the launcher (`extra`: more
     point parameters, e.g. the framework)."""
     params = {
         "model": args.model,
@@ -88,7 +88,7 @@ def measure_harness(args: argparse.Namespace, run_dir: Path, **extra: Any) -> fl
     }
     if args.image_size:
         params["image_size"] = args.image_size
-    record = run_point(Point("benchmark", "throughput", 1, 1, params), run_dir, timeout_s=1800)
+    record = run_point(Point("benchmark", "throughput", workers, 1, params), run_dir, timeout_s=1800)
     return record["summary"]["img_per_sec_per_worker"]
 
 

@@ -4,6 +4,8 @@ on a busy host, torchrun's tuned shrink, Horovod's own benchmark with our model.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -159,3 +161,38 @@ def test_tuned_torchrun_restarts_a_shrunk_job_before_the_default_keep_alive_coul
     events = kungfu_fig7.events(tidy_table([tmp_path / "run"]))
     (shrink,) = events.loc[events["kind"] == "shrink", "restart"]
     assert shrink < 10.0
+
+
+SHIM_CHECK = """
+import torch
+from torchvision import models
+from ddlrepro.models import build_model
+
+torch.manual_seed(0)
+shimmed = getattr(models, "resnet20")(norm_layer=object)
+torch.manual_seed(0)
+own = build_model("resnet20")
+images = torch.randn(2, 3, 224, 224)
+logits = shimmed(images)
+assert logits.shape == (2, 1000), logits.shape
+assert torch.equal(logits[:, :10], own(images[..., :16, :16])), "not the model on the crop"
+assert not logits[:, 10:].any()
+assert sum(p.numel() for p in shimmed.parameters()) == sum(p.numel() for p in own.parameters())
+try:
+    models.resnet18
+except AttributeError as error:
+    print(error)
+"""
+
+
+def test_horovods_benchmark_gets_our_model_through_the_torchvision_shim() -> None:
+    """What Horovod's script does with torchvision: `getattr(models, name)(norm_layer=...)` on 224 px images with
+    labels in [0, 1000): our model on the crop of the point's size, logits padded, our parameters only."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks" / "horovod_shim"), str(REPO / "src")]),
+        "DDLREPRO_SHIM_IMAGE_SIZE": "16",
+    }
+    done = subprocess.run([sys.executable, "-c", SHIM_CHECK], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ddlrepro has no model 'resnet18'" in done.stdout
