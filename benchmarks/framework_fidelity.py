@@ -10,7 +10,7 @@ code, started the framework's own way:
   labels are fitted). The script is the one of the installed Horovod release, downloaded from GitHub at run
   time, or `--horovod-script PATH`;
 - TensorFlow: a MultiWorkerMirroredStrategy custom loop (strategy.run of a GradientTape step in a tf.function),
-  one worker.
+  on its own synthetic data, one worker.
 The workload runs through the project's launcher with its records and resource sampling. Baseline and workload
 runs alternate in fresh processes, so machine noise hits both alike. Target: ≥ 0.97 for every framework.
 
@@ -66,8 +66,8 @@ def bare_tensorflow(args: argparse.Namespace) -> float:
     import keras
     import tensorflow as tf
 
+    from ddlrepro.models import MODELS
     from ddlrepro.tf_models import build_keras_model
-    from ddlrepro.workloads.tensorflow_trainer import synthetic_batch
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -75,7 +75,9 @@ def bare_tensorflow(args: argparse.Namespace) -> float:
     with strategy.scope():
         model = build_keras_model(args.model, args.image_size or None)
         optimizer = keras.optimizers.SGD(0.01)
-    images, labels = synthetic_batch(args.model, args.batch_size, args.image_size or None, 0)
+    side = args.image_size or MODELS[args.model].image_size
+    images = tf.random.uniform((args.batch_size, side, side, 3), -1.0, 1.0, seed=0)
+    labels = tf.random.uniform((args.batch_size,), 0, MODELS[args.model].num_classes, dtype=tf.int64, seed=0)
 
     def replica_step() -> tf.Tensor:
         with tf.GradientTape() as tape:
