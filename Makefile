@@ -48,7 +48,7 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/monitor_overhead.py
 	$(BIN)/python benchmarks/easyscale_overheads.py
 	$(BIN)/python benchmarks/allreduce_strategies.py
-	$(BIN)/python benchmarks/framework_fidelity.py
+	$(BIN)/python benchmarks/framework_fidelity.py $(if $(HOROVOD_SCRIPT),--horovod-script $(HOROVOD_SCRIPT))
 	$(BIN)/python benchmarks/elastic_resize.py
 
 clean:

@@ -2,7 +2,8 @@
 (config/config.yaml's kungfu-fig7 section), every mode on the same schedule in one run:
 
 - grow 1→2 from a warm standby (target ≤ 1 s); grow with a cold spawn (target ≤ 5 s); shrink 2→1 (target ≤ 30 ms);
-- in place ÷ torchrun on the same events (target: torchrun ≥ 10× slower);
+- in place ÷ torchrun on the same events (target: torchrun ≥ 10× slower), against the faster of torchrun with
+  torch's default keep-alive (a departed agent noticed after 5 s × 3) and with the tuned one (1 s × 3);
 - a worker killed with SIGKILL: how long the survivor takes to notice, and to train again at the new size.
 
 Latency: from rank 0 seeing the new config to the first step completed at the new size (and, as KungFu defined
@@ -21,39 +22,46 @@ import threading
 import time
 from pathlib import Path
 
+from _common import judged, measured, noted
+
 from ddlrepro.config import REPO_ROOT, load_config
 from ddlrepro.elastic.faults import worker_pid
 from ddlrepro.figures import kungfu_fig7
+from ddlrepro.hostload import HostLoad
 from ddlrepro.run import run_point
 from ddlrepro.tables import run_rows, tidy_table
 
 TARGETS = {("inplace-warm", "grow"): 1.0, ("inplace-cold", "grow"): 5.0, ("inplace-cold", "shrink"): 0.030}
+SPEEDUP_TARGET = 10.0
+FAULT_TARGET_S = 5.0
 
 
 def measure_schedule(section: dict, launcher: dict, scratch: Path) -> None:
     points = kungfu_fig7.points(section, launcher)
-    for point in points:
-        run_point(point, scratch / point.id, timeout_s=900)
+    with measured() as meter:
+        for point in points:
+            run_point(point, scratch / point.id, timeout_s=900)
     table = tidy_table([scratch / point.id for point in points])
     summary = kungfu_fig7.summarise(kungfu_fig7.events(table))
     print(
         f"{section['model']} @{section.get('image_size')}px, batch {section['batch_size']}, "
         f"schedule {section['schedule']}; medians over the events of each kind"
     )
-    print(f"  cluster img/s (median per mode @ size): {steady_throughput(table)}")
+    print(noted(f"  cluster img/s (median per mode @ size): {steady_throughput(table)}", meter.load))
     for row in summary.itertuples():
-        note = target_note(TARGETS.get((row.mode, row.kind)))
         latency, to_sync = row.latency_s * 1000, row.to_sync_s * 1000
-        print(
-            f"  {row.mode:13s} {row.kind:6s} latency {latency:9.1f} ms, to sync {to_sync:9.1f} ms,"
-            f" torchrun / this = {row.speedup_vs_torchrun:7.1f}x{note}"
-        )
+        figure = f"  {row.mode:14s} {row.kind:6s} latency {latency:9.1f} ms, to sync {to_sync:9.1f} ms"
+        print(latency_line(figure, row.latency_s, TARGETS.get((row.mode, row.kind)), meter.load))
+        if row.mode.startswith("inplace"):
+            speedup = f"  {row.mode:14s} {row.kind:6s} {row.torchrun_baseline} / this = {row.speedup_vs_torchrun:7.1f}x"
+            print(judged(speedup, row.speedup_vs_torchrun >= SPEEDUP_TARGET, f">= {SPEEDUP_TARGET:g}x", meter.load))
 
 
-def target_note(target_s: float | None) -> str:
+def latency_line(figure: str, latency_s: float, target_s: float | None, load: HostLoad) -> str:
     if target_s is None:
-        return ""
-    return f"  (target <= {target_s * 1000:g} ms)" if target_s < 1 else f"  (target <= {target_s:g} s)"
+        return noted(figure, load)
+    target = f"<= {target_s * 1000:g} ms" if target_s < 1 else f"<= {target_s:g} s"
+    return judged(figure, latency_s <= target_s, target, load)
 
 
 def steady_throughput(table) -> str:
@@ -70,18 +78,21 @@ def measure_fault(section: dict, launcher: dict, scratch: Path) -> None:
     )
     run_dir = scratch / "fault"
     runner = threading.Thread(target=run_point, args=(point, run_dir), kwargs={"timeout_s": 600})
-    runner.start()
-    pid = worker_pid(run_dir, worker=1, after_steps=30)
-    killed = time.time()
-    os.kill(pid, signal.SIGKILL)
-    runner.join()
+    with measured() as meter:
+        runner.start()
+        pid = worker_pid(run_dir, worker=1, after_steps=30)
+        killed = time.time()
+        os.kill(pid, signal.SIGKILL)
+        runner.join()
     rows = run_rows(run_dir)
     noticed = rows.loc[rows["metric"] == "fault_detected", "value"].min() - killed
     latency = rows.loc[rows["metric"] == "resize_latency_s", "value"].iloc[0]
     print(
-        f"  kill -9 of 1 of 2 workers: noticed after {noticed * 1000:.1f} ms (target <= 5 s), "
-        f"training again at 1 worker {latency * 1000:.1f} ms after noticing"
+        judged(
+            f"  kill -9 of 1 of 2 workers: noticed after {noticed * 1000:.1f} ms", noticed <= 5, "<= 5 s", meter.load
+        )
     )
+    print(noted(f"  training again at 1 worker {latency * 1000:.1f} ms after noticing", meter.load))
 
 
 def main() -> None:

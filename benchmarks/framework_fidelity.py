@@ -1,13 +1,21 @@
-"""Framework fidelity: img/s of the throughput workload under each framework ÷ that framework's own minimal loop.
+"""Framework fidelity: img/s of the throughput workload under each framework ÷ that framework's own baseline.
 
-Same model, batch, image size, one worker with one thread. The minimal loops are each framework's plainest
-training code, started the framework's own way: torch, a bare SGD loop (as harness_fidelity.py); Horovod, its
-synthetic benchmark's loop (DistributedOptimizer, broadcasts) under `horovodrun --gloo`; TensorFlow, a
-MultiWorkerMirroredStrategy custom loop (strategy.run of a GradientTape step in a tf.function). The workload runs
-through the project's launcher with its records and resource sampling. Bare and workload runs alternate in fresh
-processes within one run of this script, so machine noise hits both alike. Target: ≥ 0.97 for every framework.
+Same model, batch and image size, one thread per worker. The baselines are each framework's plainest training
+code, started the framework's own way:
+- torch: the bare loop of harness_fidelity.py (written independently of the workload), one worker;
+- Horovod: Horovod's own published `examples/pytorch/pytorch_synthetic_benchmark.py`, unmodified, under
+  `horovodrun -np N --gloo` (N = `--horovod-workers`, 2 by default), against our horovod point at N workers.
+  The script imports its model from torchvision; `benchmarks/horovod_shim/` stands in for torchvision on its
+  PYTHONPATH and hands it ddlrepro's model (its docstring says how the script's fixed 224 px batch and 1000
+  labels are fitted). The script is the one of the installed Horovod release, downloaded from GitHub at run
+  time, or `--horovod-script PATH`;
+- TensorFlow: a MultiWorkerMirroredStrategy custom loop (strategy.run of a GradientTape step in a tf.function),
+  on its own synthetic data, one worker.
+The workload runs through the project's launcher with its records and resource sampling. Baseline and workload
+runs alternate in fresh processes, so machine noise hits both alike. Target: ≥ 0.97 for every framework.
 
     python benchmarks/framework_fidelity.py [--frameworks torch horovod tensorflow] [--rounds 3]
+        [--horovod-workers 2] [--horovod-script PATH]
 """
 
 from __future__ import annotations
@@ -15,21 +23,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from _common import judged, measured
+from harness_fidelity import measure_bare as measure_torch_bare
 from harness_fidelity import measure_harness
+from horovod_shim.torchvision.models import IMAGE_SIZE_ENV
 
 if TYPE_CHECKING:
     import tensorflow as tf
-    import torch
 
 TARGET = 0.97
 
@@ -49,59 +61,13 @@ def timed(step: Callable[[], Any], finish: Callable[[Any], Any], args: argparse.
     return statistics.fmean(rates)
 
 
-def torch_batch(args: argparse.Namespace) -> tuple[torch.Tensor, torch.Tensor]:
-    import torch
-
-    from ddlrepro.workloads.throughput import synthetic_batch
-
-    return synthetic_batch(args.model, args.batch_size, args.image_size or None, torch.device("cpu"), 0)
-
-
-def bare_torch(args: argparse.Namespace) -> float:
-    import torch
-
-    from ddlrepro.models import build_model
-    from ddlrepro.workloads.throughput import make_train_step
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    step = make_train_step(build_model(args.model), *torch_batch(args))
-    return timed(step, lambda loss: loss.item(), args)
-
-
-def bare_horovod(args: argparse.Namespace) -> float:
-    import horovod.torch as hvd
-    import torch
-    import torch.nn.functional as F
-
-    from ddlrepro.models import build_model
-
-    hvd.init()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = build_model(args.model)
-    images, labels = torch_batch(args)
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-
-    def step() -> torch.Tensor:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(images), labels)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return timed(step, lambda loss: loss.item(), args)
-
-
 def bare_tensorflow(args: argparse.Namespace) -> float:
     os.environ.pop("TF_CONFIG", None)
     import keras
     import tensorflow as tf
 
+    from ddlrepro.models import MODELS
     from ddlrepro.tf_models import build_keras_model
-    from ddlrepro.workloads.tensorflow_trainer import synthetic_batch
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -109,7 +75,9 @@ def bare_tensorflow(args: argparse.Namespace) -> float:
     with strategy.scope():
         model = build_keras_model(args.model, args.image_size or None)
         optimizer = keras.optimizers.SGD(0.01)
-    images, labels = synthetic_batch(args.model, args.batch_size, args.image_size or None, 0)
+    side = args.image_size or MODELS[args.model].image_size
+    images = tf.random.uniform((args.batch_size, side, side, 3), -1.0, 1.0, seed=0)
+    labels = tf.random.uniform((args.batch_size,), 0, MODELS[args.model].num_classes, dtype=tf.int64, seed=0)
 
     def replica_step() -> tf.Tensor:
         with tf.GradientTape() as tape:
@@ -122,16 +90,57 @@ def bare_tensorflow(args: argparse.Namespace) -> float:
     return timed(step, lambda loss: loss.numpy(), args)
 
 
-BARE = {"torch": bare_torch, "horovod": bare_horovod, "tensorflow": bare_tensorflow}
+FRAMEWORKS = ["torch", "horovod", "tensorflow"]
+SHIM = Path(__file__).resolve().parent / "horovod_shim"
+SCRIPT_URL = (
+    "https://raw.githubusercontent.com/horovod/horovod/v{version}/examples/pytorch/pytorch_synthetic_benchmark.py"
+)
+SCRIPT_RESULT = re.compile(r"Img/sec per CPU: ([0-9.]+)")
 
 
 def measure_bare(framework: str, args: argparse.Namespace) -> float:
-    own = [sys.executable, __file__, "--bare", framework, *protocol_flags(args)]
+    """img/s per worker of the framework's baseline, in fresh processes."""
+    if framework == "torch":
+        return measure_torch_bare(args)
     if framework == "horovod":
-        own = [str(Path(sys.executable).parent / "horovodrun"), "-np", "1", "-H", "localhost:1", "--gloo", *own]
+        return measure_horovod_own(args)
+    own = [sys.executable, __file__, "--bare", framework, *protocol_flags(args)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     done = subprocess.run(own, capture_output=True, text=True, check=True, env=env)
     return float(done.stdout.strip().splitlines()[-1].split(":")[-1])
+
+
+def horovod_script(args: argparse.Namespace, scratch: Path) -> Path:
+    """Horovod's synthetic benchmark: `--horovod-script`, else the installed release's, downloaded."""
+    if args.horovod_script:
+        return args.horovod_script
+    import horovod
+
+    url = SCRIPT_URL.format(version=horovod.__version__)
+    target = scratch / "pytorch_synthetic_benchmark.py"
+    try:
+        urllib.request.urlretrieve(url, target)
+    except OSError as error:
+        sys.exit(f"could not download Horovod's benchmark from {url} ({error}); pass --horovod-script PATH")
+    return target
+
+
+def measure_horovod_own(args: argparse.Namespace) -> float:
+    """img/s per worker that Horovod's own script prints, under `horovodrun -np N --gloo`, our model shimmed in."""
+    workers = str(args.horovod_workers)
+    command = [str(Path(sys.executable).parent / "horovodrun"), "-np", workers, "-H", f"localhost:{workers}"]
+    command += ["--gloo", sys.executable, str(args.horovod_script), "--no-cuda", "--model", args.model]
+    command += ["--batch-size", str(args.batch_size), "--num-warmup-batches", str(args.warmup)]
+    command += ["--num-batches-per-iter", str(args.batches), "--num-iters", str(args.iterations)]
+    pythonpath = os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath}
+    if args.image_size:
+        env[IMAGE_SIZE_ENV] = str(args.image_size)
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    found = SCRIPT_RESULT.search(done.stdout)
+    if done.returncode or not found:
+        sys.exit(f"Horovod's benchmark failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return float(found.group(1))
 
 
 def protocol_flags(args: argparse.Namespace) -> list[str]:
@@ -143,8 +152,10 @@ def protocol_flags(args: argparse.Namespace) -> list[str]:
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bare", choices=list(BARE), help=argparse.SUPPRESS)
-    parser.add_argument("--frameworks", nargs="+", choices=list(BARE), default=list(BARE))
+    parser.add_argument("--bare", choices=["tensorflow"], help=argparse.SUPPRESS)
+    parser.add_argument("--frameworks", nargs="+", choices=FRAMEWORKS, default=FRAMEWORKS)
+    parser.add_argument("--horovod-workers", type=int, default=2)
+    parser.add_argument("--horovod-script", type=Path, help="Horovod's pytorch_synthetic_benchmark.py")
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=0)
@@ -158,20 +169,33 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     args = parse()
     if args.bare:
-        print(f"bare img/s: {BARE[args.bare](args)}", flush=True)
+        print(f"bare img/s: {bare_tensorflow(args)}", flush=True)
         return
     if "horovod" in args.frameworks and not shutil.which("horovodrun", path=str(Path(sys.executable).parent)):
         sys.exit("horovodrun is not in this environment: run `make horovod` first")
     with tempfile.TemporaryDirectory() as workdir:
+        if "horovod" in args.frameworks:
+            args.horovod_script = horovod_script(args, Path(workdir))
         for framework in args.frameworks:
-            bare, workload = [], []
-            for round_index in range(args.rounds):
-                bare.append(measure_bare(framework, args))
-                workload.append(measure_harness(args, Path(workdir) / f"{framework}{round_index}", framework=framework))
-                print(f"{framework} round {round_index}: bare {bare[-1]:.1f} img/s, workload {workload[-1]:.1f} img/s")
-            ratio = statistics.median(workload) / statistics.median(bare)
-            print(json.dumps({"framework": framework, "bare": bare, "workload": workload}))
-            print(f"{framework}: workload ÷ own minimal loop (medians): {ratio:.3f}  (target >= {TARGET})")
+            compare(framework, args, Path(workdir))
+
+
+def compare(framework: str, args: argparse.Namespace, workdir: Path) -> None:
+    """Alternate the framework's baseline and the workload for the rounds; print the ratio of their medians."""
+    workers = args.horovod_workers if framework == "horovod" else 1
+    bare, workload = [], []
+    with measured() as meter:
+        for round_index in range(args.rounds):
+            bare.append(measure_bare(framework, args))
+            run_dir = workdir / f"{framework}{round_index}"
+            workload.append(measure_harness(args, run_dir, workers=workers, framework=framework))
+            print(f"{framework} round {round_index}: baseline {bare[-1]:.1f} img/s, workload {workload[-1]:.1f} img/s")
+    ratio = statistics.median(workload) / statistics.median(bare)
+    print(json.dumps({"framework": framework, "workers": workers, "baseline": bare, "workload": workload}))
+    figure = (
+        f"{framework} @{workers}: workload ÷ the framework's own baseline (medians of img/s per worker): {ratio:.3f}"
+    )
+    print(judged(figure, ratio >= TARGET, f">= {TARGET}", meter.load))
 
 
 if __name__ == "__main__":

@@ -19,9 +19,11 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from _common import judged, measured, noted
 from torch.nn.parallel import DistributedDataParallel
 
 from ddlrepro.figures.kungfu_fig8 import parse_setting
+from ddlrepro.hostload import HostLoad
 from ddlrepro.launchers.local import free_loopback_port
 from ddlrepro.models import build_model
 from ddlrepro.monitors import GradientMonitor
@@ -49,7 +51,7 @@ def trainer(model: torch.nn.Module, setting: str, batch: tuple[torch.Tensor, tor
     return monitored_step
 
 
-def worker(rank: int, port: int, args: argparse.Namespace) -> None:
+def worker(rank: int, port: int, args: argparse.Namespace, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -67,18 +69,21 @@ def worker(rank: int, port: int, args: argparse.Namespace) -> None:
                 step()
             rates[setting].append(args.batch_size * args.steps / (time.perf_counter() - started))
     if rank == 0:
-        report(rates, args)
+        out.update(rates)
     dist.destroy_process_group()
 
 
-def report(rates: dict[str, list[float]], args: argparse.Namespace) -> None:
+def report(rates: dict[str, list[float]], args: argparse.Namespace, load: HostLoad) -> None:
     print(f"model {args.model}, batch {args.batch_size}, {WORLD} workers x 1 thread, gloo, {args.rounds} rounds")
     for setting in args.settings:
         rate = statistics.median(rates[setting])
         ratios = [mine / plain for mine, plain in zip(rates[setting], rates["none"], strict=True)]
         overhead = 100 * (1 - statistics.median(ratios))
-        target = f"  (target <= {TARGETS[setting]:g} %)" if setting in TARGETS else ""
-        print(f"{setting:>14}: {rate:7.1f} img/s per worker, overhead {overhead:+5.1f} %{target}")
+        figure = f"{setting:>14}: {rate:7.1f} img/s per worker, overhead {overhead:+5.1f} %"
+        if setting in TARGETS:
+            print(judged(figure, overhead <= TARGETS[setting], f"<= {TARGETS[setting]:g} %", load))
+        else:
+            print(noted(figure, load))
 
 
 def main() -> None:
@@ -90,7 +95,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--settings", nargs="+", default=SETTINGS, help="none first: the baseline")
     args = parser.parse_args()
-    mp.spawn(worker, args=(free_loopback_port(), args), nprocs=WORLD, join=True)
+    with measured() as meter, mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(worker, args=(free_loopback_port(), args, out), nprocs=WORLD, join=True)
+        rates = dict(out)
+    report(rates, args, meter.load)
 
 
 if __name__ == "__main__":

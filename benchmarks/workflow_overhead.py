@@ -13,8 +13,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import judged, measured
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+PLAN_TARGET_S = 5.0
+NOOP_TARGET_S = 3.0
 PARTS = ["Snakefile", "workflow", "src", "config", "profiles", "envs", "scripts", "containers", "pyproject.toml"]
 
 
@@ -37,15 +41,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
         copy_workflow(workdir)
-        plan_s, plan = timed(workdir, "-n", "--configfile", "config/paper.yaml")
+        with measured() as meter:
+            plan_s, plan = timed(workdir, "-n", "--configfile", "config/paper.yaml")
         points = plan.count("rule run_point:")
-        print(f"dry run over every paper-scale point ({points} runs): {plan_s:.2f} s  (target <= 5 s)")
+        figure = f"dry run over every paper-scale point ({points} runs): {plan_s:.2f} s"
+        print(judged(figure, plan_s <= PLAN_TARGET_S, f"<= {PLAN_TARGET_S:g} s", meter.load))
 
         print("building the smoke-scale results once (not timed) ...", flush=True)
         timed(workdir)
-        noop_s, noop = timed(workdir)
+        with measured() as meter:
+            noop_s, noop = timed(workdir)
         assert "Nothing to be done" in noop, noop
-        print(f"no-op rerun at smoke scale: {noop_s:.2f} s  (target <= 3 s)")
+        figure = f"no-op rerun at smoke scale: {noop_s:.2f} s"
+        print(judged(figure, noop_s <= NOOP_TARGET_S, f"<= {NOOP_TARGET_S:g} s", meter.load))
 
 
 if __name__ == "__main__":

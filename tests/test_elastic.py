@@ -304,7 +304,7 @@ def test_slurm_gives_an_elastic_point_one_node() -> None:
 
 @pytest.mark.slow
 def test_snakemake_builds_fig7(workflow_copy: Path) -> None:
-    """`snakemake kungfu_fig7`: the three modes of one schedule (torchrun's restarts included), the table, the
+    """`snakemake kungfu_fig7`: every mode of one schedule (torchrun's restarts included), the table, the
     figure and the checks."""
     overlay = workflow_copy / "fig7.yaml"
     overlay.write_text(
@@ -317,7 +317,9 @@ def test_snakemake_builds_fig7(workflow_copy: Path) -> None:
     assert (results / "figures" / "kungfu-fig7.png").stat().st_size > 0
     summary = pd.read_csv(results / "tables" / "kungfu-fig7.summary.csv")
     assert set(zip(summary["mode"], summary["kind"], strict=True)) == {
-        (mode, kind) for mode in ("inplace-cold", "inplace-warm", "torchrun") for kind in ("grow", "shrink")
+        (mode, kind)
+        for mode in ("inplace-cold", "inplace-warm", "torchrun", "torchrun-tuned")
+        for kind in ("grow", "shrink")
     }
     assert (summary["events"] == 1).all()
     checks = pd.read_csv(results / "checks" / "kungfu-fig7.tsv", sep="\t").set_index("check")

@@ -1,7 +1,10 @@
 """EasyScale Fig 10: N logical workers on one machine as N packed processes or as N ESTs in one process.
 
 Points: for every N, D1 training with N processes × 1 EST ("packed") and with 1 process × N ESTs ("ESTs").
-Plot: total peak RSS of the job's processes and median step time, against N.
+Plot: the job's memory and median step time, against N. Memory is the sum over the job's processes of each one's
+peak PSS (proportional set size, `/proc/<pid>/smaps_rollup`), so the libtorch pages packed processes share count
+once; the sum of peak RSS, which counts them in every process, is kept beside it (`total_rss_mib`,
+`memory_vs_packed_rss`).
 """
 
 from __future__ import annotations
@@ -41,14 +44,16 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     runs = steps.drop_duplicates("point_id")[["point_id", "logical_workers", "layout"]]
     summary = runs.merge(timing, on="point_id").merge(peak_memory(table), on="point_id")
     summary = expand_single_worker(summary).sort_values(["layout", "logical_workers"], ignore_index=True)
-    packed = summary[summary["layout"] == "packed processes"].set_index("logical_workers")["total_rss_mib"]
-    summary["memory_vs_packed"] = summary["total_rss_mib"] / summary["logical_workers"].map(packed)
+    for measure, ratio in (("total_pss_mib", "memory_vs_packed"), ("total_rss_mib", "memory_vs_packed_rss")):
+        packed = summary[summary["layout"] == "packed processes"].set_index("logical_workers")[measure]
+        summary[ratio] = summary[measure] / summary["logical_workers"].map(packed)
 
     figure, (memory, seconds) = plotting.new_figure(2, TITLE)
     for layout, rows in summary.groupby("layout", sort=True):
-        memory.plot(rows["logical_workers"], rows["total_rss_mib"], marker="o", label=layout)
+        (line,) = memory.plot(rows["logical_workers"], rows["total_pss_mib"], marker="o", label=f"{layout}, PSS")
+        memory.plot(rows["logical_workers"], rows["total_rss_mib"], linestyle=":", color=line.get_color(), label="RSS")
         seconds.plot(rows["logical_workers"], rows["step_time_s"], marker="o", label=layout)
-    memory.set_ylabel("total peak RSS of the job, MiB")
+    memory.set_ylabel("job's summed peak PSS (RSS dotted), MiB")
     seconds.set_ylabel("median step time, s")
     for axis in (memory, seconds):
         plotting.workers_axis(axis, summary["logical_workers"])

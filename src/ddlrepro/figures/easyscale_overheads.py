@@ -8,6 +8,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+MEMORY_COLUMNS = {"pss_bytes": "total_pss_mib", "rss_bytes": "total_rss_mib"}
+
+
 def timed_steps(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
     """Per run and rank, the step and EST-switching times after the warm-up steps, one row per step."""
     timed = table[table["metric"].isin(["step_time_s", "switch_time_s"]) & (table["step"] >= warmup_steps)]
@@ -29,7 +32,14 @@ def median_step_time(steps: pd.DataFrame, by: str) -> pd.DataFrame:
 
 
 def peak_memory(table: pd.DataFrame) -> pd.DataFrame:
-    """Per run: the sum over its processes of each process's peak RSS, in MiB."""
-    rss = table[table["metric"] == "rss_bytes"]
-    per_rank = rss.groupby(["point_id", "rank"])["value"].max()
-    return (per_rank.groupby("point_id").sum() / 2**20).rename("total_rss_mib").reset_index()
+    """Per run: the sum over its processes of each process's peak PSS and, beside it, peak RSS, in MiB."""
+    sampled = table[table["metric"].isin(MEMORY_COLUMNS)]
+    per_rank = sampled.pivot_table(index=["point_id", "rank"], columns="metric", values="value", aggfunc="max")
+    missing = set(MEMORY_COLUMNS) - set(per_rank.columns)
+    if missing:
+        raise ValueError(f"no {', '.join(sorted(missing))} samples in the runs: rerun them with this version")
+    return (
+        (per_rank.groupby("point_id").sum() / 2**20)
+        .rename(columns=MEMORY_COLUMNS)[list(MEMORY_COLUMNS.values())]
+        .reset_index()
+    )

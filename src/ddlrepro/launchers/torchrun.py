@@ -5,6 +5,12 @@ the checkpoint).
 
 Rendezvous settings as measured to work here (environment.md): `last_call_timeout=1` with
 `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (a fresh store per round), else restarts fail in gloo's connectFullMesh.
+
+Shrinking: torch has no graceful way for one agent to leave. An agent stopped by a signal skips the rendezvous
+shutdown on purpose (torch/distributed/launcher/api.py: closing it would end the rendezvous for every agent), so
+the survivors wait until the leaver's keep-alive heartbeats are overdue, `keep_alive_interval` ×
+`keep_alive_max_attempt` of the c10d rendezvous (5 s × 3 by default). The point parameter `torchrun_keep_alive`
+picks torch's default or the tuned setting (`KEEP_ALIVE`); kungfu-fig7 runs both and compares with the faster.
 """
 
 from __future__ import annotations
@@ -27,6 +33,19 @@ from ddlrepro.points import Point
 from ddlrepro.rundir import OutputCollector
 
 WORKER_MODULE = "ddlrepro.elastic.restart"
+BASE_RDZV_CONF = "last_call_timeout=1"
+# Tuned: 1 s is the smallest interval torch accepts (whole seconds). Heartbeats go out on a timer of that period
+# but only once the last one is a full period old, so they can be nearly 2 periods apart: a window of 2 wrongly
+# drops a live agent (measured here: a second, lone rendezvous formed), hence 3.
+KEEP_ALIVE = {"default": "", "tuned": ",keep_alive_interval=1,keep_alive_max_attempt=3"}
+
+
+def rdzv_conf(params: dict) -> str:
+    """The c10d rendezvous settings of a point: the base, its keep-alive (`torchrun_keep_alive`, default torch's)."""
+    keep_alive = params.get("torchrun_keep_alive", "default")
+    if keep_alive not in KEEP_ALIVE:
+        raise ValueError(f"torchrun_keep_alive: {keep_alive!r} is not one of {', '.join(KEEP_ALIVE)}")
+    return BASE_RDZV_CONF + KEEP_ALIVE[keep_alive]
 
 
 def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
@@ -61,7 +80,7 @@ def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
         "config_server": env[SERVER_ENV],
         "schedule": point.params["schedule"],
         "initial_workers": point.params["initial_workers"],
-        "rdzv_conf": point.params.get("rdzv_conf", "last_call_timeout=1"),
+        "rdzv_conf": rdzv_conf(point.params),
     }
     return JobSpec("torchrun", [WorkerSpec(None, command, env)], timeout_s, rendezvous)
 

@@ -93,7 +93,7 @@ def describe_worker(ctx: RankContext) -> dict[str, Any]:
 
 
 class ResourceSampler(threading.Thread):
-    """Samples this process's CPU %, RSS and, with CUDA, GPU utilisation and memory, into metric records."""
+    """Samples this process's CPU %, RSS, PSS and, with CUDA, GPU utilisation and memory, into metric records."""
 
     def __init__(self, ctx: RankContext, interval_s: float) -> None:
         super().__init__(name="resource-sampler", daemon=True)
@@ -109,9 +109,13 @@ class ResourceSampler(threading.Thread):
                 emit("metric", rank=self.ctx.rank, metric=metric, value=value, iteration=None)
 
     def sample(self) -> dict[str, float]:
+        # PSS (smaps_rollup) charges each shared page (libtorch) to its sharers in part: summed over a job's
+        # processes it counts those pages once, where RSS counts them in every process.
+        memory = self.process.memory_full_info()
         values = {
             "cpu_percent": self.process.cpu_percent(None),
-            "rss_bytes": float(self.process.memory_info().rss),
+            "rss_bytes": float(memory.rss),
+            "pss_bytes": float(memory.pss),
         }
         if self.ctx.device.type == "cuda":
             values["gpu_memory_bytes"] = float(torch.cuda.memory_allocated(self.ctx.device))

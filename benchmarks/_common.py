@@ -1,0 +1,53 @@
+"""Shared by the benchmarks: how busy the host was with other work while a figure was measured, and the verdict.
+
+Every figure is printed with the foreign and steal load the host saw over its measured section
+(`ddlrepro.hostload`). Above `DISTURBED_SHARE` of the host's CPU capacity (foreign + steal) a figure with a target
+is marked `disturbed` instead of `met` or `missed`: on a busy machine a timing says nothing about the code.
+Memory is judged whatever the load (other programs do not change it), with the load still printed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ddlrepro.hostload import ForeignLoadMeter, HostLoad
+
+DISTURBED_SHARE = 0.10
+
+
+@contextmanager
+def measured() -> Iterator[ForeignLoadMeter]:
+    """Meter the foreign load over the block; `meter.load` afterwards (children must have been waited for)."""
+    meter = ForeignLoadMeter()
+    with meter:
+        yield meter
+
+
+def disturbed(load: HostLoad) -> bool:
+    return load.foreign_share + load.steal_share > DISTURBED_SHARE
+
+
+def verdict(met: bool | None, load: HostLoad, timed: bool = True) -> str:
+    """`disturbed` for a timing taken on a busy host, else `met` or `missed`, or `inconclusive` (`met` None: the
+    figure's noise exceeds its margin to the target). `timed=False`: a figure, such as memory, that other
+    programs' CPU use does not change."""
+    if timed and disturbed(load):
+        return "disturbed"
+    if met is None:
+        return "inconclusive"
+    return "met" if met else "missed"
+
+
+def load_note(load: HostLoad) -> str:
+    return f"foreign load {100 * load.foreign_share:.1f} % (steal {100 * load.steal_share:.1f} %)"
+
+
+def judged(figure: str, met: bool | None, target: str, load: HostLoad, timed: bool = True) -> str:
+    """One figure against its target, e.g. `... 0.951  (target >= 0.9): met  [foreign load 2.0 % (steal 0.0 %)]`."""
+    return f"{figure}  (target {target}): {verdict(met, load, timed)}  [{load_note(load)}]"
+
+
+def noted(figure: str, load: HostLoad) -> str:
+    """A figure without a target, with the load it was measured under."""
+    return f"{figure}  [{load_note(load)}]"
