@@ -11,7 +11,7 @@ from ddlrepro.jobenv import expose_to_jobs
 
 expose_to_jobs(Path(workflow.basedir) / "src")
 
-from ddlrepro.checks import load_references
+from ddlrepro.checks import checks_settings, load_references
 from ddlrepro.config import ConfigError, validate_config
 from ddlrepro.bundle import bundle_name
 from ddlrepro.launchers.slurm import allocation
@@ -28,6 +28,7 @@ except (ConfigError, OSError) as error:
     raise WorkflowError(str(error)) from None
 
 SOFTWARE = "../../envs/ddlrepro.yaml"
+CHECKS = checks_settings(config)
 ENABLED = enabled_figures(config)
 BUNDLE = f"results/bundle/{bundle_name(git_state(Path(workflow.basedir)))}.tar.gz"
 

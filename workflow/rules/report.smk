@@ -13,9 +13,10 @@ rule check_figure:
         SOFTWARE
     params:
         scale=config["scale"],
+        exclude=" ".join(CHECKS["exclude"]),
     shell:
         "python -m ddlrepro check {wildcards.figure} --summary {input.summary} --references {input.references}"
-        " --scale {params.scale} --out {output} > {log} 2>&1"
+        " --scale {params.scale} --out {output} --exclude {params.exclude} > {log} 2>&1"
 
 
 rule collect_checks:
