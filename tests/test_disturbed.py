@@ -1,0 +1,75 @@
+"""A timing taken beside foreign CPU load is flagged `disturbed`, not judged: real tiny runs with and without a
+CPU hog on every core, through the run folder, the tidy table, the figure's summary and the checks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from ddlrepro.checks import check_figure, load_references
+from ddlrepro.config import load_config
+from ddlrepro.figures import figure_module
+from ddlrepro.run import run_point
+from ddlrepro.tables import tidy_table
+
+HOG_LIMIT_S = 120
+
+
+@contextmanager
+def cpu_hogs() -> Iterator[None]:
+    """One busy loop per core, killed on leaving, never outliving HOG_LIMIT_S (`timeout`). Each is started by a
+    shell that exits at once, so it is no descendant of this process: a run counts its own process tree as its own
+    CPU, and a hog among our children would be counted as the run's."""
+    started = subprocess.run(
+        [
+            "sh",
+            "-c",
+            f"for i in $(seq {os.cpu_count() or 1}); do timeout {HOG_LIMIT_S} sh -c 'while :; do :; done'"
+            " >/dev/null 2>&1 & echo $!; done",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pids = [int(pid) for pid in started.stdout.split()]
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)  # timeout passes it on to its busy loop
+
+
+def dlaas_checks(tmp_path: Path) -> tuple[dict, object]:
+    """Run tiny dlaas-scaling (1 and 2 workers), tabulate, summarise and check it; return its runs and checks."""
+    config = load_config(REPO / "config" / "config.yaml", REPO / "tests" / "configs" / "tiny.yaml")
+    module = figure_module("dlaas-scaling")
+    points = module.points(config["figures"]["dlaas-scaling"], config["launcher"])
+    records = {point.id: run_point(point, tmp_path / point.id, timeout_s=300) for point in points}
+    table = tidy_table([tmp_path / point.id for point in points], max_foreign_share=0.1)
+    _, summary = module.plot(table, "smoke", [])
+    references = load_references(REPO / "config" / "references.yaml")["dlaas-scaling"]
+    return records, check_figure("dlaas-scaling", summary, references, "smoke").set_index("check")
+
+
+@pytest.mark.slow
+def test_runs_beside_a_cpu_hog_are_disturbed_and_quiet_runs_are_judged(tmp_path: Path) -> None:
+    with cpu_hogs():
+        records, checks = dlaas_checks(tmp_path / "busy")
+    for record in records.values():
+        assert record["host_load"]["own_cpu"] == "this process and its descendants"
+        assert record["host_load"]["foreign_share"] > 0.1, record["host_load"]
+    assert set(checks.loc[["efficiency-at-2-workers", "two-workers-faster"], "status"]) == {"disturbed"}
+
+    records, checks = dlaas_checks(tmp_path / "quiet")  # disturbed too when other work loads this machine
+    assert all(record["host_load"]["foreign_share"] <= 0.1 for record in records.values()), [
+        record["host_load"] for record in records.values()
+    ]
+    assert set(checks.loc[["efficiency-at-2-workers", "two-workers-faster"], "status"]) <= {"pass", "fail"}
