@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pandas as pd
@@ -10,7 +11,8 @@ import yaml
 from conftest import REPO
 
 from ddlrepro.checks import ReferenceError, check_figure, evaluate, load_references
-from ddlrepro.config import ConfigError
+from ddlrepro.config import ConfigError, load_config
+from ddlrepro.figures import FIGURES, figure_module
 
 SUMMARY = pd.DataFrame(
     {
@@ -177,3 +179,108 @@ def test_check_figure_has_a_row_per_reference() -> None:
     assert list(table["status"]) == ["pass", "skipped"]
     assert list(table["reason"]) == ["", "paper-scale number, this run is at smoke scale"]
     assert set(table["figure"]) == {"kungfu-fig8"}
+
+
+def synthetic_records(point) -> list[dict]:
+    """Metric records shaped as each workload writes them, with made-up values: what a figure's own code needs to
+    build its summary, so that every reference is evaluated against real summary columns and rows."""
+    params, ranks = point.params, range(point.workers)
+    if point.workload == "throughput":
+        return [
+            {"rank": rank, "iteration": iteration, "metric": "img_per_sec", "value": 100.0 - 7 * point.workers}
+            for rank in ranks
+            for iteration in range(3)
+        ]
+    if point.workload == "allreduce":
+        sizes = [params["min_bytes"] * 2**k for k in range(64) if params["min_bytes"] * 2**k <= params["max_bytes"]]
+        return [
+            {"rank": rank, "iteration": 0, "size_bytes": size, "metric": "allreduce_time_s", "value": 1e-5 + size / 1e9}
+            for rank in ranks
+            for size in sizes
+        ]
+    if point.workload == "consistent":
+        first = params.get("stage", 0) * params["steps"]
+        loss = {"D1": 0.0, "D0": 1e-3 * params.get("stage", 0), "ddp": 1e-6}[params["mode"]]
+        steps = range(first, first + params["steps"])
+        return [
+            {"rank": rank, "step": step, "metric": metric, "value": value}
+            for step in steps
+            for rank in ranks
+            for metric, value in (("step_time_s", 0.1 * (1 + rank)), ("switch_time_s", 1e-4), ("rss_bytes", 2e8))
+        ] + [{"rank": 0, "step": step, "metric": "loss", "value": 2.0 + loss * step} for step in steps]
+    return elastic_records(params)
+
+
+def elastic_records(params: dict) -> list[dict]:
+    """Rank 0's step and resize records of an elastic run following its schedule."""
+    size, records = params["initial_workers"], []
+    for entry in params["schedule"].split(","):
+        step, to_size = (int(part) for part in entry.split(":"))
+        if to_size == 0:
+            break
+        latency = {"torchrun": 5.0, "inplace-cold": 1.5}.get(params["mode"], 0.05)
+        resize = {
+            "latency_s": latency,
+            "to_sync_s": latency / 2,
+            "from_size": size,
+            "to_size": to_size,
+            "fault": 0.0,
+            "detect_s": latency / 4,
+            "first_step_s": latency / 4,
+        }
+        records += [
+            {"rank": 0, "step": step, "metric": f"resize_{name}", "value": value} for name, value in resize.items()
+        ]
+        records += [
+            {"rank": 0, "step": step, "metric": metric, "value": value}
+            for metric, value in (("cluster_size", to_size), ("img_per_sec", 50.0 * to_size))
+        ]
+        size = to_size
+    return records
+
+
+def synthetic_tidy_table(figure: str, points) -> pd.DataFrame:
+    """A tidy table of `points` as tables.run_rows lays it out; NCCL points skipped here as on a CPU machine."""
+    from ddlrepro.tables import RECORD_COLUMNS, scalar
+
+    frames = []
+    for point in points:
+        skipped = point.params.get("backend") == "nccl"
+        records = [{"metric": "skipped", "value": float("nan")}] if skipped else synthetic_records(point)
+        constants = {
+            "figure": figure,
+            "point_id": point.id,
+            "workload": point.workload,
+            "workers": point.workers,
+            "threads_per_worker": point.threads_per_worker,
+            **{key: scalar(value) for key, value in point.params.items()},
+            "backend_used": "gloo",
+            "status": "skipped" if skipped else "ok",
+            "reason": "skipped: needs CUDA" if skipped else "",
+            "foreign_share": 0.01,
+            "steal_share": 0.0,
+            "disturbed": False,
+        }
+        frames.append(pd.DataFrame.from_records(records, columns=RECORD_COLUMNS).assign(**constants))
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.mark.parametrize("figure", sorted(FIGURES))
+def test_every_scale_any_check_of_every_smoke_figure_is_evaluated(figure: str) -> None:
+    """The smoke config's points of each figure, with made-up measurements, through the figure's own summary code:
+    every `scale: any` reference selects real rows and columns and is judged (pass or fail); only NCCL's declared
+    "needs CUDA" may skip here. A reference that selects nothing raises, so this fails on it."""
+    import matplotlib.pyplot as plt
+
+    config = load_config(REPO / "config" / "config.yaml")
+    assert config["figures"][figure]["enabled"] and not config.get("checks", {}).get("exclude")
+    points = figure_module(figure).points(config["figures"][figure], config["launcher"])
+    drawing, summary = figure_module(figure).plot(synthetic_tidy_table(figure, points), "smoke", [])
+    plt.close(drawing)
+    references = load_references(REPO / "config" / "references.yaml").get(figure, [])
+    checks = check_figure(figure, pd.read_csv(io.StringIO(summary.to_csv(index=False))), references, "smoke")
+    scale_free = checks[checks["scale"] == "any"]
+    unjudged = scale_free[~scale_free["status"].isin(["pass", "fail"])]
+    assert (unjudged["reason"] == "skipped: needs CUDA").all(), unjudged[["check", "status", "reason"]]
+    paper = checks[checks["scale"] == "paper"]
+    assert (paper["status"] == "skipped").all()
