@@ -73,3 +73,39 @@ def test_runs_beside_a_cpu_hog_are_disturbed_and_quiet_runs_are_judged(tmp_path:
         record["host_load"] for record in records.values()
     ]
     assert set(checks.loc[["efficiency-at-2-workers", "two-workers-faster"], "status"]) <= {"pass", "fail"}
+
+
+def test_slurm_runs_count_the_job_cgroup_as_their_own_cpu(tmp_path: Path) -> None:
+    """cgroup v2 and v1 layouts of slurmd (job_<id>/step_batch/...): the job's CPU, every step included."""
+    from ddlrepro.launchers.slurm import own_cpu_counter
+
+    job = tmp_path / "v2" / "system.slice" / "slurmstepd.scope" / "job_42"
+    job.mkdir(parents=True)
+    (job / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n")
+    proc = tmp_path / "cgroup-v2"
+    proc.write_text("0::/system.slice/slurmstepd.scope/job_42/step_batch/user/task_0\n")
+    source, counter = own_cpu_counter(proc, tmp_path / "v2")
+    assert source == "the Slurm job's cgroup on this node" and counter() == 2.5
+
+    v1 = tmp_path / "v1" / "cpu,cpuacct" / "slurm" / "uid_0" / "job_7"
+    v1.mkdir(parents=True)
+    (v1 / "cpuacct.usage").write_text("1500000000\n")
+    proc.write_text("5:memory:/slurm/uid_0/job_7/step_0\n4:cpu,cpuacct:/slurm/uid_0/job_7/step_0/task_1\n")
+    assert own_cpu_counter(proc, tmp_path / "v1")[1]() == 1.5
+
+    proc.write_text("0::/user.slice/user-0.slice/session-3.scope\n")
+    assert own_cpu_counter(proc, tmp_path / "v2") == ("unknown: this process is in no Slurm job cgroup", None)
+
+
+def test_runs_whose_own_cpu_cannot_be_counted_say_so() -> None:
+    from ddlrepro.hostload import process_tree_cpu
+    from ddlrepro.launchers import get_launcher
+    from ddlrepro.run import measured_host_load, own_cpu_counter
+
+    local = get_launcher("local")
+    assert own_cpu_counter("local", local, None) == ("this process and its descendants", process_tree_cpu)
+    source, counter = own_cpu_counter("local", local, "localhost/ddlrepro:cpu")
+    assert counter is None and source.startswith("unknown: the ranks run in containers")
+    source, counter = own_cpu_counter("kubernetes", get_launcher("kubernetes"), None)
+    assert counter is None and "pods" in source
+    assert measured_host_load(None, source) == {"own_cpu": source, "foreign_share": None, "steal_share": None}

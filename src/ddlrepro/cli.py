@@ -109,7 +109,7 @@ def cmd_collect_checks(args: argparse.Namespace) -> None:
 def cmd_report(args: argparse.Namespace) -> None:
     from ddlrepro.report import write_report
 
-    write_report(Path(args.out), args.figures, args.scale, args.launcher, Path(args.results))
+    write_report(Path(args.out), args.figures, args.scale, args.launcher, Path(args.results), args.rerun_options)
 
 
 def cmd_bundle(args: argparse.Namespace) -> None:
@@ -226,6 +226,7 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--results", default="results", help="the results folder the figures were built in")
     report.add_argument("--scale", default="smoke")
     report.add_argument("--launcher", default="local")
+    report.add_argument("--rerun-options", default="", help="Snakemake options the rerun command repeats (config)")
     report.add_argument("figures", nargs="+", help="ids of the built figures")
     report.set_defaults(handler=cmd_report)
 

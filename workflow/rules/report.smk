@@ -46,9 +46,10 @@ rule report:
         scale=config["scale"],
         launcher=config["launcher"]["name"],
         figures=" ".join(ENABLED),
+        rerun_options=shlex.quote(RERUN_OPTIONS),
     shell:
         "python -m ddlrepro report {params.figures} --out {output} --scale {params.scale}"
-        " --launcher {params.launcher} > {log} 2>&1"
+        " --launcher {params.launcher} --rerun-options {params.rerun_options} > {log} 2>&1"
 
 
 rule bundle:
