@@ -284,3 +284,26 @@ def test_every_scale_any_check_of_every_smoke_figure_is_evaluated(figure: str) -
     assert (unjudged["reason"] == "skipped: needs CUDA").all(), unjudged[["check", "status", "reason"]]
     paper = checks[checks["scale"] == "paper"]
     assert (paper["status"] == "skipped").all()
+
+
+def test_a_disturbed_run_marks_the_summary_rows_that_depend_on_it() -> None:
+    """A ratio's row is disturbed when its denominator's run was: efficiency ÷ the 1-worker run, fig8's ratios
+    ÷ `none`; a run nothing else divides by marks only its own row."""
+    import matplotlib.pyplot as plt
+
+    config = load_config(REPO / "config" / "config.yaml")
+
+    def disturbed_rows(figure: str, disturbed_point, key: str) -> dict:
+        points = figure_module(figure).points(config["figures"][figure], config["launcher"])
+        table = synthetic_tidy_table(figure, points)
+        table.loc[table["point_id"].isin([p.id for p in points if disturbed_point(p)]), "disturbed"] = True
+        drawing, summary = figure_module(figure).plot(table, "smoke", [])
+        plt.close(drawing)
+        return dict(zip(summary[key], summary["disturbed"], strict=True))
+
+    assert disturbed_rows("dlaas-scaling", lambda p: p.workers == 2, "workers") == {1: False, 2: True}
+    assert disturbed_rows("dlaas-scaling", lambda p: p.workers == 1, "workers") == {1: True, 2: True}
+    variance_8 = {"monitor": "variance", "monitor_interval": 8}
+    by_setting = disturbed_rows("kungfu-fig8", lambda p: variance_8.items() <= p.params.items(), "setting")
+    assert [setting for setting, flagged in by_setting.items() if flagged] == ["variance@8"]
+    assert all(disturbed_rows("kungfu-fig8", lambda p: p.params["monitor"] == "none", "setting").values())

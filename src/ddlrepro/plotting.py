@@ -154,7 +154,7 @@ def note_disturbed(axis: plt.Axes, summary: pd.DataFrame, label: list[str]) -> N
         return
     rows = summary[summary["disturbed"].fillna(False).astype(bool)]
     lines = [
-        " / ".join(str(row[key]) for key in label) + f": foreign load {row['foreign_share']:.2f}"
+        ", ".join(f"{key}={row[key]}" for key in label) + f": foreign load {row['foreign_share']:.2f}"
         for _, row in rows.iterrows()
     ]
     axis.text(
