@@ -109,3 +109,11 @@ def test_runs_whose_own_cpu_cannot_be_counted_say_so() -> None:
     source, counter = own_cpu_counter("kubernetes", get_launcher("kubernetes"), None)
     assert counter is None and "pods" in source
     assert measured_host_load(None, source) == {"own_cpu": source, "foreign_share": None, "steal_share": None}
+
+
+def test_slurm_runs_in_apptainer_still_count_the_job_cgroup(tmp_path: Path) -> None:
+    from ddlrepro.launchers import get_launcher
+    from ddlrepro.run import own_cpu_counter
+
+    source, _ = own_cpu_counter("slurm", get_launcher("slurm"), "/images/ddlrepro-cpu.sif")
+    assert "Slurm job" in source  # outside an allocation: "unknown: ... no Slurm job cgroup"

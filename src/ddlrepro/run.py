@@ -41,14 +41,16 @@ REMOTE_RANKS = {"kubernetes": "unknown: the ranks run in pods on the cluster's n
 def own_cpu_counter(name: str, launcher: ModuleType, container: str | None) -> tuple[str, Callable[[], float] | None]:
     """How this run's own CPU time on the host is counted, and the counter (None: cannot be known here).
 
-    Local ranks are this process's descendants; a launcher whose ranks are not (a Slurm step) offers
-    `own_cpu_counter()`; ranks inside containers run under the engine, outside this process's tree."""
+    Local ranks are this process's descendants; a launcher whose ranks are not (a Slurm step, Apptainer inside it
+    included) offers `own_cpu_counter()`; podman/docker ranks run under the engine, outside this process's tree."""
     if name in REMOTE_RANKS:
         return REMOTE_RANKS[name], None
+    offered = getattr(launcher, "own_cpu_counter", None)
+    if offered:
+        return offered()
     if container:
         return "unknown: the ranks run in containers, outside this process's tree", None
-    offered = getattr(launcher, "own_cpu_counter", None)
-    return offered() if offered else ("this process and its descendants", process_tree_cpu)
+    return "this process and its descendants", process_tree_cpu
 
 
 def measured_host_load(meter: ForeignLoadMeter | None, source: str) -> dict[str, Any]:
