@@ -287,7 +287,8 @@ def test_snakemake_builds_fig7(workflow_copy: Path) -> None:
     """`snakemake kungfu_fig7`: the three modes of one schedule (torchrun's restarts included), the table, the
     figure and the checks."""
     overlay = workflow_copy / "fig7.yaml"
-    overlay.write_text(
+    overlay.write_text(  # exclusive: two runs at once would disturb each other's timings (checks: disturbed)
+        "launcher:\n  exclusive: true\n"
         "figures:\n  kungfu-fig7:\n    enabled: true\n    schedule: '3:2,6:1,9:0'\n    dataset_size: 64\n"
         "    batch_size: 4\n"
     )
