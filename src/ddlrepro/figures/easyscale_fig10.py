@@ -40,6 +40,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     timing = median_step_time(steps, by="point_id")
     runs = steps.drop_duplicates("point_id")[["point_id", "logical_workers", "layout"]]
     summary = runs.merge(timing, on="point_id").merge(peak_memory(table), on="point_id")
+    summary = plotting.with_host_load(summary, table, ["point_id"])  # the step times; memory is not a timing
     summary = expand_single_worker(summary).sort_values(["layout", "logical_workers"], ignore_index=True)
     packed = summary[summary["layout"] == "packed processes"].set_index("logical_workers")["total_rss_mib"]
     summary["memory_vs_packed"] = summary["total_rss_mib"] / summary["logical_workers"].map(packed)
@@ -50,6 +51,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         seconds.plot(rows["logical_workers"], rows["step_time_s"], marker="o", label=layout)
     memory.set_ylabel("total peak RSS of the job, MiB")
     seconds.set_ylabel("median step time, s")
+    plotting.note_disturbed(seconds, summary, ["layout", "logical_workers"])
     for axis in (memory, seconds):
         plotting.workers_axis(axis, summary["logical_workers"])
         axis.set_xlabel("logical workers N")
