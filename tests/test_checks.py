@@ -293,12 +293,16 @@ def test_a_disturbed_run_marks_the_summary_rows_that_depend_on_it() -> None:
 
     config = load_config(REPO / "config" / "config.yaml")
 
-    def disturbed_rows(figure: str, disturbed_point, key: str) -> dict:
+    def disturbed_summary(figure: str, disturbed_point) -> pd.DataFrame:
         points = figure_module(figure).points(config["figures"][figure], config["launcher"])
         table = synthetic_tidy_table(figure, points)
         table.loc[table["point_id"].isin([p.id for p in points if disturbed_point(p)]), "disturbed"] = True
         drawing, summary = figure_module(figure).plot(table, "smoke", [])
         plt.close(drawing)
+        return summary
+
+    def disturbed_rows(figure: str, disturbed_point, key: str) -> dict:
+        summary = disturbed_summary(figure, disturbed_point)
         return dict(zip(summary[key], summary["disturbed"], strict=True))
 
     assert disturbed_rows("dlaas-scaling", lambda p: p.workers == 2, "workers") == {1: False, 2: True}
@@ -307,3 +311,9 @@ def test_a_disturbed_run_marks_the_summary_rows_that_depend_on_it() -> None:
     by_setting = disturbed_rows("kungfu-fig8", lambda p: variance_8.items() <= p.params.items(), "setting")
     assert [setting for setting, flagged in by_setting.items() if flagged] == ["variance@8"]
     assert all(disturbed_rows("kungfu-fig8", lambda p: p.params["monitor"] == "none", "setting").values())
+    torch_base = disturbed_summary("kungfu-fig9", lambda p: p.params["framework"] == "torch" and p.workers == 1)
+    assert torch_base.groupby("framework")["disturbed"].all().to_dict() == {
+        "horovod": False,
+        "tensorflow": False,
+        "torch": True,  # torch/STAR at 2 workers too: ÷ torch's 1 worker
+    }

@@ -14,6 +14,7 @@ import pandas as pd
 import seaborn as sns
 
 CONFIDENCE_Z = 1.96
+HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]
 REFERENCE_STYLE = {"color": "black", "marker": "*", "markersize": 11, "linestyle": "none", "zorder": 5}
 
 
@@ -36,13 +37,22 @@ def throughput_summary(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 
 def with_base_load(summary: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Fold each group's smallest-worker-count row's load into the group's rows: efficiency divides by it."""
-    base = summary.loc[summary.groupby(by, dropna=False)["workers"].idxmin(), [*by, *HOST_LOAD_COLUMNS]]
-    merged = summary.merge(base, on=by, suffixes=("", "_base"))
-    for column in ("foreign_share", "steal_share"):
-        merged[column] = merged[[column, f"{column}_base"]].max(axis=1)
-    merged["disturbed"] = merged["disturbed"] | merged["disturbed_base"]
-    return merged.drop(columns=[f"{column}_base" for column in HOST_LOAD_COLUMNS])
+    """Fold the load of each group's smallest-worker-count rows into the group's rows: efficiency divides by them."""
+    smallest = summary["workers"] == summary.groupby(by, dropna=False)["workers"].transform("min")
+    base = (
+        summary[smallest]
+        .groupby(by, dropna=False)
+        .agg(
+            foreign_base=("foreign_share", "max"),
+            steal_base=("steal_share", "max"),
+            disturbed_base=("disturbed", "any"),
+        )
+    )
+    merged = summary.join(base, on=by)
+    merged["foreign_share"] = merged[["foreign_share", "foreign_base"]].max(axis=1)
+    merged["steal_share"] = merged[["steal_share", "steal_base"]].max(axis=1)
+    merged["disturbed"] = merged["disturbed"] | merged["disturbed_base"].fillna(False).astype(bool)
+    return merged.drop(columns=["foreign_base", "steal_base", "disturbed_base"])
 
 
 def drawn_references(references: list[dict[str, Any]], column: str, key: str, scale: str) -> pd.DataFrame:
@@ -109,9 +119,6 @@ def note_skipped(axis: plt.Axes, skipped: pd.DataFrame, by: list[str]) -> None:
         color="firebrick",
         bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "firebrick"},
     )
-
-
-HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]
 
 
 def run_host_load(table: pd.DataFrame) -> pd.DataFrame:

@@ -72,6 +72,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     summary = summary.join(base, on=["model", "framework"])
     summary["ideal_total"] = summary["workers"] * summary.pop("base")
     summary["efficiency"] = summary["total"] / summary["ideal_total"]
+    summary = plotting.with_base_load(summary, ["model", "framework"])  # efficiency ÷ the framework's own base
     horovod = summary[summary["framework"] == BASELINE].groupby(["model", "workers"])["per_worker"].max()
     summary = summary.join(horovod.rename("horovod_per_worker"), on=["model", "workers"])
     summary["vs_horovod"] = summary["per_worker"] / summary.pop("horovod_per_worker")
