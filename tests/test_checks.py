@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pandas as pd
@@ -10,7 +11,8 @@ import yaml
 from conftest import REPO
 
 from ddlrepro.checks import ReferenceError, check_figure, evaluate, load_references
-from ddlrepro.config import ConfigError
+from ddlrepro.config import ConfigError, load_config
+from ddlrepro.figures import FIGURES, figure_module
 
 SUMMARY = pd.DataFrame(
     {
@@ -84,10 +86,80 @@ def test_paper_numbers_are_skipped_below_paper_scale() -> None:
     assert evaluate(entry, SUMMARY, "paper")["status"] == "pass"
 
 
-def test_unmeasured_selection_is_skipped_with_reason() -> None:
-    entry = reference(measured={"column": "per_worker", "where": {"workers": 32}}, compare=">", against=0)
-    row = evaluate(entry, SUMMARY, "smoke")
-    assert (row["status"], row["reason"]) == ("skipped", "no row with workers=32 in this run")
+def test_a_selection_without_rows_is_an_error_naming_figure_and_reference() -> None:
+    entry = reference(id="big", measured={"column": "per_worker", "where": {"workers": 32}}, compare=">", against=0)
+    with pytest.raises(ReferenceError, match=r"reference kungfu-fig8/big: no row with workers=32"):
+        evaluate(entry, SUMMARY, "smoke", "kungfu-fig8")
+    other_side = reference(
+        id="ratio",
+        measured={"column": "per_worker", "where": {"setting": "none"}},
+        compare=">",
+        against={"column": "per_worker", "where": {"setting": "variance@4"}},
+    )
+    with pytest.raises(ReferenceError, match=r"kungfu-fig8/ratio: no row with setting=variance@4"):
+        evaluate(other_side, SUMMARY, "smoke", "kungfu-fig8")
+
+
+def test_a_nan_measurement_is_an_error_not_a_skip() -> None:
+    unmeasured = SUMMARY.assign(per_worker=[100.0, float("nan"), 97.0])
+    entry = reference(measured={"column": "per_worker", "where": {"setting": "variance@1"}}, compare=">", against=0)
+    with pytest.raises(ReferenceError, match=r"kungfu-fig8/r: per_worker is NaN"):
+        evaluate(entry, unmeasured, "smoke", "kungfu-fig8")
+
+
+def test_only_declared_reasons_skip() -> None:
+    needs_cuda = pd.DataFrame(
+        {
+            "backend": ["nccl", "gloo"],
+            "per_worker": [float("nan"), 50.0],
+            "status": ["skipped", "ok"],
+            "reason": ["skipped: needs CUDA", ""],
+        }
+    )
+    nccl = reference(
+        measured={"column": "per_worker", "where": {"backend": "nccl"}},
+        compare=">",
+        against={"column": "per_worker", "where": {"backend": "gloo"}},
+    )
+    row = evaluate(nccl, needs_cuda, "smoke", "kungfu-fig10")
+    assert (row["status"], row["reason"]) == ("skipped", "skipped: needs CUDA")
+    excluded = check_figure(
+        "kungfu-fig10", needs_cuda, [nccl | {"id": "x", "measured": {"column": "speed"}}], "smoke", ["kungfu-fig10/x"]
+    )
+    assert (excluded["status"][0], excluded["reason"][0]) == ("skipped", "excluded by the config (checks.exclude)")
+    with pytest.raises(ReferenceError, match=r"checks.exclude names \['kungfu-fig10/typo'\]"):
+        check_figure("kungfu-fig10", needs_cuda, [nccl], "smoke", ["kungfu-fig10/typo"])
+
+
+LOADED = SUMMARY.assign(foreign_share=[0.02, 0.6, 0.01], steal_share=[0.0, 0.0, 0.0], disturbed=[False, True, False])
+
+
+def test_a_timing_check_behind_a_disturbed_run_is_disturbed_not_judged() -> None:
+    variance_vs_none = reference(
+        timing=True,
+        measured={"column": "per_worker", "where": {"setting": "variance@8"}},
+        compare=">=",
+        against={"column": "per_worker", "where": {"setting": "variance@1"}},
+    )
+    row = evaluate(variance_vs_none, LOADED, "smoke", "kungfu-fig8")
+    assert row["status"] == "disturbed" and row["measured"] == 97.0
+    assert "foreign CPU load up to 0.60" in row["reason"]
+    quiet = LOADED.assign(disturbed=False, foreign_share=0.02)
+    assert evaluate(variance_vs_none, quiet, "smoke", "kungfu-fig8")["status"] == "pass"
+    untimed = {key: value for key, value in variance_vs_none.items() if key != "timing"}
+    assert evaluate(untimed, LOADED, "smoke", "kungfu-fig8")["status"] == "pass"
+    with pytest.raises(ReferenceError, match="timing check but the summary has no"):
+        evaluate(variance_vs_none, SUMMARY, "smoke", "kungfu-fig8")
+
+
+def test_shipped_references_classify_absolute_numbers_as_paper_scale() -> None:
+    """Every value the papers measured on their hardware (a value with tolerance, a constant with a unit such as
+    KungFu's 20.39 s) applies at paper scale only; what stays `any` is a scale-free relation."""
+    references = load_references(REPO / "config" / "references.yaml")
+    for figure, entries in references.items():
+        for entry in entries:
+            absolute = "value" in entry or ("unit" in entry and not isinstance(entry.get("against"), dict))
+            assert not absolute or entry["scale"] == "paper", f"{figure}/{entry['id']}"
 
 
 def test_broken_references_are_errors() -> None:
@@ -105,4 +177,143 @@ def test_check_figure_has_a_row_per_reference() -> None:
     table = check_figure("kungfu-fig8", SUMMARY, entries, "smoke")
     assert list(table["check"]) == ["a", "b"]
     assert list(table["status"]) == ["pass", "skipped"]
+    assert list(table["reason"]) == ["", "paper-scale number, this run is at smoke scale"]
     assert set(table["figure"]) == {"kungfu-fig8"}
+
+
+def synthetic_records(point) -> list[dict]:
+    """Metric records shaped as each workload writes them, with made-up values: what a figure's own code needs to
+    build its summary, so that every reference is evaluated against real summary columns and rows."""
+    params, ranks = point.params, range(point.workers)
+    if point.workload == "throughput":
+        return [
+            {"rank": rank, "iteration": iteration, "metric": "img_per_sec", "value": 100.0 - 7 * point.workers}
+            for rank in ranks
+            for iteration in range(3)
+        ]
+    if point.workload == "allreduce":
+        sizes = [params["min_bytes"] * 2**k for k in range(64) if params["min_bytes"] * 2**k <= params["max_bytes"]]
+        return [
+            {"rank": rank, "iteration": 0, "size_bytes": size, "metric": "allreduce_time_s", "value": 1e-5 + size / 1e9}
+            for rank in ranks
+            for size in sizes
+        ]
+    if point.workload == "consistent":
+        first = params.get("stage", 0) * params["steps"]
+        loss = {"D1": 0.0, "D0": 1e-3 * params.get("stage", 0), "ddp": 1e-6}[params["mode"]]
+        steps = range(first, first + params["steps"])
+        return [
+            {"rank": rank, "step": step, "metric": metric, "value": value}
+            for step in steps
+            for rank in ranks
+            for metric, value in (("step_time_s", 0.1 * (1 + rank)), ("switch_time_s", 1e-4), ("rss_bytes", 2e8))
+        ] + [{"rank": 0, "step": step, "metric": "loss", "value": 2.0 + loss * step} for step in steps]
+    return elastic_records(params)
+
+
+def elastic_records(params: dict) -> list[dict]:
+    """Rank 0's step and resize records of an elastic run following its schedule."""
+    size, records = params["initial_workers"], []
+    for entry in params["schedule"].split(","):
+        step, to_size = (int(part) for part in entry.split(":"))
+        if to_size == 0:
+            break
+        latency = {"torchrun": 5.0, "inplace-cold": 1.5}.get(params["mode"], 0.05)
+        resize = {
+            "latency_s": latency,
+            "to_sync_s": latency / 2,
+            "from_size": size,
+            "to_size": to_size,
+            "fault": 0.0,
+            "detect_s": latency / 4,
+            "first_step_s": latency / 4,
+        }
+        records += [
+            {"rank": 0, "step": step, "metric": f"resize_{name}", "value": value} for name, value in resize.items()
+        ]
+        records += [
+            {"rank": 0, "step": step, "metric": metric, "value": value}
+            for metric, value in (("cluster_size", to_size), ("img_per_sec", 50.0 * to_size))
+        ]
+        size = to_size
+    return records
+
+
+def synthetic_tidy_table(figure: str, points) -> pd.DataFrame:
+    """A tidy table of `points` as tables.run_rows lays it out; NCCL points skipped here as on a CPU machine."""
+    from ddlrepro.tables import RECORD_COLUMNS, scalar
+
+    frames = []
+    for point in points:
+        skipped = point.params.get("backend") == "nccl"
+        records = [{"metric": "skipped", "value": float("nan")}] if skipped else synthetic_records(point)
+        constants = {
+            "figure": figure,
+            "point_id": point.id,
+            "workload": point.workload,
+            "workers": point.workers,
+            "threads_per_worker": point.threads_per_worker,
+            **{key: scalar(value) for key, value in point.params.items()},
+            "backend_used": "gloo",
+            "status": "skipped" if skipped else "ok",
+            "reason": "skipped: needs CUDA" if skipped else "",
+            "foreign_share": 0.01,
+            "steal_share": 0.0,
+            "disturbed": False,
+        }
+        frames.append(pd.DataFrame.from_records(records, columns=RECORD_COLUMNS).assign(**constants))
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.mark.parametrize("figure", sorted(FIGURES))
+def test_every_scale_any_check_of_every_smoke_figure_is_evaluated(figure: str) -> None:
+    """The smoke config's points of each figure, with made-up measurements, through the figure's own summary code:
+    every `scale: any` reference selects real rows and columns and is judged (pass or fail); only NCCL's declared
+    "needs CUDA" may skip here. A reference that selects nothing raises, so this fails on it."""
+    import matplotlib.pyplot as plt
+
+    config = load_config(REPO / "config" / "config.yaml")
+    assert config["figures"][figure]["enabled"] and not config.get("checks", {}).get("exclude")
+    points = figure_module(figure).points(config["figures"][figure], config["launcher"])
+    drawing, summary = figure_module(figure).plot(synthetic_tidy_table(figure, points), "smoke", [])
+    plt.close(drawing)
+    references = load_references(REPO / "config" / "references.yaml").get(figure, [])
+    checks = check_figure(figure, pd.read_csv(io.StringIO(summary.to_csv(index=False))), references, "smoke")
+    scale_free = checks[checks["scale"] == "any"]
+    unjudged = scale_free[~scale_free["status"].isin(["pass", "fail"])]
+    assert (unjudged["reason"] == "skipped: needs CUDA").all(), unjudged[["check", "status", "reason"]]
+    paper = checks[checks["scale"] == "paper"]
+    assert (paper["status"] == "skipped").all()
+
+
+def test_a_disturbed_run_marks_the_summary_rows_that_depend_on_it() -> None:
+    """A ratio's row is disturbed when its denominator's run was: efficiency ÷ the 1-worker run, fig8's ratios
+    ÷ `none`; a run nothing else divides by marks only its own row."""
+    import matplotlib.pyplot as plt
+
+    config = load_config(REPO / "config" / "config.yaml")
+
+    def disturbed_summary(figure: str, disturbed_point) -> pd.DataFrame:
+        points = figure_module(figure).points(config["figures"][figure], config["launcher"])
+        table = synthetic_tidy_table(figure, points)
+        table.loc[table["point_id"].isin([p.id for p in points if disturbed_point(p)]), "disturbed"] = True
+        drawing, summary = figure_module(figure).plot(table, "smoke", [])
+        plt.close(drawing)
+        return summary
+
+    def disturbed_rows(figure: str, disturbed_point, key: str) -> dict:
+        summary = disturbed_summary(figure, disturbed_point)
+        return dict(zip(summary[key], summary["disturbed"], strict=True))
+
+    assert disturbed_rows("dlaas-scaling", lambda p: p.workers == 2, "workers") == {1: False, 2: True}
+    assert disturbed_rows("dlaas-scaling", lambda p: p.workers == 1, "workers") == {1: True, 2: True}
+    variance_8 = {"monitor": "variance", "monitor_interval": 8}
+    by_setting = disturbed_rows("kungfu-fig8", lambda p: variance_8.items() <= p.params.items(), "setting")
+    assert [setting for setting, flagged in by_setting.items() if flagged] == ["variance@8"]
+    assert all(disturbed_rows("kungfu-fig8", lambda p: p.params["monitor"] == "none", "setting").values())
+    torch_base = disturbed_summary("kungfu-fig9", lambda p: p.params["framework"] == "torch" and p.workers == 1)
+    assert torch_base.groupby("framework")["disturbed"].all().to_dict() == {
+        "horovod": False,
+        "tensorflow": False,
+        "torch": True,  # torch/STAR at 2 workers too: ÷ torch's 1 worker
+    }

@@ -170,9 +170,15 @@ def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, s
     workdir = copy_workflow(tmp_path)
     fig9 = "{workers: [1, 2], frameworks: [torch, horovod, tensorflow], horovod_controllers: [gloo, mpi]}"
     sections = {"kungfu-fig9": fig9, "kungfu-allreduce": "{backends: [mpi]}", "easyscale-fig9": "{enabled: true}"}
-    done = slurm_snakemake(
-        workdir, cluster, "--configfile", "tests/configs/tiny.yaml", only(workdir, "slurm.yaml", sections)
-    )
+    config = only(workdir, "slurm.yaml", sections)
+    unmeasured = [  # MPI only: no gloo or NCCL all-reduce; tiny's two EasyScale stages
+        "kungfu-allreduce/best-strategy-busbw-vs-gloo",
+        "kungfu-allreduce/nccl-busbw",
+        "easyscale-fig9/d0-drifts-after-a-placement-change",
+    ]
+    with (workdir / config).open("a") as extra:
+        extra.write(f"checks: {{exclude: [{', '.join(unmeasured)}]}}\n")
+    done = slurm_snakemake(workdir, cluster, "--configfile", "tests/configs/tiny.yaml", config)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "has been submitted with SLURM jobid" in done.stderr
     table = pd.read_csv(workdir / "results" / "tables" / "kungfu-fig9.csv")

@@ -1,14 +1,18 @@
 """Check a figure's summary table against the papers' numbers and claims (config/references.yaml).
 
-Every reference gives one row: pass, fail or skipped (with the reason), the measured value and the reference.
-A failed check is a finding; a reference that cannot be evaluated (unknown column, ambiguous selection) is an
-error in the references and raises.
+Every reference gives one row of checks.tsv: pass or fail with the measured value and the reference; skipped only
+for a declared reason (a paper-scale number below paper scale, a point this machine cannot run such as NCCL
+without CUDA, a check the config excludes); disturbed for a timing check whose runs shared the host with too much
+foreign CPU load (the summary's `disturbed` column, decided per run from `checks.max_foreign_share`). A failed
+check is a finding. A reference that cannot be evaluated (unknown column, no matching row, ambiguous selection,
+a value that was not measured) is an error naming the figure and the reference, never a skip.
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +22,18 @@ import yaml
 from ddlrepro.config import REPO_ROOT, validate_against
 
 REFERENCES_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "references.schema.yaml"
+CONFIG_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 COLUMNS = ["figure", "check", "status", "measured", "reference", "unit", "scale", "reason", "claim", "source"]
+HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]
 
 
 class ReferenceError(ValueError):
     """A reference cannot be evaluated against the figure's summary table."""
 
 
-class NotMeasured(LookupError):
-    """The run has no row that a reference selects (e.g. a paper-scale worker count at smoke scale)."""
+class DeclaredSkip(LookupError):
+    """Every row a reference selects is a point the machine declared it could not run (e.g. needs CUDA)."""
 
 
 def load_references(path: Path) -> dict[str, list[dict[str, Any]]]:
@@ -37,28 +43,40 @@ def load_references(path: Path) -> dict[str, list[dict[str, Any]]]:
     return references
 
 
-def select(summary: pd.DataFrame, selector: dict[str, Any], reference_id: str) -> float:
-    """The single value a selector names; NotMeasured when no row matches."""
+def checks_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The config's `checks` section with the schema's defaults filled in."""
+    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())["properties"]["checks"]["properties"]
+    return {key: entry["default"] for key, entry in schema.items()} | config.get("checks", {})
+
+
+def selected_rows(summary: pd.DataFrame, selector: dict[str, Any], name: str) -> pd.DataFrame:
+    """The summary rows a selector picks; `name` ('<figure>/<reference id>') goes into every error."""
     column = selector["column"]
     unknown = sorted({column, *selector.get("where", {})} - set(summary.columns))
     if unknown:
-        raise ReferenceError(
-            f"reference {reference_id!r}: no column {unknown} in the summary; have {list(summary.columns)}"
-        )
+        raise ReferenceError(f"reference {name}: no column {unknown} in the summary; have {list(summary.columns)}")
     rows = summary
     for key, wanted in selector.get("where", {}).items():
         rows = rows[rows[key] == wanted]
     if rows.empty:
-        raise NotMeasured(f"no row with {describe_where(selector)} in this run")
-    if "status" in rows and (rows["status"] == "skipped").all():
-        raise NotMeasured(str(rows["reason"].iloc[0]))
-    if len(rows) > 1 and "aggregate" not in selector:
         raise ReferenceError(
-            f"reference {reference_id!r}: {len(rows)} rows match {describe_where(selector)}; add `aggregate`"
+            f"reference {name}: no row with {describe_where(selector)} in the summary: configure those points,"
+            f" or name {name!r} under checks.exclude in the config"
         )
+    if "status" in rows and (rows["status"] == "skipped").all():
+        raise DeclaredSkip(str(rows["reason"].iloc[0]))
+    if len(rows) > 1 and "aggregate" not in selector:
+        raise ReferenceError(f"reference {name}: {len(rows)} rows match {describe_where(selector)}; add `aggregate`")
+    return rows
+
+
+def select(summary: pd.DataFrame, selector: dict[str, Any], name: str) -> float:
+    """The single value a selector names (scaled by its `factor`); a NaN is an error naming the reference."""
+    rows = selected_rows(summary, selector, name)
+    column = selector["column"]
     value = float(rows[column].agg(selector.get("aggregate", "mean")))
     if math.isnan(value):
-        raise NotMeasured(f"{column} was not measured for {describe_where(selector)} in this run")
+        raise ReferenceError(f"reference {name}: {column} is NaN (not measured) for {describe_where(selector)}")
     return value * selector.get("factor", 1.0)
 
 
@@ -66,8 +84,28 @@ def describe_where(selector: dict[str, Any]) -> str:
     return ", ".join(f"{key}={value}" for key, value in selector.get("where", {}).items()) or "any"
 
 
-def evaluate(reference: dict[str, Any], summary: pd.DataFrame, scale: str) -> dict[str, Any]:
+def selectors(reference: dict[str, Any]) -> list[dict[str, Any]]:
+    """The measured side and, for a relation with another measurement, the other side."""
+    against = reference.get("against")
+    return [reference["measured"], *([against] if isinstance(against, dict) else [])]
+
+
+def host_load(summary: pd.DataFrame, reference: dict[str, Any], name: str) -> tuple[bool, str]:
+    """Whether any run behind either side of a timing reference was disturbed, and the load it saw."""
+    missing = sorted(set(HOST_LOAD_COLUMNS) - set(summary.columns))
+    if missing:
+        raise ReferenceError(f"reference {name} is a timing check but the summary has no {missing} columns")
+    rows = pd.concat([selected_rows(summary, selector, name) for selector in selectors(reference)])
+    disturbed = rows["disturbed"].astype(str).str.lower().isin(["true", "1"]).any()
+    foreign, steal = rows["foreign_share"].max(), rows["steal_share"].max()
+    return bool(disturbed), f"foreign CPU load up to {foreign:.2f} and steal {steal:.2f} of the host while measuring"
+
+
+def evaluate(
+    reference: dict[str, Any], summary: pd.DataFrame, scale: str, figure: str = "", excluded: bool = False
+) -> dict[str, Any]:
     """One row of checks.tsv for one reference."""
+    name = f"{figure}/{reference['id']}" if figure else reference["id"]
     row = {
         "check": reference["id"],
         "status": "skipped",
@@ -79,21 +117,27 @@ def evaluate(reference: dict[str, Any], summary: pd.DataFrame, scale: str) -> di
         "claim": reference["claim"],
         "source": reference.get("source", ""),
     }
+    if excluded:
+        return row | {"reason": "excluded by the config (checks.exclude)"}
     if reference["scale"] == "paper" and scale != "paper":
         return row | {"reason": f"paper-scale number, this run is at {scale} scale"}
     try:
-        measured = select(summary, reference["measured"], reference["id"])
-        passed, expected = compare_value(reference, measured, summary)
-    except NotMeasured as missing:
-        return row | {"reason": str(missing)}
-    return row | {"status": "pass" if passed else "fail", "measured": measured, "reference": expected}
+        measured = select(summary, reference["measured"], name)
+        passed, expected = compare_value(reference, measured, summary, name)
+    except DeclaredSkip as skip:
+        return row | {"reason": str(skip)}
+    row |= {"status": "pass" if passed else "fail", "measured": measured, "reference": expected}
+    if reference.get("timing"):
+        disturbed, load = host_load(summary, reference, name)
+        row |= {"status": "disturbed", "reason": f"{load}: rerun on a quiet machine"} if disturbed else {}
+    return row
 
 
-def compare_value(reference: dict[str, Any], measured: float, summary: pd.DataFrame) -> tuple[bool, str]:
+def compare_value(reference: dict[str, Any], measured: float, summary: pd.DataFrame, name: str) -> tuple[bool, str]:
     """Whether `measured` satisfies the reference, and the reference written out for the table."""
     if "compare" in reference:
         against = reference["against"]
-        other = against if isinstance(against, int | float) else select(summary, against, reference["id"])
+        other = against if isinstance(against, int | float) else select(summary, against, name)
         return COMPARE[reference["compare"]](measured, other), f"{reference['compare']} {other:.4g}"
     value = reference["value"]
     if "bounds" in reference:
@@ -105,8 +149,25 @@ def compare_value(reference: dict[str, Any], measured: float, summary: pd.DataFr
     return abs(measured - value) <= allowed, f"{value:g} ± {allowed:.3g}"
 
 
-def check_figure(figure: str, summary: pd.DataFrame, references: list[dict[str, Any]], scale: str) -> pd.DataFrame:
-    rows = [{"figure": figure, **evaluate(reference, summary, scale)} for reference in references]
+def check_figure(
+    figure: str,
+    summary: pd.DataFrame,
+    references: list[dict[str, Any]],
+    scale: str,
+    exclude: Collection[str] = (),
+) -> pd.DataFrame:
+    """Every reference of `figure` evaluated; `exclude` holds '<figure>/<id>' names the config excludes."""
+    unknown = sorted(
+        name
+        for name in exclude
+        if name.startswith(f"{figure}/") and name.split("/", 1)[1] not in {r["id"] for r in references}
+    )
+    if unknown:
+        raise ReferenceError(f"checks.exclude names {unknown}, which {figure} has no reference for")
+    rows = [
+        {"figure": figure, **evaluate(reference, summary, scale, figure, f"{figure}/{reference['id']}" in exclude)}
+        for reference in references
+    ]
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

@@ -73,7 +73,7 @@ def cmd_build_image(args: argparse.Namespace) -> None:
 def cmd_tabulate(args: argparse.Namespace) -> None:
     from ddlrepro.tables import tidy_table
 
-    table = tidy_table([Path(path).parent for path in args.results])
+    table = tidy_table([Path(path).parent for path in args.results], args.max_foreign_share)
     table.to_csv(args.out, index=False)
     print(f"{args.out}: {len(table)} rows from {len(args.results)} runs")
 
@@ -94,7 +94,7 @@ def cmd_check(args: argparse.Namespace) -> None:
     from ddlrepro.checks import check_figure, load_references
 
     references = load_references(Path(args.references)).get(args.figure, [])
-    checks = check_figure(args.figure, pd.read_csv(args.summary), references, args.scale)
+    checks = check_figure(args.figure, pd.read_csv(args.summary), references, args.scale, args.exclude)
     checks.to_csv(args.out, sep="\t", index=False)
     print(f"{args.figure}: " + ", ".join(f"{n} {s}" for s, n in checks["status"].value_counts().items()))
 
@@ -108,7 +108,7 @@ def cmd_collect_checks(args: argparse.Namespace) -> None:
 def cmd_report(args: argparse.Namespace) -> None:
     from ddlrepro.report import write_report
 
-    write_report(Path(args.out), args.figures, args.scale, args.launcher, Path(args.results))
+    write_report(Path(args.out), args.figures, args.scale, args.launcher, Path(args.results), args.rerun_options)
 
 
 def cmd_bundle(args: argparse.Namespace) -> None:
@@ -199,6 +199,9 @@ def parser() -> argparse.ArgumentParser:
     tabulate = commands.add_parser("tabulate", help="tidy table from run folders")
     tabulate.add_argument("results", nargs="+", help="result.json files of the runs")
     tabulate.add_argument("--out", required=True)
+    tabulate.add_argument(
+        "--max-foreign-share", type=float, default=0.1, help="a run is disturbed above this foreign + steal CPU share"
+    )
     tabulate.set_defaults(handler=cmd_tabulate)
 
     plot = commands.add_parser("plot", help="render a figure and its summary table from its tidy table")
@@ -217,6 +220,7 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--references", required=True)
     check.add_argument("--scale", required=True)
     check.add_argument("--out", required=True, help="TSV of the figure's checks")
+    check.add_argument("--exclude", nargs="*", default=[], help="'<figure>/<id>' references not evaluated (config)")
     check.set_defaults(handler=cmd_check)
 
     collect = commands.add_parser("collect-checks", help="concatenate per-figure check tables")
@@ -229,6 +233,7 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--results", default="results", help="the results folder the figures were built in")
     report.add_argument("--scale", default="smoke")
     report.add_argument("--launcher", default="local")
+    report.add_argument("--rerun-options", default="", help="Snakemake options the rerun command repeats (config)")
     report.add_argument("figures", nargs="+", help="ids of the built figures")
     report.set_defaults(handler=cmd_report)
 

@@ -14,6 +14,7 @@ import pandas as pd
 import seaborn as sns
 
 CONFIDENCE_Z = 1.96
+HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]
 REFERENCE_STYLE = {"color": "black", "marker": "*", "markersize": 11, "linestyle": "none", "zorder": 5}
 
 
@@ -32,7 +33,26 @@ def throughput_summary(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     summary = summary.merge(base.rename(columns={"per_worker": "base_per_worker"}), on=by)
     summary["ideal_total"] = summary["workers"] * summary.pop("base_per_worker")
     summary["efficiency"] = summary["total"] / summary["ideal_total"]
-    return summary
+    return with_base_load(with_host_load(summary, table, [*by, "workers"]), by)
+
+
+def with_base_load(summary: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Fold the load of each group's smallest-worker-count rows into the group's rows: efficiency divides by them."""
+    smallest = summary["workers"] == summary.groupby(by, dropna=False)["workers"].transform("min")
+    base = (
+        summary[smallest]
+        .groupby(by, dropna=False)
+        .agg(
+            foreign_base=("foreign_share", "max"),
+            steal_base=("steal_share", "max"),
+            disturbed_base=("disturbed", "any"),
+        )
+    )
+    merged = summary.join(base, on=by)
+    merged["foreign_share"] = merged[["foreign_share", "foreign_base"]].max(axis=1)
+    merged["steal_share"] = merged[["steal_share", "steal_base"]].max(axis=1)
+    merged["disturbed"] = merged["disturbed"] | merged["disturbed_base"].fillna(False).astype(bool)
+    return merged.drop(columns=["foreign_base", "steal_base", "disturbed_base"])
 
 
 def drawn_references(references: list[dict[str, Any]], column: str, key: str, scale: str) -> pd.DataFrame:
@@ -99,3 +119,67 @@ def note_skipped(axis: plt.Axes, skipped: pd.DataFrame, by: list[str]) -> None:
         color="firebrick",
         bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "firebrick"},
     )
+
+
+def run_host_load(table: pd.DataFrame) -> pd.DataFrame:
+    """The tidy table with its host-load columns present (tables made before they existed: unknown, judged)."""
+    defaults = {"foreign_share": float("nan"), "steal_share": float("nan"), "disturbed": False}
+    missing = {column: value for column, value in defaults.items() if column not in table}
+    table = table.assign(**missing)
+    return table.assign(disturbed=table["disturbed"].astype(str).str.lower().isin(["true", "1"]))
+
+
+def with_host_load(summary: pd.DataFrame, table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """`summary` with the host load of the runs behind each row, matched on `by`: the largest foreign and steal
+    shares, and disturbed if any of those runs was."""
+    table = run_host_load(table)
+    load = table.groupby(by, dropna=False).agg(
+        foreign_share=("foreign_share", "max"), steal_share=("steal_share", "max"), disturbed=("disturbed", "any")
+    )
+    merged = summary.drop(columns=HOST_LOAD_COLUMNS, errors="ignore").join(load, on=by)
+    merged["disturbed"] = merged["disturbed"].fillna(False).astype(bool)
+    return merged
+
+
+def fold_load(summary: pd.DataFrame, table: pd.DataFrame, baseline: pd.Series) -> pd.DataFrame:
+    """Count the load of the runs every summary value is relative to (`baseline`, a mask of tidy rows: a ratio's
+    denominator) in every row."""
+    base = run_host_load(table)[baseline]
+    if base.empty:
+        return summary
+    return summary.assign(
+        foreign_share=summary["foreign_share"].clip(lower=base["foreign_share"].max()),
+        steal_share=summary["steal_share"].clip(lower=base["steal_share"].max()),
+        disturbed=summary["disturbed"] | bool(base["disturbed"].any()),
+    )
+
+
+def note_disturbed(axis: plt.Axes, summary: pd.DataFrame, label: list[str]) -> None:
+    """Say on the panel which plotted values came from runs disturbed by foreign CPU load (hatched where drawn as
+    bars by `hatch_disturbed`): they are flagged, not judged; the report gives the command that reruns them."""
+    if "disturbed" not in summary or not summary["disturbed"].fillna(False).astype(bool).any():
+        return
+    rows = summary[summary["disturbed"].fillna(False).astype(bool)]
+    lines = [
+        ", ".join(f"{key}={row[key]}" for key in label) + f": foreign load {row['foreign_share']:.2f}"
+        for _, row in rows.iterrows()
+    ]
+    axis.text(
+        0.98,
+        0.02,
+        "disturbed (rerun):\n" + "\n".join(lines),
+        transform=axis.transAxes,
+        ha="right",
+        va="bottom",
+        fontsize="x-small",
+        color="darkorange",
+        bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "darkorange", "linestyle": "--"},
+    )
+
+
+def hatch_disturbed(bars: Any, disturbed: Iterable[bool]) -> None:
+    """Hatch and outline the bars whose runs were disturbed."""
+    for bar, flagged in zip(bars, disturbed, strict=True):
+        if flagged:
+            bar.set_hatch("///")
+            bar.set_edgecolor("darkorange")

@@ -37,7 +37,31 @@ def figure_entry(figure: str, results: Path, checks: pd.DataFrame) -> dict[str, 
     }
 
 
-def write_report(out: Path, figures: list[str], scale: str, launcher: str, results: Path = Path("results")) -> None:
+def disturbed_runs(figures: list[str], results: Path, checks: pd.DataFrame) -> pd.DataFrame:
+    """The runs, of figures with a disturbed check, that saw more foreign load than the threshold."""
+    flagged = set(checks.loc[checks["status"] == "disturbed", "figure"])
+    columns = ["figure", "point_id", "foreign_share", "steal_share"]
+    runs = [
+        pd.read_csv(results / "tables" / f"{figure}.csv").drop_duplicates("point_id")
+        for figure in figures
+        if figure in flagged
+    ]
+    runs = [table[table["disturbed"].astype(str).str.lower() == "true"] for table in runs if "disturbed" in table]
+    return pd.concat(runs, ignore_index=True)[columns] if runs else pd.DataFrame(columns=columns)
+
+
+def rerun_advice(runs: pd.DataFrame, results: Path, options: str = "") -> dict[str, Any]:
+    """The disturbed runs and the one Snakemake command that reruns only them and what depends on them
+    (`--forcerun` of their result.json files; `options`: the profile and config files the results were built
+    with, after the targets since --configfile takes several values)."""
+    targets = [str(results / "runs" / row.figure / row.point_id / "result.json") for row in runs.itertuples()]
+    command = " ".join(["snakemake --cores all --forcerun", *targets, *([options] if options else [])])
+    return {"points": runs.to_dict("records"), "command": command if targets else ""}
+
+
+def write_report(
+    out: Path, figures: list[str], scale: str, launcher: str, results: Path = Path("results"), rerun_options: str = ""
+) -> None:
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("ddlrepro", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
@@ -54,6 +78,7 @@ def write_report(out: Path, figures: list[str], scale: str, launcher: str, resul
         meta=meta,
         counts=checks["status"].value_counts().to_dict(),
         failed=checks[checks["status"] == "fail"].to_dict("records"),
+        rerun=rerun_advice(disturbed_runs(figures, results, checks), results, rerun_options),
         figures=[figure_entry(figure, results, checks) for figure in figures],
         disabled=[figure for figure in FIGURES if figure not in figures],
     )

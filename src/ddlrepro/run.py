@@ -5,10 +5,13 @@ cannot run (NCCL without CUDA) is not started: its `result.json` says `skipped` 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from ddlrepro.hostload import ForeignLoadMeter, process_tree_cpu
 from ddlrepro.launchers import get_launcher
 from ddlrepro.launchers.base import RunFailed
 from ddlrepro.points import Point
@@ -30,6 +33,32 @@ def unmet_requirement(point: Point) -> str | None:
         if not torch.cuda.is_available():
             return "skipped: needs CUDA"
     return None
+
+
+REMOTE_RANKS = {"kubernetes": "unknown: the ranks run in pods on the cluster's nodes, not on this host"}
+
+
+def own_cpu_counter(name: str, launcher: ModuleType, container: str | None) -> tuple[str, Callable[[], float] | None]:
+    """How this run's own CPU time on the host is counted, and the counter (None: cannot be known here).
+
+    Local ranks are this process's descendants; a launcher whose ranks are not (a Slurm step, Apptainer inside it
+    included) offers `own_cpu_counter()`; podman/docker ranks run under the engine, outside this process's tree."""
+    if name in REMOTE_RANKS:
+        return REMOTE_RANKS[name], None
+    offered = getattr(launcher, "own_cpu_counter", None)
+    if offered:
+        return offered()
+    if container:
+        return "unknown: the ranks run in containers, outside this process's tree", None
+    return "this process and its descendants", process_tree_cpu
+
+
+def measured_host_load(meter: ForeignLoadMeter | None, source: str) -> dict[str, Any]:
+    """The `host_load` entry of result.json: foreign and steal CPU shares while the run measured."""
+    if meter is None or meter.load is None:
+        return {"own_cpu": source, "foreign_share": None, "steal_share": None}
+    load = meter.load.to_dict()
+    return load | {"own_cpu": source}
 
 
 def skip_point(point: Point, run_dir: Path, reason: str) -> dict:
@@ -68,15 +97,26 @@ def run_point(
     options = {} if own_launcher else {key: value for key, value in given.items() if value is not None}
     spec = launcher.render(point, timeout_s, run_dir, **options)
     write_json_atomic(run_dir / "jobspec.json", spec.to_dict())
+    source, own_cpu = own_cpu_counter(own_launcher or launcher_name, launcher, options.get("container"))
+    meter = ForeignLoadMeter(own_cpu) if own_cpu else None
     started = time.time()
     with OutputCollector(run_dir) as output:
         try:
-            launcher.execute(spec, output)
+            run_measured(launcher, spec, output, meter)
         finally:
             provenance = run_provenance(asdict(point), spec.to_dict(), output.workers, image)
             write_json_atomic(run_dir / "provenance.json", provenance)
     if output.result is None:
         raise RunFailed(0, "finished without reporting a result", output.stderr_tail(0))
-    record = result_record(point, output.result, started, time.time())
+    record = result_record(point, output.result, started, time.time(), measured_host_load(meter, source))
     write_json_atomic(run_dir / RESULT, record)
     return record
+
+
+def run_measured(launcher: ModuleType, spec: Any, output: OutputCollector, meter: ForeignLoadMeter | None) -> None:
+    """The launcher's execute, with the host's foreign load metered around it when the run's own CPU is known."""
+    if meter is None:
+        launcher.execute(spec, output)
+        return
+    with meter:
+        launcher.execute(spec, output)

@@ -125,7 +125,11 @@ class OutputCollector:
         self.close()
 
 
-def result_record(point: Point, summary: dict[str, Any], started: float, finished: float) -> dict[str, Any]:
+def result_record(
+    point: Point, summary: dict[str, Any], started: float, finished: float, host_load: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The run's result.json; `host_load`: the foreign and steal CPU shares of the host while it measured
+    (hostload.HostLoad.to_dict() and how the run's own CPU was counted)."""
     return {
         "status": "ok",
         "point_id": point.id,
@@ -134,4 +138,5 @@ def result_record(point: Point, summary: dict[str, Any], started: float, finishe
         "started": started,
         "finished": finished,
         "duration_s": finished - started,
+        "host_load": host_load or {"own_cpu": "not measured", "foreign_share": None, "steal_share": None},
     }

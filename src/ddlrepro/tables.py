@@ -1,4 +1,5 @@
-"""Tidy tables: one row per point × worker × iteration × metric, with the point's parameters as columns."""
+"""Tidy tables: one row per point × worker × iteration × metric, with the point's parameters as columns, and how
+busy the host was with foreign work while the point measured (`foreign_share`, `steal_share`, `disturbed`)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,20 @@ POINT_COLUMNS = ["figure", "point_id", "workload", "workers", "threads_per_worke
 RECORD_COLUMNS = ["rank", "iteration", "step", "size_bytes", "time", "metric", "value"]
 INTEGER_COLUMNS = ["iteration", "step", "size_bytes"]
 SKIPPED_METRIC = "skipped"
+DEFAULT_MAX_FOREIGN_SHARE = 0.1
 
 
-def run_rows(run_dir: Path) -> pd.DataFrame:
+def host_load_columns(result: dict, max_foreign_share: float) -> dict[str, object]:
+    """A run's foreign and steal CPU shares (NaN when unknown) and whether together they exceed the threshold."""
+    load = result.get("host_load") or {}
+    foreign = load.get("foreign_share")
+    steal = load.get("steal_share")
+    foreign, steal = (float("nan") if share is None else float(share) for share in (foreign, steal))
+    seen = sum(share for share in (foreign, steal) if share == share)
+    return {"foreign_share": foreign, "steal_share": steal, "disturbed": seen > max_foreign_share}
+
+
+def run_rows(run_dir: Path, max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE) -> pd.DataFrame:
     """The tidy rows of one completed run (its `result.json` must exist); a skipped run gives one row, metric
     `skipped`, with the reason in the `reason` column."""
     result = json.loads((run_dir / RESULT).read_text())
@@ -37,6 +49,7 @@ def run_rows(run_dir: Path) -> pd.DataFrame:
         "backend_used": provenance["torch"]["backend"],
         "status": status,
         "reason": result.get("reason", ""),
+        **host_load_columns(result, max_foreign_share),
     }
     return rows.assign(**constants)[[*constants, *RECORD_COLUMNS]]
 
@@ -46,8 +59,8 @@ def scalar(value: object) -> object:
     return json.dumps(value, separators=(",", ":")) if isinstance(value, list | dict) else value
 
 
-def tidy_table(run_dirs: list[Path]) -> pd.DataFrame:
-    table = pd.concat([run_rows(run_dir) for run_dir in run_dirs], ignore_index=True)
+def tidy_table(run_dirs: list[Path], max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE) -> pd.DataFrame:
+    table = pd.concat([run_rows(run_dir, max_foreign_share) for run_dir in run_dirs], ignore_index=True)
     table[INTEGER_COLUMNS] = table[INTEGER_COLUMNS].astype("Int64")
     return table.sort_values(["point_id", "metric", "rank", "time"], kind="stable", ignore_index=True)
 

@@ -1,5 +1,6 @@
 # Configuration validation and point expansion: runs before any job, so bad input never starts one.
 import json
+import os
 import shlex
 import sys
 
@@ -11,12 +12,12 @@ from ddlrepro.jobenv import expose_to_jobs
 
 expose_to_jobs(Path(workflow.basedir) / "src")
 
-from ddlrepro.checks import load_references
+from ddlrepro.checks import checks_settings, load_references
 from ddlrepro.config import ConfigError, validate_config
 from ddlrepro.bundle import bundle_name, digest_file
 from ddlrepro.launchers.slurm import allocation
 from ddlrepro.figures import FIGURES, enabled_figures, figure_points, figure_source
-from ddlrepro.provenance import git_state, record_invocation
+from ddlrepro.provenance import git_state, profile_from_command, record_invocation
 from ddlrepro.launchers.sizes import check_sizes
 from ddlrepro.redaction import declare_secret_variables
 
@@ -32,6 +33,20 @@ except (ConfigError, OSError) as error:
     raise WorkflowError(str(error)) from None
 
 SOFTWARE = "../../envs/ddlrepro.yaml"
+CHECKS = checks_settings(config)
+# What the report's rerun command repeats: the profile and config files these results are built with.
+RERUN_OPTIONS = " ".join(
+    [f"--profile {profile_from_command(sys.argv)}"]
+    * bool(profile_from_command(sys.argv))
+    + [
+        "--configfile "
+        + " ".join(
+            os.path.relpath(path, workflow.basedir)
+            for path in workflow.overwrite_configfiles
+        )
+    ]
+    * bool(workflow.overwrite_configfiles)
+)
 ENABLED = enabled_figures(config)
 BUNDLE = f"results/bundle/{bundle_name(git_state(Path(workflow.basedir)))}.tar.gz"
 

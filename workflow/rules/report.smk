@@ -13,9 +13,10 @@ rule check_figure:
         SOFTWARE
     params:
         scale=config["scale"],
+        exclude=" ".join(CHECKS["exclude"]),
     shell:
         "python -m ddlrepro check {wildcards.figure} --summary {input.summary} --references {input.references}"
-        " --scale {params.scale} --out {output} > {log} 2>&1"
+        " --scale {params.scale} --out {output} --exclude {params.exclude} > {log} 2>&1"
 
 
 rule collect_checks:
@@ -45,9 +46,10 @@ rule report:
         scale=config["scale"],
         launcher=config["launcher"]["name"],
         figures=" ".join(ENABLED),
+        rerun_options=shlex.quote(RERUN_OPTIONS),
     shell:
         "python -m ddlrepro report {params.figures} --out {output} --scale {params.scale}"
-        " --launcher {params.launcher} > {log} 2>&1"
+        " --launcher {params.launcher} --rerun-options {params.rerun_options} > {log} 2>&1"
 
 
 rule bundle:

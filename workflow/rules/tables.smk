@@ -10,5 +10,8 @@ rule tabulate:
         "results/logs/tabulate/{figure}.log",
     conda:
         SOFTWARE
+    params:
+        max_foreign_share=CHECKS["max_foreign_share"],
     shell:
-        "python -m ddlrepro tabulate {input} --out {output} > {log} 2>&1"
+        "python -m ddlrepro tabulate {input} --out {output}"
+        " --max-foreign-share {params.max_foreign_share} > {log} 2>&1"

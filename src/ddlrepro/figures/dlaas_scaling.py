@@ -29,7 +29,9 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     summary = plotting.throughput_summary(table, by=["model", "batch_size"])
     figure, (rate, efficiency) = plotting.new_figure(2, TITLE)
 
-    rate.bar(summary["workers"], summary["total"], width=summary["workers"] * 0.35, label="measured", alpha=0.8)
+    bars = rate.bar(summary["workers"], summary["total"], width=summary["workers"] * 0.35, label="measured", alpha=0.8)
+    plotting.hatch_disturbed(bars, summary["disturbed"])
+    plotting.note_disturbed(efficiency, summary, ["workers"])
     rate.plot(summary["workers"], summary["ideal_total"], "k--", label="ideal (N × rate₁)")
     efficiency.plot(summary["workers"], summary["efficiency"], "o-", label="measured")
     for axis, column in ((rate, "images_per_sec"), (efficiency, "efficiency")):
@@ -42,4 +44,5 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     efficiency.set_ylabel("scaling efficiency  rate_N / (N × rate_1)")
     efficiency.set_ylim(0, 1.1)
     columns = ["model", "batch_size", "workers", "total", "per_worker", "confidence", "efficiency"]
+    columns += plotting.HOST_LOAD_COLUMNS
     return figure, summary[columns].rename(columns={"total": "images_per_sec"})

@@ -43,6 +43,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     timing = median_step_time(steps, by="point_id")
     runs = steps.drop_duplicates("point_id")[["point_id", "logical_workers", "layout"]]
     summary = runs.merge(timing, on="point_id").merge(peak_memory(table), on="point_id")
+    summary = plotting.with_host_load(summary, table, ["point_id"])  # the step times; memory is not a timing
     summary = expand_single_worker(summary).sort_values(["layout", "logical_workers"], ignore_index=True)
     for measure, ratio in (("total_pss_mib", "memory_vs_packed"), ("total_rss_mib", "memory_vs_packed_rss")):
         packed = summary[summary["layout"] == "packed processes"].set_index("logical_workers")[measure]
@@ -55,6 +56,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         seconds.plot(rows["logical_workers"], rows["step_time_s"], marker="o", label=layout)
     memory.set_ylabel("job's summed peak PSS (RSS dotted), MiB")
     seconds.set_ylabel("median step time, s")
+    plotting.note_disturbed(seconds, summary, ["layout", "logical_workers"])
     for axis in (memory, seconds):
         plotting.workers_axis(axis, summary["logical_workers"])
         axis.set_xlabel("logical workers N")

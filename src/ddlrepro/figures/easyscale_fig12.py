@@ -55,10 +55,14 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     from ddlrepro import plotting
 
     summary = step_times(table, int(table["warmup_steps"].iloc[0]))
+    summary = plotting.with_host_load(summary, table, ["mode"])
+    summary = plotting.fold_load(summary, table, table["mode"] == "ddp")  # every ratio is ÷ plain DDP's
     figure, (seconds, ratio) = plotting.new_figure(2, TITLE)
     seconds.bar(summary["mode"], summary["step_time_s"], alpha=0.8)
     seconds.set_ylabel("median step time, s (slowest rank)")
-    ratio.bar(summary["mode"], summary["normalised_to_ddp"], alpha=0.8, label="measured")
+    bars = ratio.bar(summary["mode"], summary["normalised_to_ddp"], alpha=0.8, label="measured")
+    plotting.hatch_disturbed(bars, summary["disturbed"])
+    plotting.note_disturbed(ratio, summary, ["mode"])
     for series, rows in plotting.drawn_references(references, "normalised_to_ddp", "mode", scale).groupby("series"):
         ratio.plot(rows["mode"], rows["value"], label=series, **plotting.REFERENCE_STYLE)
     ratio.axhline(1.0, color="black", linewidth=0.8)

@@ -47,6 +47,8 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
 
 def bandwidths(table: pd.DataFrame) -> pd.DataFrame:
     """Per (backend, strategy, size): mean time per operation over ranks and repetitions, algbw and busbw (GB/s)."""
+    from ddlrepro import plotting
+
     times = table[table["metric"] == "allreduce_time_s"]
     summary = (
         times.groupby(["backend", "strategy", "workers", "size_bytes"], sort=True)["value"]
@@ -56,7 +58,7 @@ def bandwidths(table: pd.DataFrame) -> pd.DataFrame:
     summary["algbw_GBps"] = summary["size_bytes"] / summary["time_s"] / 1e9
     summary["busbw_GBps"] = summary["algbw_GBps"] * 2 * (summary["workers"] - 1) / summary["workers"]
     summary["status"], summary["reason"] = "ok", ""
-    return summary
+    return plotting.with_host_load(summary, table, ["backend", "strategy", "workers"])
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
@@ -69,6 +71,8 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     summary = bandwidths(table)
     gloo = summary[(summary["backend"] == "gloo") & (summary["strategy"] == "RING")].set_index("size_bytes")
     summary["vs_gloo_ring"] = summary["busbw_GBps"] / summary["size_bytes"].map(gloo["busbw_GBps"])
+    ring = (table["backend"] == "gloo") & (table["strategy"] == "RING") & (table["status"] == "ok")
+    summary = plotting.fold_load(summary, table, ring)  # every ratio is ÷ gloo RING's
     skipped = plotting.skipped_points(table, ["backend", "strategy"])
     summary = pd.concat([summary, skipped], ignore_index=True)
     summary["size_bytes"] = summary["size_bytes"].astype("Int64")
@@ -96,6 +100,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     times.set_yscale("log")
     times.set_ylabel("time per all-reduce (µs)")
     busbw.set_yscale("log")
+    plotting.note_disturbed(busbw, summary.drop_duplicates(["backend", "strategy"]), ["backend", "strategy"])
     large_panel(large, summary)
     return figure, summary
 

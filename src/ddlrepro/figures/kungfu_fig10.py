@@ -47,7 +47,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
 
     measured = table[table["status"] == "ok"]
     summary = plotting.throughput_summary(measured, by=["backend", "strategy"]) if not measured.empty else None
-    columns = ["backend", "strategy", "workers", "per_worker", "confidence", "total"]
+    columns = ["backend", "strategy", "workers", "per_worker", "confidence", "total", *plotting.HOST_LOAD_COLUMNS]
     summary = (summary[columns] if summary is not None else pd.DataFrame(columns=columns)).assign(
         status="ok", reason=""
     )
@@ -64,7 +64,9 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     labels = summary["backend"] + "/" + summary["strategy"]
     heights = summary["per_worker"].astype(float).fillna(0.0)
     errors = summary["confidence"].astype(float).fillna(0.0)
-    rates.bar(range(len(summary)), heights, yerr=errors, capsize=4, alpha=0.8)
+    bars = rates.bar(range(len(summary)), heights, yerr=errors, capsize=4, alpha=0.8)
+    plotting.hatch_disturbed(bars, summary["disturbed"].fillna(False).astype(bool))
+    plotting.note_disturbed(rates, summary, ["backend", "strategy"])
     for position, row in enumerate(summary.itertuples()):
         if row.status == "skipped":
             rates.annotate(row.reason, (position, 0), ha="center", va="bottom", rotation=90, color="firebrick")

@@ -88,7 +88,9 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     from ddlrepro import plotting
 
     wide = events(table)
-    summary = summarise(wide)
+    summary = plotting.fold_load(
+        plotting.with_host_load(summarise(wide), table, ["mode"]), table, table["mode"] == "torchrun"
+    )
     figure, (timeline, latency, phases) = plotting.new_figure(3, TITLE)
     draw_timeline(timeline, table)
     sns.barplot(wide, x="event", y="latency", hue="mode", ax=latency, errorbar=None, order=event_order(wide))
@@ -99,6 +101,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         if kind in kungfu:
             latency.axhline(kungfu[kind], color="black", linestyle=style, label=f"KungFu {kind}: {kungfu[kind]:g} s")
     latency.legend(fontsize="small")
+    plotting.note_disturbed(latency, summary, ["mode", "kind"])
     draw_phases(phases, summary)
     return figure, summary
 

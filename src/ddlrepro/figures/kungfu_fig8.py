@@ -59,6 +59,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     ]
     order += sorted(set(table["setting"]) - set(order))
     summary = plotting.throughput_summary(table, by=["setting"]).set_index("setting").loc[order].reset_index()
+    summary = plotting.fold_load(summary, table, table["setting"] == "none")  # every ratio is ÷ none
     baseline = summary.set_index("setting")["per_worker"].get("none")
     summary["overhead_percent"] = 100 * (1 - summary["per_worker"] / baseline) if baseline else float("nan")
     summary["measured_ratio"] = summary["per_worker"] / baseline if baseline else float("nan")
@@ -67,7 +68,11 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
 
     figure, (rates, noise, variance) = plotting.new_figure(3, TITLE)
     positions = range(len(summary))
-    rates.bar(positions, summary["per_worker"], yerr=summary["confidence"], capsize=4, alpha=0.8, label="measured")
+    bars = rates.bar(
+        positions, summary["per_worker"], yerr=summary["confidence"], capsize=4, alpha=0.8, label="measured"
+    )
+    plotting.hatch_disturbed(bars, summary["disturbed"])
+    plotting.note_disturbed(rates, summary, ["setting"])
     for position, row in zip(positions, summary.itertuples(), strict=True):
         if row.setting != "none" and baseline:
             rates.annotate(
@@ -102,4 +107,5 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         else:
             axis.legend(fontsize="small")
     columns = ["setting", "workers", "per_worker", "confidence", "overhead_percent", "measured_ratio", "paper_ratio"]
+    columns += plotting.HOST_LOAD_COLUMNS
     return figure, summary[columns]

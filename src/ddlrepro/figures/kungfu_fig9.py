@@ -72,10 +72,11 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     summary = summary.join(base, on=["model", "framework"])
     summary["ideal_total"] = summary["workers"] * summary.pop("base")
     summary["efficiency"] = summary["total"] / summary["ideal_total"]
+    summary = plotting.with_base_load(summary, ["model", "framework"])  # efficiency ÷ the framework's own base
     horovod = summary[summary["framework"] == BASELINE].groupby(["model", "workers"])["per_worker"].max()
     summary = summary.join(horovod.rename("horovod_per_worker"), on=["model", "workers"])
     summary["vs_horovod"] = summary["per_worker"] / summary.pop("horovod_per_worker")
-    return summary
+    return plotting.fold_load(summary, table, table["framework"] == BASELINE)  # vs_horovod is ÷ Horovod's
 
 
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
@@ -95,6 +96,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         axis.set_ylim(bottom=0)
         plotting.workers_axis(axis, rows["workers"])
         axis.legend(fontsize="small", title="framework/strategy")
+        plotting.note_disturbed(axis, rows, ["variant", "workers"])
     ratio_panel(axes[-1], summary)
     return figure, summary
 

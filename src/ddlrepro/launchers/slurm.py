@@ -17,6 +17,7 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,51 @@ FAILED_TASK = re.compile(r"task (\d+)")
 # stay below Linux's ephemeral ports (32768 on).
 PORT_BASE, PORTS_PER_JOB, PORT_BLOCKS = 15000, 64, 275
 SINGLE_NODE_LAUNCHERS = {"elastic", "torchrun"}
+JOB_CGROUP = re.compile(r"^job_\d+$")
+
+
+def job_cgroup_cpu(proc_cgroup: Path, cgroup_root: Path) -> Callable[[], float] | None:
+    """A reader of the CPU seconds of this Slurm job's cgroup on this node (every step: the batch script and the
+    srun step whose tasks are the ranks), or None when this process is in no `job_<id>` cgroup.
+
+    cgroup v2 (`0::/…/job_<id>/step_batch/…`): `usage_usec` of the job's cpu.stat; v1 (`…:cpuacct…:/…`):
+    the job's cpuacct.usage in nanoseconds."""
+    for line in proc_cgroup.read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        parts = Path(path).parts
+        job = next((index for index, part in enumerate(parts) if JOB_CGROUP.match(part)), None)
+        if job is None:
+            continue
+        relative = Path(*parts[1 : job + 1])
+        if controllers == "":
+            return partial(_cpu_stat_seconds, cgroup_root / relative / "cpu.stat")
+        if "cpuacct" in controllers.split(","):
+            return partial(_cpuacct_seconds, cgroup_root / controllers / relative / "cpuacct.usage")
+    return None
+
+
+def _cpu_stat_seconds(cpu_stat: Path) -> float:
+    fields = dict(line.split() for line in cpu_stat.read_text().splitlines())
+    return int(fields["usage_usec"]) / 1e6
+
+
+def _cpuacct_seconds(usage: Path) -> float:
+    return int(usage.read_text()) / 1e9
+
+
+def own_cpu_counter(
+    proc_cgroup: Path = Path("/proc/self/cgroup"), cgroup_root: Path = Path("/sys/fs/cgroup")
+) -> tuple[str, Callable[[], float] | None]:
+    """How a run's own CPU is counted inside the allocation: the job's cgroup, whose processes are the run's
+    (srun's tasks are children of slurmstepd, not of this process); unknown without one."""
+    counter = job_cgroup_cpu(proc_cgroup, cgroup_root) if proc_cgroup.exists() else None
+    if counter is None:
+        return "unknown: this process is in no Slurm job cgroup", None
+    try:
+        counter()
+    except (OSError, KeyError, ValueError) as error:
+        return f"unknown: the Slurm job's cgroup CPU time cannot be read ({error})", None
+    return "the Slurm job's cgroup on this node", counter
 
 
 def allocation(point: Point, slurm: dict[str, Any], runtime_min: int) -> dict[str, Any]:

@@ -1,0 +1,119 @@
+"""A timing taken beside foreign CPU load is flagged `disturbed`, not judged: real tiny runs with and without a
+CPU hog on every core, through the run folder, the tidy table, the figure's summary and the checks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from ddlrepro.checks import check_figure, load_references
+from ddlrepro.config import load_config
+from ddlrepro.figures import figure_module
+from ddlrepro.run import run_point
+from ddlrepro.tables import tidy_table
+
+HOG_LIMIT_S = 120
+
+
+@contextmanager
+def cpu_hogs() -> Iterator[None]:
+    """One busy loop per core, killed on leaving, never outliving HOG_LIMIT_S (`timeout`). Each is started by a
+    shell that exits at once, so it is no descendant of this process: a run counts its own process tree as its own
+    CPU, and a hog among our children would be counted as the run's."""
+    started = subprocess.run(
+        [
+            "sh",
+            "-c",
+            f"for i in $(seq {os.cpu_count() or 1}); do timeout {HOG_LIMIT_S} sh -c 'while :; do :; done'"
+            " >/dev/null 2>&1 & echo $!; done",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pids = [int(pid) for pid in started.stdout.split()]
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)  # timeout passes it on to its busy loop
+
+
+def dlaas_checks(tmp_path: Path) -> tuple[dict, object]:
+    """Run tiny dlaas-scaling (1 and 2 workers), tabulate, summarise and check it; return its runs and checks."""
+    config = load_config(REPO / "config" / "config.yaml", REPO / "tests" / "configs" / "tiny.yaml")
+    module = figure_module("dlaas-scaling")
+    points = module.points(config["figures"]["dlaas-scaling"], config["launcher"])
+    records = {point.id: run_point(point, tmp_path / point.id, timeout_s=300) for point in points}
+    table = tidy_table([tmp_path / point.id for point in points], max_foreign_share=0.1)
+    _, summary = module.plot(table, "smoke", [])
+    references = load_references(REPO / "config" / "references.yaml")["dlaas-scaling"]
+    return records, check_figure("dlaas-scaling", summary, references, "smoke").set_index("check")
+
+
+@pytest.mark.slow
+def test_runs_beside_a_cpu_hog_are_disturbed_and_quiet_runs_are_judged(tmp_path: Path) -> None:
+    with cpu_hogs():
+        records, checks = dlaas_checks(tmp_path / "busy")
+    for record in records.values():
+        assert record["host_load"]["own_cpu"] == "this process and its descendants"
+        assert record["host_load"]["foreign_share"] > 0.1, record["host_load"]
+    assert set(checks.loc[["efficiency-at-2-workers", "two-workers-faster"], "status"]) == {"disturbed"}
+
+    records, checks = dlaas_checks(tmp_path / "quiet")  # disturbed too when other work loads this machine
+    assert all(record["host_load"]["foreign_share"] <= 0.1 for record in records.values()), [
+        record["host_load"] for record in records.values()
+    ]
+    assert set(checks.loc[["efficiency-at-2-workers", "two-workers-faster"], "status"]) <= {"pass", "fail"}
+
+
+def test_slurm_runs_count_the_job_cgroup_as_their_own_cpu(tmp_path: Path) -> None:
+    """cgroup v2 and v1 layouts of slurmd (job_<id>/step_batch/...): the job's CPU, every step included."""
+    from ddlrepro.launchers.slurm import own_cpu_counter
+
+    job = tmp_path / "v2" / "system.slice" / "slurmstepd.scope" / "job_42"
+    job.mkdir(parents=True)
+    (job / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n")
+    proc = tmp_path / "cgroup-v2"
+    proc.write_text("0::/system.slice/slurmstepd.scope/job_42/step_batch/user/task_0\n")
+    source, counter = own_cpu_counter(proc, tmp_path / "v2")
+    assert source == "the Slurm job's cgroup on this node" and counter() == 2.5
+
+    v1 = tmp_path / "v1" / "cpu,cpuacct" / "slurm" / "uid_0" / "job_7"
+    v1.mkdir(parents=True)
+    (v1 / "cpuacct.usage").write_text("1500000000\n")
+    proc.write_text("5:memory:/slurm/uid_0/job_7/step_0\n4:cpu,cpuacct:/slurm/uid_0/job_7/step_0/task_1\n")
+    assert own_cpu_counter(proc, tmp_path / "v1")[1]() == 1.5
+
+    proc.write_text("0::/user.slice/user-0.slice/session-3.scope\n")
+    assert own_cpu_counter(proc, tmp_path / "v2") == ("unknown: this process is in no Slurm job cgroup", None)
+
+
+def test_runs_whose_own_cpu_cannot_be_counted_say_so() -> None:
+    from ddlrepro.hostload import process_tree_cpu
+    from ddlrepro.launchers import get_launcher
+    from ddlrepro.run import measured_host_load, own_cpu_counter
+
+    local = get_launcher("local")
+    assert own_cpu_counter("local", local, None) == ("this process and its descendants", process_tree_cpu)
+    source, counter = own_cpu_counter("local", local, "localhost/ddlrepro:cpu")
+    assert counter is None and source.startswith("unknown: the ranks run in containers")
+    source, counter = own_cpu_counter("kubernetes", get_launcher("kubernetes"), None)
+    assert counter is None and "pods" in source
+    assert measured_host_load(None, source) == {"own_cpu": source, "foreign_share": None, "steal_share": None}
+
+
+def test_slurm_runs_in_apptainer_still_count_the_job_cgroup(tmp_path: Path) -> None:
+    from ddlrepro.launchers import get_launcher
+    from ddlrepro.run import own_cpu_counter
+
+    source, _ = own_cpu_counter("slurm", get_launcher("slurm"), "/images/ddlrepro-cpu.sif")
+    assert "Slurm job" in source  # outside an allocation: "unknown: ... no Slurm job cgroup"
