@@ -326,12 +326,13 @@ def check_derived(members: dict[str, bytes]) -> list[str]:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         try:
-            scale, references = bundled_inputs(members, manifest, folder)
+            scale, references, settings = bundled_inputs(members, manifest, folder)
         except ValueError as error:
             return [str(error)]
         problems = []
         for figure in manifest["figures"]:
-            problems += rederive_figure(members, figure, folder / figure, scale, references.get(figure, []))
+            figure_references = references.get(figure, [])
+            problems += rederive_figure(members, figure, folder / figure, scale, figure_references, settings)
         checks = [folder / figure / f"{figure}.tsv" for figure in manifest["figures"]]
         if all(path.exists() for path in checks) and checks:
             collected = folder / "checks.tsv"
@@ -342,9 +343,10 @@ def check_derived(members: dict[str, bytes]) -> list[str]:
 
 def bundled_inputs(
     members: dict[str, bytes], manifest: dict[str, Any], folder: Path
-) -> tuple[str, dict[str, list[dict[str, Any]]]]:
-    """The scale recorded in the bundled config and the bundled references (validated against their schema)."""
-    from ddlrepro.checks import load_references
+) -> tuple[str, dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """The scale and checks settings recorded in the bundled config, and the bundled references (validated
+    against their schema)."""
+    from ddlrepro.checks import checks_settings, load_references
     from ddlrepro.config import ConfigError
 
     for name in ("config-used.yaml", "references.yaml"):
@@ -359,13 +361,18 @@ def bundled_inputs(
         raise ValueError(f"config-used.yaml: scale {scale!r} differs from the manifest's {manifest['scale']!r}")
     (folder / "references.yaml").write_bytes(members["references.yaml"])
     try:
-        return scale, load_references(folder / "references.yaml")
+        return scale, load_references(folder / "references.yaml"), checks_settings(config)
     except (ConfigError, yaml.YAMLError) as error:
         raise ValueError(f"references.yaml: {error}") from None
 
 
 def rederive_figure(
-    members: dict[str, bytes], figure: str, folder: Path, scale: str, references: list[dict[str, Any]]
+    members: dict[str, bytes],
+    figure: str,
+    folder: Path,
+    scale: str,
+    references: list[dict[str, Any]],
+    settings: dict[str, Any],
 ) -> list[str]:
     """Tabulate the figure's runs, plot and check as the workflow's rules do, and compare with the bundled files."""
     import pandas as pd
@@ -381,9 +388,10 @@ def rederive_figure(
     try:
         run_dirs = unpack_runs(members, runs, folder / "runs")
         table, png, summary, checks = (folder / f"{figure}{end}" for end in (".csv", ".png", ".summary.csv", ".tsv"))
-        tidy_table(run_dirs).to_csv(table, index=False)
+        tidy_table(run_dirs, settings["max_foreign_share"]).to_csv(table, index=False)
         render_figure(figure, table, png, folder / f"{figure}.pdf", summary, scale, references)
-        check_figure(figure, pd.read_csv(summary), references, scale).to_csv(checks, sep="\t", index=False)
+        derived = check_figure(figure, pd.read_csv(summary), references, scale, settings["exclude"])
+        derived.to_csv(checks, sep="\t", index=False)
     except (KeyError, ValueError, TypeError, OSError) as error:
         return [f"{runs}: the figure cannot be re-derived from its runs ({type(error).__name__}: {error})"]
     problems = compare_file(members, f"results/tables/{figure}.csv", table, runs)
