@@ -218,6 +218,20 @@ def test_a_rank_records_its_slice_before_the_all_reduce(capsys: pytest.CaptureFi
     assert trained_ranges([trained(0), records[0], resumed(0, version=2)]) == []
 
 
+def test_a_lost_step_moves_batchnorm_statistics_but_not_parameters() -> None:
+    """What the README says of a fault: when the all-reduce fails, the step's forward pass has already folded this
+    rank's slice into the running BatchNorm statistics; parameters and momentum are untouched."""
+    trainer = ElasticTrainer(elastic_point("4:0").params, threads=1)
+    kept = [tensor.clone() for tensor in trainer.parameters_and_momentum()]
+    running = {name: buffer.clone() for name, buffer in trainer.model.named_buffers()}
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        trainer.train_step(DyingGroup())
+    assert all(torch.equal(old, new) for old, new in zip(kept, trainer.parameters_and_momentum(), strict=True))
+    buffers = dict(trainer.model.named_buffers())
+    assert not torch.equal(running["features.1.running_mean"], buffers["features.1.running_mean"])
+    assert int(buffers["features.1.num_batches_tracked"]) == 1
+
+
 # ---------------------------------------------------------------- in-place resizing
 
 SCHEDULE = "4:2,8:1,12:3,16:2,20:1,24:0"
