@@ -162,8 +162,9 @@ def rehashed(members: dict[str, bytes], target: Path) -> Path:
 def test_flipped_check_verdict_is_caught_by_recomputing_the_checks(built: Path, tmp_path: Path) -> None:
     members = read_bundle(bundle_of(built))
     checks = pd.read_csv(io.BytesIO(members["results/checks.tsv"]), sep="\t", dtype=str, keep_default_na=False)
-    row = checks.index[checks["status"].isin(["pass", "fail"])][0]
-    checks.loc[row, "status"] = {"pass": "fail", "fail": "pass"}[checks.loc[row, "status"]]
+    forged = {"pass": "fail", "fail": "pass", "disturbed": "pass"}  # a busy machine's verdicts are disturbed
+    row = checks.index[checks["status"].isin(list(forged))][0]
+    checks.loc[row, "status"] = forged[checks.loc[row, "status"]]
     members["results/checks.tsv"] = checks.to_csv(sep="\t", index=False).encode()
     assert verify_bundle(rehashed(members, tmp_path / "forged.tar.gz"), render=False) == []
     (problem,) = verify_bundle(tmp_path / "forged.tar.gz")

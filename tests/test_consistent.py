@@ -1,4 +1,5 @@
-"""Consistent elastic training: D1 is bitwise identical for every placement and across checkpoints."""
+"""Consistent elastic training with BatchNorm and dropout: D1's whole state (parameters, momentum, every EST's
+buffers and RNG) is bitwise identical for every placement and across checkpoints; D0's is not."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ import torch
 from conftest import REPO
 
 from ddlrepro.config import ConfigError, load_config
-from ddlrepro.consistent import SyntheticImages, est_ranges, fold
+from ddlrepro.consistent import SyntheticImages, est_ranges, fold, load_checkpoint
 from ddlrepro.figures import figure_points
+from ddlrepro.models import build_model
 from ddlrepro.points import Point
 from ddlrepro.run import run_point
+from ddlrepro.workloads.consistent import CHECKPOINT
 
 STEPS = 4
 
 
 def consistent(placement: list[int], mode: str = "D1", steps: int = STEPS, **extra) -> Point:
-    params = {"model": "resnet20", "logical_workers": 4, "placement": placement, "mode": mode, "batch_size": 4}
+    """A job of 4 ESTs of a model with BatchNorm and dropout (each EST has its own buffers and dropout RNG)."""
+    params = {"model": "smallnet", "logical_workers": 4, "placement": placement, "mode": mode, "batch_size": 4}
     params |= {"steps": steps, "learning_rate": 0.05, "backend": "gloo", "sample_interval_s": 1.0, **extra}
     return Point("easyscale-fig9", "consistent", len(placement), 1, params)
 
@@ -27,6 +31,27 @@ def consistent(placement: list[int], mode: str = "D1", steps: int = STEPS, **ext
 def losses(run_dir: Path) -> list[float]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [r["value"] for r in sorted(records, key=lambda r: r.get("step") or 0) if r["metric"] == "loss"]
+
+
+def job_state(run_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the job's final checkpoint, by name: parameters, momentum, and each EST's BatchNorm buffers,
+    dropout RNG and augmentation generator (the model's own buffers are only the last EST rank 0 switched out)."""
+    checkpoint = load_checkpoint(run_dir / CHECKPOINT)
+    parameter_names = [name for name, _ in build_model("smallnet").named_parameters()]
+    state = {f"parameter {name}": checkpoint["model"][name] for name in parameter_names}
+    momentum = checkpoint["optimizer"]["state"]
+    state |= {f"momentum {name}": momentum[index]["momentum_buffer"] for index, name in enumerate(parameter_names)}
+    for est in checkpoint["ests"]:
+        state |= {f"EST {est['index']} buffer {name}": buffer for name, buffer in est["buffers"].items()}
+        state |= {f"EST {est['index']} dropout RNG": est["rng"], f"EST {est['index']} augmentation": est["augment"]}
+    return state
+
+
+def differing(first: Path, second: Path) -> list[str]:
+    """The names of the tensors whose bits differ between two runs' final states."""
+    one, other = job_state(first), job_state(second)
+    assert one.keys() == other.keys()
+    return [name for name in one if not torch.equal(one[name], other[name])]
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +65,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "P1": consistent([4]),
         "uneven": consistent([2, 1, 1]),
         "ddp": consistent([1, 1, 1, 1], mode="ddp"),
+        "D0-P4": consistent([1, 1, 1, 1], mode="D0"),
+        "D0-P1": consistent([4], mode="D0"),
         first.id: first,
     }
     plans["resumed"] = consistent([2, 1, 1], steps=2, resume_from=first.id)
@@ -48,21 +75,47 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def test_d1_losses_are_bitwise_identical_for_every_placement(runs: Path) -> None:
+def test_the_model_has_batchnorm_and_dropout() -> None:
+    kinds = {type(module) for module in build_model("smallnet").modules()}
+    assert {torch.nn.BatchNorm2d, torch.nn.Dropout} <= kinds
+
+
+def test_d1_state_is_bitwise_identical_for_every_placement(runs: Path) -> None:
+    """Parameters, momentum and every EST's BatchNorm buffers and RNG states, bit for bit, not just the losses."""
     reference = losses(runs / "P4")
     assert len(reference) == STEPS
+    assert len(job_state(runs / "P4")) == 2 * 8 + 4 * (2 * 3 + 2)  # 8 parameters; 4 ESTs × (2 BatchNorms × 3 + 2)
     for name in ("P2", "P1", "uneven"):
+        assert differing(runs / "P4", runs / name) == [], name
         assert losses(runs / name) == reference, name
 
 
+def test_ests_keep_their_own_batchnorm_buffers_and_dropout_rng(runs: Path) -> None:
+    state = job_state(runs / "P1")
+    for name in ("buffer features.1.running_mean", "dropout RNG", "augmentation"):
+        assert not torch.equal(state[f"EST 0 {name}"], state[f"EST 1 {name}"]), name
+
+
 def test_d1_survives_a_checkpoint_between_placements(runs: Path) -> None:
-    first = next(path for path in runs.iterdir() if path.name.startswith("resnet20-np4-"))
+    first = next(path for path in runs.iterdir() if path.name.startswith("smallnet-np4-"))
     assert losses(first) + losses(runs / "resumed") == losses(runs / "P4")
-    assert (first / "checkpoint.pt").exists()
+    assert differing(runs / "P4", runs / "resumed") == []
+
+
+def test_d0_is_bitwise_only_where_its_summation_order_is_d1s(runs: Path) -> None:
+    """D0 in one process folds the ESTs in D1's order: identical. Across 4 processes gloo's all-reduce sums in its
+    own order: the parameters and momentum differ in their last bits, the per-EST state (buffers, RNG) does not."""
+    assert differing(runs / "D0-P1", runs / "P1") == []
+    changed = differing(runs / "D0-P4", runs / "D0-P1")
+    assert changed and all(name.startswith(("parameter", "momentum", "EST")) for name in changed)
+    assert any(name.startswith("parameter") for name in changed)
 
 
 def test_d1_matches_plain_ddp_within_float_tolerance(runs: Path) -> None:
     assert losses(runs / "ddp") == pytest.approx(losses(runs / "P4"), rel=1e-4)
+    ddp, d1 = job_state(runs / "ddp"), job_state(runs / "P4")
+    for name in (name for name in d1 if name.startswith("parameter")):
+        torch.testing.assert_close(ddp[name], d1[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_est_ranges_and_fold_order() -> None:

@@ -9,11 +9,15 @@ import os
 import signal
 import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
+import torch.nn.functional as F
 from conftest import LEAKY_SITE, snakemake, written_forms
+from torch import nn
 
 from ddlrepro.elastic.client import ConfigClient, ConfigServerError
 from ddlrepro.elastic.cluster import TOKEN_ENV
@@ -21,17 +25,19 @@ from ddlrepro.elastic.faults import live_records, worker_pid
 from ddlrepro.elastic.ledger import LedgerError, trained_ranges, verify
 from ddlrepro.elastic.schedule import parse_schedule
 from ddlrepro.elastic.server import ClusterConfig, ConfigServer
+from ddlrepro.models import build_model
 from ddlrepro.points import Point
 from ddlrepro.redaction import MARKER
 from ddlrepro.run import run_point
 from ddlrepro.tables import run_rows
-from ddlrepro.workloads.elastic import ElasticTrainer
+from ddlrepro.workloads.elastic import FINAL_STATE, MOMENTUM, ElasticTrainer, slice_seed
 from ddlrepro.workloads.records import RECORD_PREFIX
+from ddlrepro.workloads.throughput import synthetic_batch
 
 TOKEN = "test-token-123456"
 
 
-def elastic_point(schedule: str, launcher: str = "elastic", standby: int = 0, initial: int = 1) -> Point:
+def elastic_point(schedule: str, launcher: str = "elastic", standby: int = 0, initial: int = 1, **extra) -> Point:
     sizes = [entry.size for entry in parse_schedule(schedule)]
     params = {
         "model": "resnet20",
@@ -44,6 +50,7 @@ def elastic_point(schedule: str, launcher: str = "elastic", standby: int = 0, in
         "launcher": launcher,
         "standby": standby,
         "collective_timeout_s": 30,
+        **extra,
     }
     return Point("kungfu-fig7", "elastic", max(initial, *sizes), 1, params)
 
@@ -177,6 +184,17 @@ def test_ledger_voids_a_lost_step_by_version_not_by_clock() -> None:
     assert trained_ranges(lost_then_redone) == [(0, 4), (4, 4)]
 
 
+def state(rank: int, digest: str, version: int = 2) -> dict:
+    return {"time": 0.0, "rank": rank, "step": 4, "version": version, "state": "synced", "digest": digest}
+
+
+def test_ledger_catches_ranks_whose_state_differs() -> None:
+    records = [trained(0), trained(4), state(0, "aa", version=1), state(0, "bb"), state(1, "bb"), state(2, "cc")]
+    with pytest.raises(LedgerError, match=r"state differs between ranks in version 2 synced: ranks \[0, 1\] vs \[2\]"):
+        verify(records, 8)
+    verify(records[:-1], 8)
+
+
 class DyingGroup:
     """A two-rank group in version 1 whose peer is killed during the gradient all-reduce."""
 
@@ -200,6 +218,20 @@ def test_a_rank_records_its_slice_before_the_all_reduce(capsys: pytest.CaptureFi
     assert trainer.offset == 0 and trainer.step == 0
     verify([trained(0), records[0], resumed(8, version=2)], 8)
     assert trained_ranges([trained(0), records[0], resumed(0, version=2)]) == []
+
+
+def test_a_lost_step_moves_batchnorm_statistics_but_not_parameters() -> None:
+    """What the README says of a fault: when the all-reduce fails, the step's forward pass has already folded this
+    rank's slice into the running BatchNorm statistics; parameters and momentum are untouched."""
+    trainer = ElasticTrainer(elastic_point("4:0").params, threads=1)
+    kept = [tensor.clone() for tensor in trainer.parameters_and_momentum()]
+    running = {name: buffer.clone() for name, buffer in trainer.model.named_buffers()}
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        trainer.train_step(DyingGroup())
+    assert all(torch.equal(old, new) for old, new in zip(kept, trainer.parameters_and_momentum(), strict=True))
+    buffers = dict(trainer.model.named_buffers())
+    assert not torch.equal(running["features.1.running_mean"], buffers["features.1.running_mean"])
+    assert int(buffers["features.1.num_batches_tracked"]) == 1
 
 
 # ---------------------------------------------------------------- in-place resizing
@@ -232,6 +264,64 @@ def _size_at(step: int) -> int:
         if step >= entry.step:
             size = entry.size
     return size
+
+
+@pytest.fixture
+def one_thread():
+    """The workers' thread count, so the convolutions round alike. (The model is `smallnet`: ResNet-20 on these
+    random 16-pixel images amplifies rounding so much that float32 and float64 runs part by 35 % in 10 steps.)"""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def one_process_reference(params: dict, records: list[dict]) -> tuple[nn.Module, torch.optim.SGD]:
+    """A fixed-size run of one process fed the same sample sequence: each global step of the ledger is the same
+    slices (one per rank, as the ranks had them), their gradients summed here in rank order and averaged."""
+    torch.manual_seed(params.get("seed", 0))
+    model = build_model(params["model"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=params.get("learning_rate", 0.01), momentum=MOMENTUM)
+    images, labels = synthetic_batch(params["model"], params["dataset_size"], params["image_size"], "cpu", seed=0)
+    steps: dict[int, list[dict]] = defaultdict(list)
+    for record in (record for record in records if "start" in record):
+        steps[record["step"]].append(record)
+    for step in sorted(steps):
+        optimizer.zero_grad()
+        for piece in sorted(steps[step], key=lambda record: record["rank"]):
+            index = torch.arange(piece["start"], piece["start"] + piece["count"]) % len(labels)
+            torch.manual_seed(slice_seed(params.get("seed", 0), piece["start"]))
+            F.cross_entropy(model(images[index]), labels[index]).backward()
+        for parameter in model.parameters():
+            parameter.grad.div_(len(steps[step]))
+        optimizer.step()
+    return model, optimizer
+
+
+def test_resized_state_is_bitwise_equal_on_every_rank_and_matches_a_fixed_size_run(
+    tmp_path: Path, one_thread: None
+) -> None:
+    """After every resize all ranks hold the same parameters, momentum and BatchNorm buffers (digests gathered in
+    the ledger); at the stop the same parameters and momentum; and the parameters are those of one process
+    trained on the same global batches, up to the all-reduce's summation order."""
+    point = elastic_point("2:2,4:3,6:1,8:2,10:0", record_state=True, model="smallnet")
+    result = run_point(point, tmp_path / "run", timeout_s=240)
+    records = ledger(tmp_path / "run")
+    verify(records, result["summary"]["samples"])
+    synced = pd.DataFrame([record for record in records if record.get("state") == "synced"])
+    assert synced.groupby("version")["rank"].count().tolist() == [1, 2, 3, 1, 2]
+    assert (synced.groupby("version")["digest"].nunique() == 1).all()
+    final = [record for record in records if record.get("state") == "final"]
+    assert sorted(record["rank"] for record in final) == [0, 1] and len({record["digest"] for record in final}) == 1
+    trained = torch.load(tmp_path / "run" / FINAL_STATE, weights_only=False)
+    assert trained["step"] == 10
+    model, optimizer = one_process_reference(point.params, records)
+    for (name, parameter), momentum in zip(
+        model.named_parameters(), trained["optimizer"]["state"].values(), strict=True
+    ):
+        torch.testing.assert_close(trained["model"][name], parameter.detach(), rtol=1e-5, atol=1e-6, msg=name)
+        expected = optimizer.state[parameter]["momentum_buffer"]
+        torch.testing.assert_close(momentum["momentum_buffer"], expected, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_survivors_keep_their_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -217,42 +217,73 @@ def pod(job: str, namespace: str, kind: str, rank: int, state: str) -> dict[str,
     return obj
 
 
+RESOURCES = {"Service": ("services", ""), "Job": ("jobs", "batch"), "PyTorchJob": ("pytorchjobs", "kubeflow.org")}
+
+
+def api_error(status: str, kind: str, name: str) -> client.ApiException:
+    """The API server's error for `kind` `name`: its recorded Status body (404 NotFound, 409 AlreadyExists)."""
+    plural, group = RESOURCES[kind]
+    text = json.dumps(RECORDED[status]).replace("{plural}.{group}", f"{plural}.{group}".rstrip("."))
+    text = text.replace("{plural}", plural).replace("{group}", group).replace("{job}", name)
+    body = json.loads(text)
+    error = client.ApiException(status=body["code"], reason=body["reason"])
+    error.body = text
+    return error
+
+
 class FakeCluster:
     """Answers the client calls the launcher makes, from the recorded pod objects.
 
     `script[attempt]` is the sequence of pod states seen by successive polls (one state per rank; the last one
-    repeats); `logs[attempt][rank]` the log lines of that pod. Deleting the job removes its pods."""
+    repeats); `logs[attempt][rank]` the log lines of that pod. As on an API server, deletion takes time: a deleted
+    object turns terminating (deletionTimestamp set; the job's pods with it, as a foreground deletion waits for
+    them) and is gone only after `linger` more reads of it; creating a name that exists or is terminating answers
+    409 AlreadyExists. Kinds in `stuck` never finish terminating (a finalizer no controller removes)."""
 
-    def __init__(self, kind: str, script: list[list[list[str]]], logs: list[dict[int, list[str]]]) -> None:
+    def __init__(
+        self, kind: str, script: list[list[list[str]]], logs: list[dict[int, list[str]]], linger: int = 3, stuck=()
+    ) -> None:
         self.kind, self.script, self.logs = kind, script, logs
+        self.job_kind = "Job" if kind == "job" else "PyTorchJob"
         self.core = self.batch = self.custom = self
         self.calls: list[tuple[str, str]] = []
-        self.attempt, self.polls, self.exists = -1, 0, False
+        self.objects: dict[str, int | None] = {}  # kind → None while live, else the reads left while terminating
+        self.linger, self.stuck = linger, set(stuck)
+        self.attempt, self.polls = -1, 0
         self.job, self.namespace = "", ""
-        self.leftover = False
+
+    def leave_behind(self, *kinds: str) -> None:
+        """Objects of this run left by a launcher that was killed."""
+        self.job, self.objects = kubernetes.job_name(tiny_point(workers=2)), dict.fromkeys(kinds)
+
+    def _create(self, kind: str, body: dict[str, Any]) -> None:
+        if kind in self.objects:
+            raise api_error("already_exists", kind, body["metadata"]["name"])
+        self.calls.append(("create", kind))
+        self.objects[kind] = None
+        if kind == self.job_kind:
+            self.attempt, self.polls = self.attempt + 1, 0
+            self.job, self.namespace = body["metadata"]["name"], body["metadata"]["namespace"]
 
     def create_namespaced_service(self, namespace: str, body: dict[str, Any]) -> None:
-        if self.leftover:
-            raise client.ApiException(status=409, reason="Conflict")
-        self.calls.append(("create", body["kind"]))
-
-    def _created(self, body: dict[str, Any]) -> None:
-        self.calls.append(("create", body["kind"]))
-        self.attempt, self.polls, self.exists = self.attempt + 1, 0, True
-        self.job, self.namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+        self._create("Service", body)
 
     def create_namespaced_job(self, namespace: str, body: dict[str, Any]) -> None:
-        self._created(body)
+        self._create("Job", body)
 
     def create_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, body: dict):
         assert (group, version, plural) == ("kubeflow.org", "v1", "pytorchjobs")
-        self._created(body)
+        self._create("PyTorchJob", body)
 
     def list_namespaced_pod(self, namespace: str, label_selector: str) -> client.V1PodList:
         assert label_selector == f"ddlrepro/run={self.job}"
-        states = self.script[self.attempt][min(self.polls, len(self.script[self.attempt]) - 1)] if self.exists else []
+        script = self.script[max(self.attempt, 0)]
+        states = script[min(self.polls, len(script) - 1)] if self.job_kind in self.objects else []
         self.polls += 1
         items = [pod(self.job, namespace, self.kind, rank, state) for rank, state in enumerate(states)]
+        if self.objects.get(self.job_kind) is not None:
+            for item in items:
+                item["metadata"]["deletionTimestamp"] = RECORDED["terminating_metadata"]["deletionTimestamp"]
         body = {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "48999"}, "items": items}
         return client.ApiClient().deserialize(json.dumps(body), "V1PodList", "application/json")
 
@@ -261,32 +292,45 @@ class FakeCluster:
         rank = int(re.match(rf"{self.job}-(\d+)-", name).group(1))
         return "\n".join(self.logs[self.attempt].get(rank, [])) + "\n"
 
-    def _deleted(self, what: str) -> None:
-        self.calls.append(("delete", what))
-        self.exists = False
+    def _delete(self, kind: str) -> None:
+        self.calls.append(("delete", kind))
+        if kind not in self.objects:
+            raise api_error("not_found", kind, self.job)
+        if self.objects[kind] is None:
+            self.objects[kind] = self.linger
 
     def delete_namespaced_job(self, name: str, namespace: str, body: client.V1DeleteOptions) -> None:
         assert body.propagation_policy == "Foreground"
-        self._deleted("Job")
+        self._delete("Job")
 
     def delete_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, name: str):
-        self._deleted("PyTorchJob")
+        self._delete("PyTorchJob")
 
     def delete_namespaced_service(self, name: str, namespace: str) -> None:
-        self.calls.append(("delete", "Service"))
-        self.leftover = False
+        self._delete("Service")
 
-    def _read(self) -> None:
-        if not self.exists:
-            error = client.ApiException(status=404, reason="Not Found")
-            error.body = json.dumps(RECORDED["not_found"]).replace("{job}", self.job)
-            raise error
+    def _read(self, kind: str) -> dict[str, Any]:
+        """The object (terminating: with its deletion metadata); a terminating object is gone after `linger` reads."""
+        if kind not in self.objects:
+            raise api_error("not_found", kind, self.job)
+        reads_left = self.objects[kind]
+        if reads_left is None:
+            return {"kind": kind, "metadata": {"name": self.job, "namespace": self.namespace}}
+        if kind not in self.stuck:
+            self.objects[kind] = reads_left - 1
+            if reads_left <= 1:
+                del self.objects[kind]
+        text = json.dumps(RECORDED["terminating_metadata"]).replace("{job}", self.job)
+        return {"kind": kind, "metadata": json.loads(text.replace("{namespace}", self.namespace))}
 
-    def read_namespaced_job(self, name: str, namespace: str) -> None:
-        self._read()
+    def read_namespaced_service(self, name: str, namespace: str) -> dict[str, Any]:
+        return self._read("Service")
+
+    def read_namespaced_job(self, name: str, namespace: str) -> dict[str, Any]:
+        return self._read("Job")
 
     def get_namespaced_custom_object(self, group: str, version: str, namespace: str, plural: str, name: str):
-        self._read()
+        return self._read("PyTorchJob")
 
 
 @pytest.fixture(scope="module")
@@ -338,11 +382,45 @@ def test_successful_job_collects_every_pod_log_and_is_deleted(
 def test_objects_left_by_a_killed_launcher_are_replaced(
     worker_logs: dict[int, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The leftovers answer 409; the launcher deletes them and creates its objects once they are gone."""
     fake = FakeCluster("job", [[["succeeded", "succeeded"]]], [worker_logs])
-    fake.leftover, fake.job = True, kubernetes.job_name(tiny_point(workers=2))
+    fake.leave_behind("Service", "Job")
     run_dir = run_on(fake, tmp_path, "job", monkeypatch)
     assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
-    assert fake.calls[:3] == [("delete", "Service"), ("delete", "Job"), ("create", "Service")]
+    assert fake.calls[:4] == [("delete", "Service"), ("delete", "Job"), ("create", "Service"), ("create", "Job")]
+    assert fake.objects == {}
+
+
+def test_a_leftover_pytorchjob_without_a_service_is_replaced(
+    worker_logs: dict[int, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeCluster("pytorchjob", [[["succeeded", "succeeded"]]], [worker_logs], linger=5)
+    fake.leave_behind("PyTorchJob")
+    run_dir = run_on(fake, tmp_path, "pytorchjob", monkeypatch)
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
+    assert fake.calls == [("delete", "PyTorchJob"), ("create", "PyTorchJob"), ("delete", "PyTorchJob")]
+
+
+def test_delete_names_the_objects_it_could_not_remove(
+    worker_logs: dict[int, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job held by a finalizer: the run's results stand, and its log names what is left behind."""
+    monkeypatch.setattr(kubernetes, "DELETE_GRACE_S", 0.2)
+    fake = FakeCluster("job", [[["succeeded", "succeeded"]]], [worker_logs], stuck={"Job"})
+    run_dir = run_on(fake, tmp_path, "job", monkeypatch)
+    job = kubernetes.job_name(tiny_point(workers=2))
+    left = f"could not delete Job ml-bench/{job}, Pod ml-bench/{job}-0-x7k2p, Pod ml-bench/{job}-1-x7k2p"
+    assert left in (run_dir / "log.txt").read_text()
+    assert list(fake.objects) == ["Job"]
+
+
+def test_leftovers_that_cannot_be_removed_stop_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kubernetes, "DELETE_GRACE_S", 0.2)
+    fake = FakeCluster("job", [[["succeeded", "succeeded"]]], [{}], stuck={"Job"})
+    fake.leave_behind("Service", "Job")
+    with pytest.raises(RunFailed, match=r"objects of an earlier run are still there: Job ml-bench/ddlrepro-"):
+        run_on(fake, tmp_path, "job", monkeypatch)
+    assert ("create", "Job") not in fake.calls
 
 
 def test_failed_pod_fails_the_run_naming_its_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,8 +10,10 @@ from ddlrepro.config import load_config
 from ddlrepro.figures import figure_points
 from ddlrepro.models import MODELS, build_model
 
-# torchvision's resnet50 and mobilenet_v2, He et al.'s CIFAR ResNet-20 (0.27 M) and ResNet-56 (0.85 M).
+# torchvision's resnet50 and mobilenet_v2, He et al.'s CIFAR ResNet-20 (0.27 M) and ResNet-56 (0.85 M); the test
+# model smallnet (3·8·9 + 2·8 + 8·16·9 + 2·16 + 16·10 + 10).
 PARAMETERS = {"resnet50": 25_557_032, "mobilenet_v2": 3_504_872, "resnet20": 272_474, "resnet56": 855_770}
+PARAMETERS["smallnet"] = 1_586
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

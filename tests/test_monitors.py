@@ -97,11 +97,11 @@ def test_variance_equals_variance_of_gathered_gradients(tmp_path: Path) -> None:
     assert all(value > 0 for value in results[0]["measured"])
 
 
-def training_run(rank: int, kind: str, interval: int) -> dict:
+def training_run(rank: int, kind: str, interval: int, world: int) -> dict:
     torch.manual_seed(0)
     model = DistributedDataParallel(small_network(), bucket_cap_mb=0.0001)
     if kind != "none":
-        monitor = GradientMonitor(kind, interval, 8, WORLD)
+        monitor = GradientMonitor(kind, interval, 8, world)
         monitor.attach(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     for step in range(6):
@@ -114,16 +114,19 @@ def training_run(rank: int, kind: str, interval: int) -> dict:
     return {name: tensor.clone() for name, tensor in model.module.state_dict().items()}
 
 
-@pytest.fixture(scope="module")
-def plain_training(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    return spawn_gloo(training_run, WORLD, tmp_path_factory.mktemp("plain"), "none", 1)
+@pytest.fixture(scope="module", params=[2, 3], ids=["2-workers", "3-workers"])
+def plain_training(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Unmonitored training at 2 and 3 workers (at 3, gloo's all-reduce sums three operands: order matters)."""
+    return spawn_gloo(training_run, request.param, tmp_path_factory.mktemp("plain"), "none", 1, request.param)
 
 
 @pytest.mark.parametrize(("kind", "interval"), [("noise-scale", 1), ("variance", 1), ("variance", 4)])
 def test_monitoring_does_not_change_training(plain_training, tmp_path: Path, kind: str, interval: int) -> None:
-    monitored = spawn_gloo(training_run, WORLD, tmp_path, kind, interval)
-    for name, tensor in plain_training[0].items():
-        assert torch.equal(tensor, monitored[0][name]), name
+    world = len(plain_training)
+    monitored = spawn_gloo(training_run, world, tmp_path, kind, interval, world)
+    for rank in range(world):
+        for name, tensor in plain_training[rank].items():
+            assert torch.equal(tensor, monitored[rank][name]), (rank, name)
 
 
 def test_noise_scale_formulas_and_ema() -> None:

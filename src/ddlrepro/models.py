@@ -131,11 +131,27 @@ class CifarResNet(nn.Module):
         return self.head(self.features(x))
 
 
+class SmallNet(nn.Module):
+    """Two conv-BatchNorm layers and dropout before the classifier: the smallest model with both kinds of per-worker
+    state EasyScale must carry (BatchNorm buffers, the dropout RNG), for the consistency tests."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            *_conv_bn(3, 8, 3), nn.ReLU(inplace=True), *_conv_bn(8, 16, 3, 2), nn.ReLU(inplace=True)
+        )
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(0.5), nn.Linear(16, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
 MODELS: dict[str, ModelInfo] = {
     "resnet50": ModelInfo(ResNet50, image_size=224, num_classes=1000),
     "mobilenet_v2": ModelInfo(MobileNetV2, image_size=224, num_classes=1000),
     "resnet20": ModelInfo(lambda classes: CifarResNet(20, classes), image_size=32, num_classes=10),
     "resnet56": ModelInfo(lambda classes: CifarResNet(56, classes), image_size=32, num_classes=10),
+    "smallnet": ModelInfo(SmallNet, image_size=16, num_classes=10),
 }
 
 

@@ -103,7 +103,9 @@ class GradientMonitor:
         if carries_small_sq:
             gradient = torch.cat([gradient, torch.stack(self._small_sq).sum().reshape(1).to(gradient.dtype)])
         squares = gradient.square() if active and self.kind == "variance" else None
-        gradient.div_(self.world_size)
+        # DDP's own path multiplies by the reciprocal (Reducer: grad * (1 / world_size)); x / 3 and x * (1 / 3)
+        # differ in the last bit, so dividing here would change training at 3 workers.
+        gradient.mul_(1.0 / self.world_size)
         reduced = dist.all_reduce(gradient, async_op=True).get_future()
         if squares is None:
             return (

@@ -52,4 +52,6 @@ def build_keras_model(name: str, image_size: int | None = None) -> keras.Model:
         return keras.applications.MobileNetV2(
             weights=None, input_shape=shape, classes=info.num_classes, classifier_activation=None
         )
+    if not name.startswith("resnet"):
+        raise KeyError(f"model {name!r} has no Keras version; Keras models: mobilenet_v2, resnet20, resnet50, resnet56")
     return cifar_resnet(int(name.removeprefix("resnet")), side, info.num_classes)

@@ -9,8 +9,10 @@ without it, and continue from their in-memory state, losing at most the step in 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -42,6 +44,7 @@ class InPlaceWorker:
         self.event: ResizeEvent | None = None
         self.proposed: set[int] = set()
         self.warm = int(self.params.get("standby", 0)) > 0
+        self.record_state = bool(self.params.get("record_state", False))
 
     @property
     def rank(self) -> int:
@@ -139,6 +142,8 @@ class InPlaceWorker:
             if joiners_ready > 0:
                 self.event.mark("joiners_ready", joiners_ready)
             self.event.mark("synced")
+        if self.record_state:  # after the "synced" mark: hashing the state is not part of the resize's latency
+            self.trainer.record_state(self.group, "synced")
 
     def record_resume(self) -> None:
         """Rank 0's ledger note: training resumes at the agreed offset; slices at or beyond it were in a lost step."""
@@ -147,6 +152,10 @@ class InPlaceWorker:
     def leave(self, cluster: Cluster) -> None:
         """Leave the cluster (a leaver, or everyone at the stop); rank 0 reports the result at the stop."""
         rank = self.rank if self.group is not None else None
+        if self.record_state and rank is not None and not cluster.members:
+            self.trainer.record_state(self.group, "final")
+            if rank == 0:
+                self.trainer.save_final_state(Path(os.environ["DDLREPRO_RUN_DIR"]))
         if rank == 0 and not cluster.members:
             emit("result", rank=0, steps=self.trainer.step, samples=self.trainer.offset, last_version=cluster.version)
         self.leave_group()

@@ -254,12 +254,14 @@ def execute(spec: JobSpec, output: OutputCollector, apis: Apis | None = None) ->
     retries = spec.rendezvous["startup_retries"]
     deadline = time.monotonic() + spec.timeout_s
     for attempt in range(retries + 1):
-        apply(apis, spec, deadline)
+        apply(apis, spec)
         try:
             outcome = wait(apis, spec, deadline)
             pods = collect_logs(apis, spec, output, attempt, file_lines=outcome.raced is None or attempt == retries)
         finally:
-            delete(apis, spec, deadline)
+            left = delete(apis, spec)
+            if left:
+                output.add_line(-1, "stderr", f"could not delete {', '.join(left)}: delete them with kubectl")
         if outcome.raced is None or attempt == retries:
             break
         output.add_line(-1, "stderr", f"pod {outcome.raced} failed in a start-up race; starting the job again")
@@ -276,14 +278,19 @@ class Outcome:
     raced: str | None = None
 
 
-def apply(apis: Apis, spec: JobSpec, deadline: float) -> None:
-    """Create the objects; objects of the same run left by a launcher that was killed are deleted first."""
+def apply(apis: Apis, spec: JobSpec) -> None:
+    """Create the objects; objects of the same name (left by a killed launcher, or still terminating) are deleted
+    first, and creation waits until they are gone: the API server refuses a name that still exists (409)."""
     try:
         create(apis, spec)
     except client.ApiException as error:
         if error.status != 409:
             raise
-        delete(apis, spec, deadline)
+        left = delete(apis, spec)
+        if left:
+            raise RunFailed(
+                None, f"cannot start: objects of an earlier run are still there: {', '.join(left)}", []
+            ) from None
         create(apis, spec)
 
 
@@ -383,8 +390,9 @@ def collect_logs(
     return pods
 
 
-def delete(apis: Apis, spec: JobSpec, deadline: float) -> None:
-    """Delete the job (its pods with it, in the foreground) and the service; wait until the job is gone."""
+def delete(apis: Apis, spec: JobSpec) -> list[str]:
+    """Delete the job (its pods with it, in the foreground) and the service, and wait until they are gone (they
+    linger while terminating); return what is still there after DELETE_GRACE_S (e.g. held by a finalizer)."""
     namespace, name = spec.rendezvous["namespace"], spec.rendezvous["name"]
     body = client.V1DeleteOptions(propagation_policy="Foreground")
     for manifest in spec.manifests:
@@ -394,23 +402,34 @@ def delete(apis: Apis, spec: JobSpec, deadline: float) -> None:
             _ignore_missing(apis.batch.delete_namespaced_job, name, namespace, body=body)
         else:
             _ignore_missing(apis.custom.delete_namespaced_custom_object, **PYTORCHJOB, namespace=namespace, name=name)
-    while not gone(apis, spec) and time.monotonic() < deadline + DELETE_GRACE_S:
+    until = time.monotonic() + DELETE_GRACE_S
+    while (left := remaining(apis, spec)) and time.monotonic() < until:
         time.sleep(spec.rendezvous["poll_interval_s"])
+    return left
 
 
-def gone(apis: Apis, spec: JobSpec) -> bool:
-    """The job object and its pods no longer exist (a job of the same name can be created again)."""
+def remaining(apis: Apis, spec: JobSpec) -> list[str]:
+    """The run's objects and pods that still exist (terminating ones included), as 'Kind namespace/name'."""
     namespace, name = spec.rendezvous["namespace"], spec.rendezvous["name"]
+    readers = {
+        "Service": lambda: apis.core.read_namespaced_service(name, namespace),
+        "Job": lambda: apis.batch.read_namespaced_job(name, namespace),
+        "PyTorchJob": lambda: apis.custom.get_namespaced_custom_object(**PYTORCHJOB, namespace=namespace, name=name),
+    }
+    left = [
+        f"{manifest['kind']} {namespace}/{name}" for manifest in spec.manifests if _exists(readers[manifest["kind"]])
+    ]
+    return left + [f"Pod {namespace}/{pod.metadata.name}" for pod in list_pods(apis, spec)]
+
+
+def _exists(read: Any) -> bool:
     try:
-        if spec.rendezvous["kind"] == "job":
-            apis.batch.read_namespaced_job(name, namespace)
-        else:
-            apis.custom.get_namespaced_custom_object(**PYTORCHJOB, namespace=namespace, name=name)
+        read()
     except client.ApiException as error:
         if error.status != 404:
             raise
-        return not list_pods(apis, spec)
-    return False
+        return False
+    return True
 
 
 def _ignore_missing(call: Any, *args: Any, **kwargs: Any) -> None:

@@ -4,13 +4,17 @@
 The data are `dataset_size` synthetic samples; global step k trains samples [offset, offset + size × batch), rank r
 the slice [offset + r·batch, offset + (r+1)·batch) (modulo the dataset). The offset continues across resizes, so
 no sample is skipped or repeated; every rank prints a `ledger` record of the samples each of its steps trained.
+With `record_state`, every rank also prints a digest of its state after each resize and at the stop (checked to
+be equal across ranks), and rank 0 saves its final state to `final_state.pt`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -22,6 +26,7 @@ from ddlrepro.workloads.records import emit
 from ddlrepro.workloads.throughput import synthetic_batch
 
 MOMENTUM = 0.9
+FINAL_STATE = "final_state.pt"
 
 
 class Collectives(Protocol):
@@ -56,7 +61,8 @@ class ElasticTrainer:
 
     def __init__(self, params: dict[str, Any], threads: int) -> None:
         torch.set_num_threads(threads)
-        torch.manual_seed(params.get("seed", 0))
+        self.seed = params.get("seed", 0)
+        torch.manual_seed(self.seed)
         self.batch_size = params["batch_size"]
         self.model = build_model(params["model"])
         self.optimizer = torch.optim.SGD(
@@ -76,6 +82,7 @@ class ElasticTrainer:
         started = time.perf_counter()
         start = self.offset + rank * self.batch_size
         index = torch.arange(start, start + self.batch_size) % len(self.labels)
+        torch.manual_seed(slice_seed(self.seed, start))
         self.optimizer.zero_grad(set_to_none=False)
         F.cross_entropy(self.model(self.images[index]), self.labels[index]).backward()
         emit("ledger", rank=rank, step=self.step, start=start, count=self.batch_size, size=size, version=group.version)
@@ -104,6 +111,30 @@ class ElasticTrainer:
                     tensor.copy_(part.view_as(tensor))
         self.offset, self.step = (int(value) for value in progress)
 
+    def parameters_and_momentum(self) -> list[torch.Tensor]:
+        """What data-parallel steps keep equal on every rank (BatchNorm buffers follow each rank's own slices)."""
+        momentum = [self.optimizer.state[parameter]["momentum_buffer"] for parameter in self.model.parameters()]
+        return [*self.model.parameters(), *momentum]
+
+    def record_state(self, group: Collectives, state: str) -> None:
+        """A ledger record of this rank's state digest: `synced` (everything, right after a resize's state sync) or
+        `final` (parameters and momentum, at the stop)."""
+        tensors = self.state_tensors() if state == "synced" else self.parameters_and_momentum()
+        progress = torch.tensor([self.offset, self.step], dtype=torch.int64)
+        emit(
+            "ledger",
+            rank=group.rank,
+            step=self.step,
+            version=group.version,
+            state=state,
+            digest=digest([*tensors, progress]),
+        )
+
+    def save_final_state(self, run_dir: Path) -> None:
+        partial = run_dir / (FINAL_STATE + ".partial")
+        torch.save(self.checkpoint(), partial)
+        partial.replace(run_dir / FINAL_STATE)
+
     def checkpoint(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
@@ -116,6 +147,21 @@ class ElasticTrainer:
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.offset, self.step = checkpoint["offset"], checkpoint["step"]
+
+
+def slice_seed(seed: int, start: int) -> int:
+    """The RNG seed (dropout) of the slice starting at global offset `start`: a function of the samples, not of the
+    process that trains them, so a joiner draws what a fixed-size run would."""
+    return seed * 1_000_003 + start
+
+
+def digest(tensors: list[torch.Tensor]) -> str:
+    """sha256 of the bytes of every tensor, in order: two ranks with the same digest hold bit-identical tensors."""
+    hasher = hashlib.sha256()
+    for tensor in tensors:
+        hasher.update(str((tensor.dtype, tuple(tensor.shape))).encode())
+        hasher.update(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy())
+    return hasher.hexdigest()
 
 
 def _average_gradients(parameters: list[torch.Tensor], group: Collectives) -> None:
