@@ -397,3 +397,12 @@ def test_run_json_is_redacted_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("MY_SERVICE_TOKEN", "resnet20")
     run_point(tiny_point(workers=1), tmp_path / "run", timeout_s=120)
     assert '"model": "[REDACTED]"' in (tmp_path / "run" / "result.json").read_text()
+
+
+@needs_ssh_keygen
+def test_sign_key_may_start_with_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / ".ssh").mkdir()
+    ssh_key(tmp_path / ".ssh", "id_ed25519")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    signature = sign_manifest(b"{}", Path("~/.ssh/id_ed25519"))
+    assert signature.startswith(b"-----BEGIN SSH SIGNATURE-----")

@@ -146,6 +146,7 @@ def digest_file(bundle: Path) -> Path:
 
 def sign_manifest(manifest: bytes, key: Path) -> bytes:
     """An `ssh-keygen -Y sign` signature of MANIFEST.json with the private key (or agent-held key) `key`."""
+    key = key.expanduser()  # the config's `~/.ssh/id_ed25519` reaches here unexpanded: no shell in between
     with tempfile.TemporaryDirectory() as scratch:
         message = Path(scratch) / MANIFEST
         message.write_bytes(manifest)
