@@ -21,6 +21,7 @@ from conftest import LEAKY_SITE, copy_workflow, planned_jobs, snakemake, tiny_po
 
 import ddlrepro.bundle
 from ddlrepro.bundle import (
+    BUNDLE_FORMAT,
     MANIFEST,
     MANIFEST_DIGEST,
     SIGNATURE,
@@ -424,9 +425,9 @@ def figureless_members(**config_changes: object) -> dict[str, bytes]:
     }
 
 
-def figureless_bundle(members: dict[str, bytes], target: Path) -> Path:
+def figureless_bundle(members: dict[str, bytes], target: Path, version: int = BUNDLE_FORMAT) -> Path:
     """A bundle of no figure holding `members`, hashed as create_bundle hashes (so only re-deriving can object)."""
-    manifest = {"format": 1, "figures": [], "scale": "smoke", "files": {n: sha256(d) for n, d in members.items()}}
+    manifest = {"format": version, "figures": [], "scale": "smoke", "files": {n: sha256(d) for n, d in members.items()}}
     members = {**members, MANIFEST: json.dumps(manifest).encode()}
     members[MANIFEST_DIGEST] = f"{sha256(members[MANIFEST])}  {MANIFEST}\n".encode()
     write_tarball(target, "ddlrepro-x", members)
@@ -487,3 +488,11 @@ def test_expect_takes_a_pasted_digest_line() -> None:
     assert check_expected_digest(members, f"{sha256(b'{}')}  {MANIFEST}\n") == []
     assert check_expected_digest(members, f"sha256:{sha256(b'{}').upper()}") == []
     assert check_expected_digest(members, f"{'0' * 64}  {MANIFEST}")
+
+
+def test_an_older_format_is_verified_by_its_hashes_only(tmp_path: Path) -> None:
+    bundle = figureless_bundle(figureless_members(), tmp_path / "old.tar.gz", version=1)
+    assert verify_bundle(bundle, render=False) == []
+    assert verify_bundle(bundle) == [
+        f"{MANIFEST}: made by an older ddlrepro (format 1): re-derivation would differ; use --hashes-only"
+    ]

@@ -44,6 +44,8 @@ MANIFEST_DIGEST = "MANIFEST.sha256"
 SIGNATURE = "MANIFEST.json.sig"
 SIGNING_NAMESPACE = "ddlrepro-bundle"
 DIGEST_SUFFIX = ".manifest.sha256"
+# 2: the tables carry the host-load columns (foreign_share, steal_share, disturbed); a format-1 bundle's do not.
+BUNDLE_FORMAT = 2
 PIXEL_TOLERANCE = 2 / 255
 TABLE_TOLERANCE = 1e-9
 POINT_FOLDER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
@@ -64,7 +66,7 @@ def manifest_schema() -> dict[str, Any]:
         "type": "object",
         "required": ["format", "figures", "scale", "files"],
         "properties": {
-            "format": {"const": 1},
+            "format": {"enum": list(range(1, BUNDLE_FORMAT + 1))},
             "figures": {"type": "array", "items": {"enum": list(FIGURES)}, "uniqueItems": True},
             "scale": {"enum": scales},
             "files": {"type": "object", "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
@@ -126,7 +128,7 @@ def create_bundle(
         members[f"results/{path.relative_to(results).as_posix()}"] = path.read_bytes()
     refuse_secrets(members)
     manifest = {
-        "format": 1,
+        "format": BUNDLE_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git": git,
         "figures": figures,
@@ -366,6 +368,11 @@ def check_derived(members: dict[str, bytes]) -> list[str]:
     from ddlrepro.checks import collect_checks
 
     manifest = json.loads(members[MANIFEST])
+    if manifest["format"] < BUNDLE_FORMAT:
+        return [
+            f"{MANIFEST}: made by an older ddlrepro (format {manifest['format']}): re-derivation would differ;"
+            " use --hashes-only"
+        ]
     missing = [f"{name}: missing from the bundle" for name in REQUIRED_FOR_REDERIVING if name not in members]
     if missing:
         return missing
