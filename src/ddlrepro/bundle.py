@@ -35,6 +35,7 @@ import jsonschema
 import yaml
 
 from ddlrepro.config import CONFIG_SCHEMA, ConfigError, validate_config
+from ddlrepro.errors import UserError
 from ddlrepro.figures import FIGURES
 from ddlrepro.provenance import git_state
 from ddlrepro.redaction import find_secret
@@ -55,8 +56,8 @@ REQUIRED_FOR_REDERIVING = ("config-used.yaml", "references.yaml", "results/check
 SSH_KEYGEN_TIMEOUT_S = 60
 
 
-class BundleError(ValueError):
-    """The file is not a bundle that can be read safely; the message names the file and the member."""
+class BundleError(UserError):
+    """A bundle cannot be made, signed or read safely; the message names the file (and the member)."""
 
 
 def manifest_schema() -> dict[str, Any]:
@@ -172,9 +173,9 @@ def sign_manifest(manifest: bytes, key: Path) -> bytes:
                 " (waiting for a passphrase or an unreachable agent?)"
             ) from None
         except FileNotFoundError:
-            raise ValueError("bundle.sign_key is set but ssh-keygen is not installed") from None
+            raise BundleError("bundle.sign_key is set but ssh-keygen is not installed") from None
         except subprocess.CalledProcessError as failure:
-            raise ValueError(f"bundle.sign_key {key}: ssh-keygen could not sign: {failure.stderr.strip()}") from None
+            raise BundleError(f"bundle.sign_key {key}: ssh-keygen could not sign: {failure.stderr.strip()}") from None
         return message.with_name(SIGNATURE).read_bytes()
 
 
@@ -183,7 +184,7 @@ def refuse_secrets(members: dict[str, bytes]) -> None:
     for name, data in members.items():
         found = find_secret(unpacked(data) if name.endswith(".gz") else data)
         if found:
-            raise ValueError(f"refusing to bundle {name}: it contains the value of a secret variable ({found})")
+            raise BundleError(f"refusing to bundle {name}: it contains the value of a secret variable ({found})")
 
 
 def unpacked(data: bytes) -> bytes:

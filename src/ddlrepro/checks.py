@@ -20,6 +20,7 @@ import pandas as pd
 import yaml
 
 from ddlrepro.config import REPO_ROOT, validate_against
+from ddlrepro.errors import UserError
 
 REFERENCES_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "references.schema.yaml"
 CONFIG_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -28,7 +29,7 @@ COLUMNS = ["figure", "check", "status", "measured", "reference", "unit", "scale"
 HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]
 
 
-class ReferenceError(ValueError):
+class ReferenceError(UserError):
     """A reference cannot be evaluated against the figure's summary table."""
 
 

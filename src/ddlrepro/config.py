@@ -8,11 +8,13 @@ from typing import Any
 import jsonschema
 import yaml
 
+from ddlrepro.errors import UserError
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """The configuration does not satisfy its schema; the message lists every problem by key path."""
 
 
