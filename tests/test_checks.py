@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, copy_workflow, snakemake
 
-from ddlrepro.checks import ReferenceError, check_figure, evaluate, load_references
+from ddlrepro.checks import ReferenceError, check_exclude, check_figure, evaluate, load_references
 from ddlrepro.cli import main
 from ddlrepro.config import ConfigError, load_config
 from ddlrepro.figures import FIGURES, figure_module
@@ -343,3 +344,19 @@ def test_cli_keeps_the_traceback_of_a_bug(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr("ddlrepro.checks.check_figure", broken)
     message = cli_check(tmp_path)
     assert message.startswith("Traceback") and "KeyError: 'a bug'" in message
+
+
+def test_every_exclude_entry_must_name_a_reference() -> None:
+    references = load_references(REPO / "config" / "references.yaml")
+    check_exclude(["dlaas-scaling/" + references["dlaas-scaling"][0]["id"]], references)
+    wrong = ["kungfu-fig7/typo", "nosuchfigure/x", "dlaas-scaling"]
+    with pytest.raises(ReferenceError, match=re.escape(f"checks.exclude names {sorted(wrong)}: no such")):
+        check_exclude(wrong, references)
+
+
+def test_a_dry_run_refuses_an_exclude_typo_for_a_disabled_figure(tmp_path: Path) -> None:
+    workflow = copy_workflow(tmp_path)
+    (workflow / "typo.yaml").write_text("checks: {exclude: [kungfu-fig7/typo]}\n")
+    done = snakemake(workflow, "-n", "--configfile", "tests/configs/tiny.yaml", "typo.yaml", timeout=120)
+    assert done.returncode != 0
+    assert "checks.exclude names ['kungfu-fig7/typo']: no such" in done.stdout + done.stderr, done.stderr[-2000:]

@@ -50,6 +50,17 @@ def checks_settings(config: dict[str, Any]) -> dict[str, Any]:
     return {key: entry["default"] for key, entry in schema.items()} | config.get("checks", {})
 
 
+def check_exclude(
+    exclude: Collection[str], references: dict[str, list[dict[str, Any]]], source: str = "references.yaml"
+) -> None:
+    """ReferenceError naming every `checks.exclude` entry that is no '<figure>/<reference id>' in `source` (checked
+    at workflow start, so a typo is caught for every figure, built or not)."""
+    known = {f"{figure}/{reference['id']}" for figure, entries in references.items() for reference in entries}
+    unknown = sorted(set(exclude) - known)
+    if unknown:
+        raise ReferenceError(f"checks.exclude names {unknown}: no such '<figure>/<reference id>' in {source}")
+
+
 def selected_rows(summary: pd.DataFrame, selector: dict[str, Any], name: str) -> pd.DataFrame:
     """The summary rows a selector picks; `name` ('<figure>/<reference id>') goes into every error."""
     column = selector["column"]
