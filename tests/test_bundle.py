@@ -16,21 +16,28 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from conftest import LEAKY_SITE, copy_workflow, planned_jobs, snakemake, tiny_point, written_forms
 
+import ddlrepro.bundle
 from ddlrepro.bundle import (
+    BUNDLE_FORMAT,
     MANIFEST,
     MANIFEST_DIGEST,
     SIGNATURE,
     BundleError,
+    check_expected_digest,
     create_bundle,
     digest_file,
     read_bundle,
+    refuse_secrets,
     sha256,
     sign_manifest,
+    ssh_keygen,
     verify_bundle,
     write_tarball,
 )
+from ddlrepro.config import REPO_ROOT, load_config
 from ddlrepro.figures import FIGURES
 from ddlrepro.redaction import MARKER, redact, secret_values
 from ddlrepro.rundir import OutputCollector
@@ -397,3 +404,95 @@ def test_run_json_is_redacted_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("MY_SERVICE_TOKEN", "resnet20")
     run_point(tiny_point(workers=1), tmp_path / "run", timeout_s=120)
     assert '"model": "[REDACTED]"' in (tmp_path / "run" / "result.json").read_text()
+
+
+@needs_ssh_keygen
+def test_sign_key_may_start_with_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / ".ssh").mkdir()
+    ssh_key(tmp_path / ".ssh", "id_ed25519")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    signature = sign_manifest(b"{}", Path("~/.ssh/id_ed25519"))
+    assert signature.startswith(b"-----BEGIN SSH SIGNATURE-----")
+
+
+def figureless_members(**config_changes: object) -> dict[str, bytes]:
+    """What a bundle of no figure holds besides its manifest: the default config (with changes), references, checks."""
+    config = load_config(REPO_ROOT / "config" / "config.yaml") | config_changes
+    return {
+        "config-used.yaml": yaml.safe_dump(config).encode(),
+        "references.yaml": (REPO_ROOT / "config" / "references.yaml").read_bytes(),
+        "results/checks.tsv": b"figure\tcheck\tstatus\n",
+    }
+
+
+def figureless_bundle(members: dict[str, bytes], target: Path, version: int = BUNDLE_FORMAT) -> Path:
+    """A bundle of no figure holding `members`, hashed as create_bundle hashes (so only re-deriving can object)."""
+    manifest = {"format": version, "figures": [], "scale": "smoke", "files": {n: sha256(d) for n, d in members.items()}}
+    members = {**members, MANIFEST: json.dumps(manifest).encode()}
+    members[MANIFEST_DIGEST] = f"{sha256(members[MANIFEST])}  {MANIFEST}\n".encode()
+    write_tarball(target, "ddlrepro-x", members)
+    return target
+
+
+def test_a_figureless_bundle_verifies(tmp_path: Path) -> None:
+    assert verify_bundle(figureless_bundle(figureless_members(), tmp_path / "b.tar.gz")) == []
+
+
+def test_rederiving_needs_the_collected_checks(tmp_path: Path) -> None:
+    members = figureless_members()
+    del members["results/checks.tsv"]
+    assert verify_bundle(figureless_bundle(members, tmp_path / "b.tar.gz")) == [
+        "results/checks.tsv: missing from the bundle"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("checks", "wrong"),
+    [(None, "checks: None is not of type 'object'"), ({"exclude": "x/y"}, "checks.exclude: 'x/y' is not of type")],
+)
+def test_bundled_config_is_validated(checks: object, wrong: str, tmp_path: Path) -> None:
+    (problem,) = verify_bundle(figureless_bundle(figureless_members(checks=checks), tmp_path / "b.tar.gz"))
+    assert problem.startswith("config-used.yaml: invalid configuration") and wrong in problem, problem
+
+
+def test_ssh_keygen_hanging_is_a_bundle_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def hang(command: list[str], **options: object) -> None:
+        raise subprocess.TimeoutExpired(command, options["timeout"])
+
+    monkeypatch.setattr(ddlrepro.bundle.subprocess, "run", hang)
+    with pytest.raises(BundleError, match=r"bundle.sign_key .*id: ssh-keygen did not sign within 60 s"):
+        sign_manifest(b"{}", tmp_path / "id")
+    with pytest.raises(BundleError, match=r"^--allowed-signers: ssh-keygen -Y verify did not finish within 60 s"):
+        ssh_keygen(["-Y", "verify", "-f", "allowed"])
+
+
+def test_a_gz_member_that_is_not_gzip_is_searched_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    refuse_secrets({"results/runs/x/log.gz": b"plain text, not gzip"})
+    monkeypatch.setenv("DB_PASSWORD", "rocket-science")
+    with pytest.raises(ValueError, match=r"refusing to bundle results/runs/x/log\.gz"):
+        refuse_secrets({"results/runs/x/log.gz": b"the password is rocket-science"})
+
+
+def test_members_declaring_too_many_bytes_are_refused_unread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(ddlrepro.bundle, "MAX_BUNDLE_BYTES", 100)
+    info = tarfile.TarInfo("ddlrepro-x/big")
+    bundle = tarball(tmp_path / "big.tar.gz", (info, b"x" * 101))
+    with pytest.raises(
+        BundleError, match=r"files hold 101 bytes unpacked, more than verify reads \(MAX_BUNDLE_BYTES = 100"
+    ):
+        read_bundle(bundle)
+
+
+def test_expect_takes_a_pasted_digest_line() -> None:
+    members = {MANIFEST: b"{}"}
+    assert check_expected_digest(members, f"{sha256(b'{}')}  {MANIFEST}\n") == []
+    assert check_expected_digest(members, f"sha256:{sha256(b'{}').upper()}") == []
+    assert check_expected_digest(members, f"{'0' * 64}  {MANIFEST}")
+
+
+def test_an_older_format_is_verified_by_its_hashes_only(tmp_path: Path) -> None:
+    bundle = figureless_bundle(figureless_members(), tmp_path / "old.tar.gz", version=1)
+    assert verify_bundle(bundle, render=False) == []
+    assert verify_bundle(bundle) == [
+        f"{MANIFEST}: made by an older ddlrepro (format 1): re-derivation would differ; use --hashes-only"
+    ]

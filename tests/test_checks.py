@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, copy_workflow, snakemake
 
-from ddlrepro.checks import ReferenceError, check_figure, evaluate, load_references
+from ddlrepro.checks import ReferenceError, check_exclude, check_figure, evaluate, load_references
+from ddlrepro.cli import main
 from ddlrepro.config import ConfigError, load_config
 from ddlrepro.figures import FIGURES, figure_module
 
@@ -317,3 +319,44 @@ def test_a_disturbed_run_marks_the_summary_rows_that_depend_on_it() -> None:
         "tensorflow": False,
         "torch": True,  # torch/STAR at 2 workers too: ÷ torch's 1 worker
     }
+
+
+def cli_check(folder: Path, *exclude: str) -> str:
+    """What `ddlrepro check` exits with for dlaas-scaling on a one-row summary."""
+    (folder / "summary.csv").write_text("workers\n1\n")
+    command = ["check", "dlaas-scaling", "--summary", str(folder / "summary.csv"), "--scale", "smoke"]
+    command += ["--references", str(REPO / "config" / "references.yaml"), "--out", str(folder / "checks.tsv")]
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--exclude", *exclude])
+    return str(exited.value.code)
+
+
+def test_cli_prints_a_reference_error_without_traceback(tmp_path: Path) -> None:
+    assert cli_check(tmp_path, "dlaas-scaling/no-such-check") == (
+        "checks.exclude names ['dlaas-scaling/no-such-check'], which dlaas-scaling has no reference for"
+    )
+
+
+def test_cli_keeps_the_traceback_of_a_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*arguments: object) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr("ddlrepro.checks.check_figure", broken)
+    message = cli_check(tmp_path)
+    assert message.startswith("Traceback") and "KeyError: 'a bug'" in message
+
+
+def test_every_exclude_entry_must_name_a_reference() -> None:
+    references = load_references(REPO / "config" / "references.yaml")
+    check_exclude(["dlaas-scaling/" + references["dlaas-scaling"][0]["id"]], references)
+    wrong = ["kungfu-fig7/typo", "nosuchfigure/x", "dlaas-scaling"]
+    with pytest.raises(ReferenceError, match=re.escape(f"checks.exclude names {sorted(wrong)}: no such")):
+        check_exclude(wrong, references)
+
+
+def test_a_dry_run_refuses_an_exclude_typo_for_a_disabled_figure(tmp_path: Path) -> None:
+    workflow = copy_workflow(tmp_path)
+    (workflow / "typo.yaml").write_text("checks: {exclude: [kungfu-fig7/typo]}\n")
+    done = snakemake(workflow, "-n", "--configfile", "tests/configs/tiny.yaml", "typo.yaml", timeout=120)
+    assert done.returncode != 0
+    assert "checks.exclude names ['kungfu-fig7/typo']: no such" in done.stdout + done.stderr, done.stderr[-2000:]

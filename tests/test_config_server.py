@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from ddlrepro.elastic.client import ConfigClient
-from ddlrepro.elastic.server import MAX_BODY_BYTES, ClusterConfig, ConfigServer
+from ddlrepro.elastic.server import MAX_BODY_BYTES, ClusterConfig, ConfigServer, RequestError, _field
 from ddlrepro.launchers.elastic import host_store
 from ddlrepro.launchers.local import free_loopback_port
 
@@ -136,3 +136,12 @@ def test_the_store_listens_on_loopback_only() -> None:
     assert listening == ["127.0.0.1"]
     store.set("key", "value")
     assert store.get("key") == b"value"
+
+
+def test_int_fields_need_not_have_both_bounds() -> None:
+    assert _field({"n": 7}, "n", int) == 7
+    with pytest.raises(RequestError, match=r"^`n` must be a whole number from 0, got -1$") as refused:
+        _field({"n": -1}, "n", int, minimum=0)
+    assert refused.value.status == 400
+    with pytest.raises(RequestError, match=r"^`n` must be a whole number at most 5, got 6$"):
+        _field({"n": 6}, "n", int, maximum=5)

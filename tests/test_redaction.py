@@ -4,6 +4,7 @@ settings are not secrets, and the configuration may name more secret variables."
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import urllib.parse
@@ -138,3 +139,19 @@ def test_the_configuration_names_more_secret_variables(tmp_path: Path, monkeypat
     with pytest.raises(ConfigError, match=r"redaction\.variables\[0\]: not an environment variable name") as error:
         validate_config({**config, "redaction": {"variables": ["DATABASE_URL=postgres://me:pw@db/x"]}})
     assert "postgres" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("redaction", "problem"),
+    [
+        ({"variables": "s3cr3tValue"}, "redaction.variables: must be of type array"),
+        ({"variables": ["s3cr3tValue", "s3cr3tValue"]}, "redaction.variables: names a variable twice"),
+        ({"variables": [12345678]}, "redaction.variables[0]: must be of type string"),
+        ({"s3cr3tValue": "x"}, "redaction: unknown key(s), not shown (one may be a secret); allowed: variables"),
+    ],
+)
+def test_no_redaction_error_echoes_what_was_written(redaction: dict, problem: str) -> None:
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    with pytest.raises(ConfigError, match=re.escape(problem)) as error:
+        validate_config({**config, "redaction": redaction})
+    assert "s3cr3tValue" not in str(error.value) and "12345678" not in str(error.value)

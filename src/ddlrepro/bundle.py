@@ -34,7 +34,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-from ddlrepro.config import CONFIG_SCHEMA
+from ddlrepro.config import CONFIG_SCHEMA, ConfigError, validate_config
+from ddlrepro.errors import UserError
 from ddlrepro.figures import FIGURES
 from ddlrepro.provenance import git_state
 from ddlrepro.redaction import find_secret
@@ -44,13 +45,19 @@ MANIFEST_DIGEST = "MANIFEST.sha256"
 SIGNATURE = "MANIFEST.json.sig"
 SIGNING_NAMESPACE = "ddlrepro-bundle"
 DIGEST_SUFFIX = ".manifest.sha256"
+# 2: the tables carry the host-load columns (foreign_share, steal_share, disturbed); a format-1 bundle's do not.
+BUNDLE_FORMAT = 2
 PIXEL_TOLERANCE = 2 / 255
 TABLE_TOLERANCE = 1e-9
 POINT_FOLDER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+# verify reads every member into memory: a gzip bomb must be refused before that, by the sizes its headers declare.
+MAX_BUNDLE_BYTES = 4 * 2**30
+REQUIRED_FOR_REDERIVING = ("config-used.yaml", "references.yaml", "results/checks.tsv")
+SSH_KEYGEN_TIMEOUT_S = 60
 
 
-class BundleError(ValueError):
-    """The file is not a bundle that can be read safely; the message names the file and the member."""
+class BundleError(UserError):
+    """A bundle cannot be made, signed or read safely; the message names the file (and the member)."""
 
 
 def manifest_schema() -> dict[str, Any]:
@@ -60,7 +67,7 @@ def manifest_schema() -> dict[str, Any]:
         "type": "object",
         "required": ["format", "figures", "scale", "files"],
         "properties": {
-            "format": {"const": 1},
+            "format": {"enum": list(range(1, BUNDLE_FORMAT + 1))},
             "figures": {"type": "array", "items": {"enum": list(FIGURES)}, "uniqueItems": True},
             "scale": {"enum": scales},
             "files": {"type": "object", "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
@@ -122,7 +129,7 @@ def create_bundle(
         members[f"results/{path.relative_to(results).as_posix()}"] = path.read_bytes()
     refuse_secrets(members)
     manifest = {
-        "format": 1,
+        "format": BUNDLE_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "git": git,
         "figures": figures,
@@ -146,25 +153,46 @@ def digest_file(bundle: Path) -> Path:
 
 def sign_manifest(manifest: bytes, key: Path) -> bytes:
     """An `ssh-keygen -Y sign` signature of MANIFEST.json with the private key (or agent-held key) `key`."""
+    key = key.expanduser()  # the config's `~/.ssh/id_ed25519` reaches here unexpanded: no shell in between
     with tempfile.TemporaryDirectory() as scratch:
         message = Path(scratch) / MANIFEST
         message.write_bytes(manifest)
         command = ["ssh-keygen", "-q", "-Y", "sign", "-f", str(key), "-n", SIGNING_NAMESPACE, str(message)]
         try:
-            subprocess.run(command, capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL, timeout=60)
+            subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                check=True,
+                stdin=subprocess.DEVNULL,
+                timeout=SSH_KEYGEN_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            raise BundleError(
+                f"bundle.sign_key {key}: ssh-keygen did not sign within {SSH_KEYGEN_TIMEOUT_S} s"
+                " (waiting for a passphrase or an unreachable agent?)"
+            ) from None
         except FileNotFoundError:
-            raise ValueError("bundle.sign_key is set but ssh-keygen is not installed") from None
+            raise BundleError("bundle.sign_key is set but ssh-keygen is not installed") from None
         except subprocess.CalledProcessError as failure:
-            raise ValueError(f"bundle.sign_key {key}: ssh-keygen could not sign: {failure.stderr.strip()}") from None
+            raise BundleError(f"bundle.sign_key {key}: ssh-keygen could not sign: {failure.stderr.strip()}") from None
         return message.with_name(SIGNATURE).read_bytes()
 
 
 def refuse_secrets(members: dict[str, bytes]) -> None:
     """Raise naming the first file that holds a secret in any form (compressed members are searched unpacked)."""
     for name, data in members.items():
-        found = find_secret(gzip.decompress(data) if name.endswith(".gz") else data)
+        found = find_secret(unpacked(data) if name.endswith(".gz") else data)
         if found:
-            raise ValueError(f"refusing to bundle {name}: it contains the value of a secret variable ({found})")
+            raise BundleError(f"refusing to bundle {name}: it contains the value of a secret variable ({found})")
+
+
+def unpacked(data: bytes) -> bytes:
+    """A `.gz` file's content; the bytes as they are when it is not gzip after all (they are searched then)."""
+    try:
+        return gzip.decompress(data)
+    except (gzip.BadGzipFile, EOFError, zlib.error):
+        return data
 
 
 def write_tarball(out: Path, top: str, members: dict[str, bytes]) -> None:
@@ -187,9 +215,20 @@ def read_bundle(bundle: Path) -> dict[str, bytes]:
         with tarfile.open(bundle, "r:*") as tar:
             infos = tar.getmembers()
             names = member_names(bundle, infos)
+            refuse_oversized(bundle, infos)
             return {names[index]: tar.extractfile(info).read() for index, info in enumerate(infos) if info.isfile()}
     except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
         raise BundleError(f"{bundle}: not a readable bundle tarball ({type(error).__name__}: {error})") from None
+
+
+def refuse_oversized(bundle: Path, infos: list[tarfile.TarInfo]) -> None:
+    """BundleError when the members together declare more than MAX_BUNDLE_BYTES (nothing has been read yet)."""
+    total = sum(info.size for info in infos if info.isfile())
+    if total > MAX_BUNDLE_BYTES:
+        raise BundleError(
+            f"{bundle}: its files hold {total} bytes unpacked, more than verify reads"
+            f" (MAX_BUNDLE_BYTES = {MAX_BUNDLE_BYTES} in {__name__})"
+        )
 
 
 def member_names(bundle: Path, infos: list[tarfile.TarInfo]) -> list[str]:
@@ -284,7 +323,8 @@ def check_manifest(manifest: bytes) -> list[str]:
 
 def check_expected_digest(members: dict[str, bytes], expect: str) -> list[str]:
     """The outside anchor: MANIFEST.json's digest must be the one published beside the bundle."""
-    wanted = expect.strip().lower().removeprefix("sha256:")
+    # A line pasted from <bundle>.manifest.sha256 or `sha256sum MANIFEST.json` ("<hex>  MANIFEST.json") is fine too.
+    wanted = (expect.split() or [""])[0].lower().removeprefix("sha256:")
     actual = manifest_digest(members)
     if actual != wanted:
         return [f"{MANIFEST}: sha256 is {actual}, not the expected {wanted} (the bundle is not the one published)"]
@@ -313,7 +353,13 @@ def check_signature(members: dict[str, bytes], allowed_signers: Path) -> list[st
 
 def ssh_keygen(arguments: list[str], message: bytes = b"") -> subprocess.CompletedProcess[bytes]:
     try:
-        return subprocess.run(["ssh-keygen", *arguments], input=message, capture_output=True, timeout=60)
+        return subprocess.run(
+            ["ssh-keygen", *arguments], input=message, capture_output=True, timeout=SSH_KEYGEN_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise BundleError(
+            f"--allowed-signers: ssh-keygen {' '.join(arguments[:2])} did not finish within {SSH_KEYGEN_TIMEOUT_S} s"
+        ) from None
     except FileNotFoundError:
         raise BundleError("--allowed-signers needs ssh-keygen (OpenSSH ≥ 8.2), which is not installed") from None
 
@@ -323,6 +369,14 @@ def check_derived(members: dict[str, bytes]) -> list[str]:
     from ddlrepro.checks import collect_checks
 
     manifest = json.loads(members[MANIFEST])
+    if manifest["format"] < BUNDLE_FORMAT:
+        return [
+            f"{MANIFEST}: made by an older ddlrepro (format {manifest['format']}): re-derivation would differ;"
+            " use --hashes-only"
+        ]
+    missing = [f"{name}: missing from the bundle" for name in REQUIRED_FOR_REDERIVING if name not in members]
+    if missing:
+        return missing
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         try:
@@ -344,26 +398,33 @@ def check_derived(members: dict[str, bytes]) -> list[str]:
 def bundled_inputs(
     members: dict[str, bytes], manifest: dict[str, Any], folder: Path
 ) -> tuple[str, dict[str, list[dict[str, Any]]], dict[str, Any]]:
-    """The scale and checks settings recorded in the bundled config, and the bundled references (validated
-    against their schema)."""
+    """The scale and checks settings recorded in the bundled config, and the bundled references (each file
+    validated against its schema)."""
     from ddlrepro.checks import checks_settings, load_references
-    from ddlrepro.config import ConfigError
 
-    for name in ("config-used.yaml", "references.yaml"):
-        if name not in members:
-            raise ValueError(f"{name}: missing from the bundle")
-    try:
-        config = yaml.safe_load(members["config-used.yaml"])
-    except yaml.YAMLError as error:
-        raise ValueError(f"config-used.yaml: not YAML ({error})") from None
-    scale = config.get("scale") if isinstance(config, dict) else None
-    if scale != manifest["scale"]:
-        raise ValueError(f"config-used.yaml: scale {scale!r} differs from the manifest's {manifest['scale']!r}")
+    config = bundled_config(members["config-used.yaml"])
+    if config["scale"] != manifest["scale"]:
+        raise ValueError(
+            f"config-used.yaml: scale {config['scale']!r} differs from the manifest's {manifest['scale']!r}"
+        )
     (folder / "references.yaml").write_bytes(members["references.yaml"])
     try:
-        return scale, load_references(folder / "references.yaml"), checks_settings(config)
+        references = load_references(folder / "references.yaml")
     except (ConfigError, yaml.YAMLError) as error:
         raise ValueError(f"references.yaml: {error}") from None
+    return config["scale"], references, checks_settings(config)
+
+
+def bundled_config(data: bytes) -> dict[str, Any]:
+    """config-used.yaml, validated against the config schema as the workflow validated it before using it."""
+    try:
+        config = yaml.safe_load(data)
+        validate_config(config)
+    except yaml.YAMLError as error:
+        raise ValueError(f"config-used.yaml: not YAML ({error})") from None
+    except ConfigError as error:
+        raise ValueError(f"config-used.yaml: {error}") from None
+    return config
 
 
 def rederive_figure(

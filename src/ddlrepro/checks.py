@@ -20,6 +20,7 @@ import pandas as pd
 import yaml
 
 from ddlrepro.config import REPO_ROOT, validate_against
+from ddlrepro.errors import UserError
 
 REFERENCES_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "references.schema.yaml"
 CONFIG_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -28,7 +29,7 @@ COLUMNS = ["figure", "check", "status", "measured", "reference", "unit", "scale"
 HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]
 
 
-class ReferenceError(ValueError):
+class ReferenceError(UserError):
     """A reference cannot be evaluated against the figure's summary table."""
 
 
@@ -47,6 +48,17 @@ def checks_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The config's `checks` section with the schema's defaults filled in."""
     schema = yaml.safe_load(CONFIG_SCHEMA.read_text())["properties"]["checks"]["properties"]
     return {key: entry["default"] for key, entry in schema.items()} | config.get("checks", {})
+
+
+def check_exclude(
+    exclude: Collection[str], references: dict[str, list[dict[str, Any]]], source: str = "references.yaml"
+) -> None:
+    """ReferenceError naming every `checks.exclude` entry that is no '<figure>/<reference id>' in `source` (checked
+    at workflow start, so a typo is caught for every figure, built or not)."""
+    known = {f"{figure}/{reference['id']}" for figure, entries in references.items() for reference in entries}
+    unknown = sorted(set(exclude) - known)
+    if unknown:
+        raise ReferenceError(f"checks.exclude names {unknown}: no such '<figure>/<reference id>' in {source}")
 
 
 def selected_rows(summary: pd.DataFrame, selector: dict[str, Any], name: str) -> pd.DataFrame:

@@ -9,7 +9,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from ddlrepro.config import ConfigError, load_config
+from ddlrepro.config import load_config
+from ddlrepro.errors import UserError
 from ddlrepro.launchers.base import RunFailed
 from ddlrepro.points import Point
 from ddlrepro.redaction import redact
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         args.handler(args)
-    except ConfigError as error:
+    except UserError as error:  # its message is the whole story; anything else is a bug, shown with its traceback
         sys.exit(redact(str(error)))
     except Exception:
         sys.exit(redact(traceback.format_exc()))

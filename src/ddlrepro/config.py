@@ -8,11 +8,13 @@ from typing import Any
 import jsonschema
 import yaml
 
+from ddlrepro.errors import UserError
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """The configuration does not satisfy its schema; the message lists every problem by key path."""
 
 
@@ -27,9 +29,8 @@ def key_path(path: Any) -> str:
 def describe(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
     """One line per problem: the key path, then what is wrong and what would be valid."""
     where = key_path(error.absolute_path)
-    if list(error.absolute_path)[:1] == ["redaction"] and error.validator == "pattern":
-        # What was written here instead of a variable's name may be the secret itself: never echo it.
-        return f"{where}: not an environment variable name (give names only, never values)"
+    if list(error.absolute_path)[:1] == ["redaction"]:
+        return f"{where}: {_redaction_problem(error, schema)}"
     if error.validator in ("additionalProperties", "unevaluatedProperties"):
         allowed = sorted(_property_names(error.schema, schema))
         unknown = sorted(set(error.instance) - set(allowed))
@@ -39,6 +40,20 @@ def describe(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
     if error.validator == "oneOf":
         return f"{where}: {error.instance!r} is not valid: {error.schema.get('description', 'see the schema')}"
     return f"{where}: {error.message}"
+
+
+def _redaction_problem(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
+    """What is wrong under `redaction`, never echoing what was written there: it may be the secret itself."""
+    if error.validator == "pattern":
+        return "not an environment variable name (give names only, never values)"
+    if error.validator == "type":
+        return f"must be of type {error.validator_value} (give names only, never values)"
+    if error.validator == "uniqueItems":
+        return "names a variable twice"
+    if error.validator == "additionalProperties":
+        allowed = ", ".join(sorted(_property_names(error.schema, schema)))
+        return f"unknown key(s), not shown (one may be a secret); allowed: {allowed}"
+    return f"does not satisfy the schema's `{error.validator}` (what was written is not shown: it may be a secret)"
 
 
 def _property_names(subschema: dict[str, Any], schema: dict[str, Any]) -> set[str]:

@@ -12,8 +12,9 @@ from ddlrepro.jobenv import expose_to_jobs
 
 expose_to_jobs(Path(workflow.basedir) / "src")
 
-from ddlrepro.checks import checks_settings, load_references
-from ddlrepro.config import ConfigError, validate_config
+from ddlrepro.checks import check_exclude, checks_settings, load_references
+from ddlrepro.config import validate_config
+from ddlrepro.errors import UserError
 from ddlrepro.bundle import bundle_name, digest_file
 from ddlrepro.launchers.slurm import allocation
 from ddlrepro.figures import FIGURES, enabled_figures, figure_points, figure_source
@@ -25,11 +26,15 @@ try:
     validate_config(
         config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
     )
-    load_references(Path(config["references"]))
+    check_exclude(
+        checks_settings(config)["exclude"],
+        load_references(Path(config["references"])),
+        config["references"],
+    )
     POINTS = figure_points(config)
     check_sizes(POINTS, config["launcher"])
     declare_secret_variables(config.get("redaction", {}).get("variables", []))
-except (ConfigError, OSError) as error:
+except (UserError, OSError) as error:
     raise WorkflowError(str(error)) from None
 
 SOFTWARE = "../../envs/ddlrepro.yaml"

@@ -329,13 +329,26 @@ def _json_object(body: bytes) -> dict[str, Any]:
 def _field(
     request: dict[str, Any], name: str, kind: type, minimum: int | None = None, maximum: int | None = None
 ) -> Any:
+    """`request[name]` when it is a `kind` (an int within the bounds given); a 400 RequestError otherwise."""
     value = request.get(name)
-    out_of_bounds = kind is int and isinstance(value, int) and not minimum <= value <= maximum
-    if not isinstance(value, kind) or isinstance(value, bool) or out_of_bounds:
-        expected = f"a whole number from {minimum} to {maximum}" if kind is int else kind.__name__
+    if not isinstance(value, kind) or isinstance(value, bool) or not _within(value, minimum, maximum):
+        expected = _whole_number(minimum, maximum) if kind is int else kind.__name__
         shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
         raise RequestError(HTTPStatus.BAD_REQUEST, f"`{name}` must be {expected}, got {shown}")
     return value
+
+
+def _within(value: Any, minimum: int | None, maximum: int | None) -> bool:
+    """Whether an int lies within the bounds given (None: no bound on that side); True for any other value."""
+    if not isinstance(value, int):
+        return True
+    return (minimum is None or value >= minimum) and (maximum is None or value <= maximum)
+
+
+def _whole_number(minimum: int | None, maximum: int | None) -> str:
+    lower = f" from {minimum}" if minimum is not None else ""
+    upper = "" if maximum is None else f" {'to' if lower else 'at most'} {maximum}"
+    return f"a whole number{lower}{upper}"
 
 
 def _is_worker_id(value: Any) -> bool:
