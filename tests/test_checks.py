@@ -206,7 +206,12 @@ def synthetic_records(point) -> list[dict]:
             {"rank": rank, "step": step, "metric": metric, "value": value}
             for step in steps
             for rank in ranks
-            for metric, value in (("step_time_s", 0.1 * (1 + rank)), ("switch_time_s", 1e-4), ("rss_bytes", 2e8))
+            for metric, value in (
+                ("step_time_s", 0.1 * (1 + rank)),
+                ("switch_time_s", 1e-4),
+                ("rss_bytes", 2e8),
+                ("pss_bytes", 1.5e8),
+            )
         ] + [{"rank": 0, "step": step, "metric": "loss", "value": 2.0 + loss * step} for step in steps]
     return elastic_records(params)
 
