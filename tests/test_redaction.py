@@ -15,7 +15,7 @@ from conftest import REPO, written_forms
 
 from ddlrepro.bundle import create_bundle
 from ddlrepro.config import ConfigError, validate_config
-from ddlrepro.redaction import MARKER, NAMED_SECRETS_ENV, redact, secret_values
+from ddlrepro.redaction import MARKER, NAMED_SECRETS_ENV, redact, register_secret, secret_values
 from ddlrepro.rundir import OutputCollector, write_json_atomic
 
 # Quotes, a backslash, spaces, `$` and non-ASCII: each is escaped by JSON, repr, URLs or the shell.
@@ -138,3 +138,17 @@ def test_the_configuration_names_more_secret_variables(tmp_path: Path, monkeypat
     with pytest.raises(ConfigError, match=r"redaction\.variables\[0\]: not an environment variable name") as error:
         validate_config({**config, "redaction": {"variables": ["DATABASE_URL=postgres://me:pw@db/x"]}})
     assert "postgres" not in str(error.value)
+
+
+REGISTERED = "registered-by-one-test-7f3a9c"
+
+
+def test_a_registered_secret_is_redacted() -> None:
+    register_secret(REGISTERED)
+    assert REGISTERED in secret_values({})
+    assert MARKER in redact(f"token {REGISTERED}")
+
+
+def test_a_registered_secret_is_forgotten_by_the_next_test() -> None:
+    """Runs after the test above (file order): conftest's autouse fixture forgets what a test registered."""
+    assert REGISTERED not in secret_values({})
