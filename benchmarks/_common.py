@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ddlrepro.config import schema_default
 from ddlrepro.hostload import ForeignLoadMeter, HostLoad
 
-DISTURBED_SHARE = 0.10
+DISTURBED_SHARE = schema_default("checks", "max_foreign_share")  # the workflow's threshold
 
 
 @contextmanager

@@ -19,13 +19,12 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from ddlrepro.config import REPO_ROOT, validate_against
+from ddlrepro.config import CONFIG_SCHEMA, REPO_ROOT, validate_against
+from ddlrepro.tables import HOST_LOAD_COLUMNS
 
 REFERENCES_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "references.schema.yaml"
-CONFIG_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 COLUMNS = ["figure", "check", "status", "measured", "reference", "unit", "scale", "reason", "claim", "source"]
-HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]
 
 
 class ReferenceError(ValueError):

@@ -13,8 +13,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from ddlrepro.tables import HOST_LOAD_COLUMNS
+
 CONFIDENCE_Z = 1.96
-HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]
 REFERENCE_STYLE = {"color": "black", "marker": "*", "markersize": 11, "linestyle": "none", "zorder": 5}
 
 
