@@ -1,5 +1,5 @@
 """KungFu Fig 7: dynamic scaling — resize latency of in-place elastic training vs torchrun's restart
-(artifacts.md §1 Fig 7).
+("KungFu: Making Training in Distributed Machine Learning Adaptive", OSDI 2020, Fig 7; artifact lsds/KungFu).
 
 Points: the same resize schedule (`step:size,...`) run each way of `modes`: in place with joiners spawned cold, in
 place with a warm standby pool, and torchrun elastic (checkpoint, stop every worker, restart) with torch's default
