@@ -26,6 +26,7 @@ def measured() -> Iterator[ForeignLoadMeter]:
 
 
 def disturbed(load: HostLoad) -> bool:
+    """Whether foreign plus steal CPU exceeded the workflow's threshold while the figure was measured."""
     return load.foreign_share + load.steal_share > DISTURBED_SHARE
 
 
@@ -41,6 +42,7 @@ def verdict(met: bool | None, load: HostLoad, timed: bool = True) -> str:
 
 
 def load_note(load: HostLoad) -> str:
+    """The host load written beside a printed figure, in % of the host's CPU capacity."""
     return f"foreign load {100 * load.foreign_share:.1f} % (steal {100 * load.steal_share:.1f} %)"
 
 

@@ -25,8 +25,8 @@ def host_load_columns(result: dict, max_foreign_share: float) -> dict[str, objec
     foreign = load.get("foreign_share")
     steal = load.get("steal_share")
     foreign, steal = (float("nan") if share is None else float(share) for share in (foreign, steal))
-    seen = sum(share for share in (foreign, steal) if share == share)
-    return {"foreign_share": foreign, "steal_share": steal, "disturbed": seen > max_foreign_share}
+    known_load = sum(share for share in (foreign, steal) if share == share)  # NaN (unknown) counts as none
+    return {"foreign_share": foreign, "steal_share": steal, "disturbed": known_load > max_foreign_share}
 
 
 def run_rows(run_dir: Path, max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE) -> pd.DataFrame:
