@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ddlrepro.config import schema_default
 from ddlrepro.hostload import ForeignLoadMeter, HostLoad
 
-DISTURBED_SHARE = 0.10
+DISTURBED_SHARE = schema_default("checks", "max_foreign_share")  # the workflow's threshold
 
 
 @contextmanager
@@ -25,6 +26,7 @@ def measured() -> Iterator[ForeignLoadMeter]:
 
 
 def disturbed(load: HostLoad) -> bool:
+    """Whether foreign plus steal CPU exceeded the workflow's threshold while the figure was measured."""
     return load.foreign_share + load.steal_share > DISTURBED_SHARE
 
 
@@ -40,6 +42,7 @@ def verdict(met: bool | None, load: HostLoad, timed: bool = True) -> str:
 
 
 def load_note(load: HostLoad) -> str:
+    """The host load written beside a printed figure, in % of the host's CPU capacity."""
     return f"foreign load {100 * load.foreign_share:.1f} % (steal {100 * load.steal_share:.1f} %)"
 
 

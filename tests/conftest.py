@@ -9,11 +9,13 @@ import shutil
 import subprocess
 import sys
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from ddlrepro.points import Point
+from ddlrepro.redaction import forget_registered
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -30,6 +32,13 @@ WORKFLOW_PARTS = [
     "scripts",
     "pyproject.toml",
 ]
+
+
+@pytest.fixture(autouse=True)
+def _forget_registered_secrets() -> Iterator[None]:
+    """A token one test registers is redacted in that test only, not in every later test of the process."""
+    yield
+    forget_registered()
 
 
 def tiny_point(workers: int = 2, figure: str = "kungfu-fig9", **params) -> Point:

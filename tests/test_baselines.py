@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 import torch
 
@@ -49,6 +50,31 @@ def test_summed_pss_counts_pages_two_processes_share_once() -> None:
     rss_sum = (in_child["rss_bytes"] + in_parent["rss_bytes"]) / 2**20
     pss_sum = (in_child["pss_bytes"] + in_parent["pss_bytes"]) / 2**20
     assert rss_sum - pss_sum > 0.8 * SHARED_MIB, (rss_sum, pss_sum)
+
+
+def test_sampler_denied_pss_keeps_rss_and_records_no_pss(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A locked-down container may deny reading smaps (PSS): the sample keeps RSS and leaves PSS out."""
+
+    def denied(process: psutil.Process) -> None:
+        raise psutil.AccessDenied(process.pid)
+
+    ctx = RankContext(0, 1, 0, 1, 1, "gloo", torch.device("cpu"))
+    assert {"rss_bytes", "pss_bytes"} <= set(ResourceSampler(ctx, 1.0).sample())
+    monkeypatch.setattr(psutil.Process, "memory_full_info", denied)
+    sample = ResourceSampler(ctx, 1.0).sample()
+    assert sample["rss_bytes"] > 0
+    assert "pss_bytes" not in sample
+
+
+def test_peak_memory_of_a_run_without_pss_is_nan_beside_runs_with_it() -> None:
+    """A run whose sampler was denied PSS gets no total PSS, never a total of 0."""
+    table = pd.DataFrame(
+        memory_rows("pss_bytes", {("packed", 0): [10]})
+        + memory_rows("rss_bytes", {("packed", 0): [100], ("ests", 0): [120]})
+    )
+    memory = peak_memory(table).set_index("point_id")
+    assert memory.loc["packed", "total_pss_mib"] == 10
+    assert pd.isna(memory.loc["ests", "total_pss_mib"])
 
 
 def memory_rows(metric: str, values: dict[tuple[str, int], list[float]]) -> list[dict]:

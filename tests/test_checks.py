@@ -208,7 +208,12 @@ def synthetic_records(point) -> list[dict]:
             {"rank": rank, "step": step, "metric": metric, "value": value}
             for step in steps
             for rank in ranks
-            for metric, value in (("step_time_s", 0.1 * (1 + rank)), ("switch_time_s", 1e-4), ("rss_bytes", 2e8))
+            for metric, value in (
+                ("step_time_s", 0.1 * (1 + rank)),
+                ("switch_time_s", 1e-4),
+                ("rss_bytes", 2e8),
+                ("pss_bytes", 1.5e8),
+            )
         ] + [{"rank": 0, "step": step, "metric": "loss", "value": 2.0 + loss * step} for step in steps]
     return elastic_records(params)
 
@@ -290,7 +295,8 @@ def test_every_scale_any_check_of_every_smoke_figure_is_evaluated(figure: str) -
 
 def test_a_disturbed_run_marks_the_summary_rows_that_depend_on_it() -> None:
     """A ratio's row is disturbed when its denominator's run was: efficiency ÷ the 1-worker run, fig8's ratios
-    ÷ `none`; a run nothing else divides by marks only its own row."""
+    ÷ `none`, fig7's speed-ups ÷ the torchrun mode chosen as baseline (not the other one); a run nothing else
+    divides by marks only its own row, and fig7's absolute latencies only by their own run."""
     import matplotlib.pyplot as plt
 
     config = load_config(REPO / "config" / "config.yaml")
@@ -302,6 +308,11 @@ def test_a_disturbed_run_marks_the_summary_rows_that_depend_on_it() -> None:
         drawing, summary = figure_module(figure).plot(table, "smoke", [])
         plt.close(drawing)
         return summary
+
+    def disturbed_checks(figure: str, disturbed_point) -> list[str]:
+        summary = pd.read_csv(io.StringIO(disturbed_summary(figure, disturbed_point).to_csv(index=False)))
+        checks = check_figure(figure, summary, load_references(REPO / "config" / "references.yaml")[figure], "paper")
+        return sorted(checks.loc[checks["status"] == "disturbed", "check"])
 
     def disturbed_rows(figure: str, disturbed_point, key: str) -> dict:
         summary = disturbed_summary(figure, disturbed_point)
@@ -319,6 +330,15 @@ def test_a_disturbed_run_marks_the_summary_rows_that_depend_on_it() -> None:
         "tensorflow": False,
         "torch": True,  # torch/STAR at 2 workers too: ÷ torch's 1 worker
     }
+    # the made-up latencies make torchrun-tuned the faster baseline for every kind of event
+    speedups = ["shrink-10x-torchrun", "warm-grow-10x-torchrun"]
+    assert disturbed_checks("kungfu-fig7", lambda p: p.params["mode"] == "torchrun-tuned") == speedups
+    assert disturbed_checks("kungfu-fig7", lambda p: p.params["mode"] == "torchrun") == []
+    assert disturbed_checks("kungfu-fig7", lambda p: p.params["mode"] == "inplace-cold") == [
+        "grow-within-kungfu",
+        "shrink-10x-torchrun",
+        "shrink-within-kungfu",
+    ]
 
 
 def cli_check(folder: Path, *exclude: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, snakemake
+from conftest import REPO, snakemake, tiny_point
 
 from ddlrepro.config import CONFIG_SCHEMA, ConfigError, load_config, validate_config
 from ddlrepro.figures import FIGURES, figure_points
@@ -70,6 +70,22 @@ def test_schema_model_names_match_the_package() -> None:
     schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
     assert set(schema["$defs"]["model"]["enum"]) == set(MODELS)
     assert set(schema["properties"]["figures"]["properties"]) == set(FIGURES)
+
+
+def test_code_defaults_are_the_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The foreign-load threshold and the oversubscription a config leaves out come from the schema alone."""
+    from ddlrepro import cli, tables
+    from ddlrepro.checks import checks_settings
+    from ddlrepro.launchers import sizes
+
+    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())["properties"]
+    threshold = schema["checks"]["properties"]["max_foreign_share"]["default"]
+    assert tables.DEFAULT_MAX_FOREIGN_SHARE == checks_settings({})["max_foreign_share"] == threshold
+    assert cli.parser().parse_args(["tabulate", "r.json", "--out", "t.csv"]).max_foreign_share == threshold
+    factors = []
+    monkeypatch.setattr("ddlrepro.launchers.local.check_fits_machine", lambda _, factor: factors.append(factor))
+    sizes.check_sizes({"kungfu-fig9": {"p": tiny_point()}}, {"name": "local"})
+    assert factors == [schema["launcher"]["properties"]["oversubscription"]["default"]]
 
 
 def test_monitor_settings_are_checked(smoke: dict) -> None:

@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from ddlrepro.checks import check_figure, load_references
+from ddlrepro.checks import check_figure, checks_settings, load_references
 from ddlrepro.config import load_config
 from ddlrepro.figures import figure_module
 from ddlrepro.run import run_point
-from ddlrepro.tables import tidy_table
+from ddlrepro.tables import host_load_columns, tidy_table
 
 HOG_LIMIT_S = 120
+MAX_FOREIGN_SHARE = checks_settings({})["max_foreign_share"]
+TIMED_CHECKS = ["efficiency-at-2-workers", "two-workers-faster"]  # both divide by the 1-worker run
 
 
 @contextmanager
@@ -53,7 +55,7 @@ def dlaas_checks(tmp_path: Path) -> tuple[dict, object]:
     module = figure_module("dlaas-scaling")
     points = module.points(config["figures"]["dlaas-scaling"], config["launcher"])
     records = {point.id: run_point(point, tmp_path / point.id, timeout_s=300) for point in points}
-    table = tidy_table([tmp_path / point.id for point in points], max_foreign_share=0.1)
+    table = tidy_table([tmp_path / point.id for point in points], max_foreign_share=MAX_FOREIGN_SHARE)
     _, summary = module.plot(table, "smoke", [])
     references = load_references(REPO / "config" / "references.yaml")["dlaas-scaling"]
     return records, check_figure("dlaas-scaling", summary, references, "smoke").set_index("check")
@@ -62,17 +64,28 @@ def dlaas_checks(tmp_path: Path) -> tuple[dict, object]:
 @pytest.mark.slow
 def test_runs_beside_a_cpu_hog_are_disturbed_and_quiet_runs_are_judged(tmp_path: Path) -> None:
     with cpu_hogs():
-        records, checks = dlaas_checks(tmp_path / "busy")
-    for record in records.values():
+        busy, checks = dlaas_checks(tmp_path / "busy")
+    for record in busy.values():
         assert record["host_load"]["own_cpu"] == "this process and its descendants"
-        assert record["host_load"]["foreign_share"] > 0.1, record["host_load"]
-    assert set(checks.loc[["efficiency-at-2-workers", "two-workers-faster"], "status"]) == {"disturbed"}
+        assert record["host_load"]["foreign_share"] > MAX_FOREIGN_SHARE, record["host_load"]
+    assert set(checks.loc[TIMED_CHECKS, "status"]) == {"disturbed"}
 
-    records, checks = dlaas_checks(tmp_path / "quiet")  # disturbed too when other work loads this machine
-    assert all(record["host_load"]["foreign_share"] <= 0.1 for record in records.values()), [
-        record["host_load"] for record in records.values()
-    ]
-    assert set(checks.loc[["efficiency-at-2-workers", "two-workers-faster"], "status"]) <= {"pass", "fail"}
+    quiet, checks = quiet_checks(tmp_path / "quiet")
+    for point_id, record in quiet.items():
+        assert busy[point_id]["host_load"]["foreign_share"] > record["host_load"]["foreign_share"], point_id
+
+
+def quiet_checks(folder: Path) -> tuple[dict, object]:
+    """The same runs without a hog: judged (pass or fail) when their recorded load is under the threshold, and
+    `disturbed` exactly when above it (whatever else runs on this machine meanwhile)."""
+    records, checks = dlaas_checks(folder)
+    loaded = any(host_load_columns(record, MAX_FOREIGN_SHARE)["disturbed"] for record in records.values())
+    statuses, loads = set(checks.loc[TIMED_CHECKS, "status"]), [r["host_load"] for r in records.values()]
+    if loaded:
+        assert statuses == {"disturbed"}, loads
+    else:
+        assert statuses <= {"pass", "fail"}, loads
+    return records, checks
 
 
 def test_slurm_runs_count_the_job_cgroup_as_their_own_cpu(tmp_path: Path) -> None:

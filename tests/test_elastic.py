@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from conftest import LEAKY_SITE, snakemake, written_forms
 from torch import nn
 
+from ddlrepro.config import ConfigError
 from ddlrepro.elastic.client import ConfigClient, ConfigServerError
 from ddlrepro.elastic.cluster import TOKEN_ENV
 from ddlrepro.elastic.faults import live_records, worker_pid
@@ -390,6 +391,22 @@ def test_slurm_gives_an_elastic_point_one_node() -> None:
     slurm = {"tasks_per_node": 2, "mem_mb_per_worker": 1000, "gpus_per_node": 0, "partition": None, "account": None}
     settings = allocation(elastic_point("10:4,20:1,30:0"), slurm, runtime_min=30)
     assert (settings["nodes"], settings["tasks"], settings["tasks_per_node"]) == (1, 4, 4)
+
+
+def test_slurm_counts_an_elastic_points_standbys_as_the_local_launcher_does() -> None:
+    """Slurm sizes an elastic point by its peak processes (largest cluster + standbys), as local and Kubernetes do."""
+    from ddlrepro.launchers.local import check_fits_machine, peak_workers
+    from ddlrepro.launchers.slurm import allocation, check_cluster_limits
+
+    point = elastic_point("10:4,20:1,30:0", launcher="elastic", standby=2)
+    slurm = {"tasks_per_node": 2, "mem_mb_per_worker": 1000, "gpus_per_node": 0, "partition": None, "account": None}
+    settings = allocation(point, slurm, runtime_min=30)
+    assert peak_workers(point) == 6
+    assert (settings["nodes"], settings["tasks"], settings["tasks_per_node"]) == (1, 6, 6)
+    with pytest.raises(ConfigError, match="6 workers"):
+        check_fits_machine(point, oversubscription=1, cores=5)
+    with pytest.raises(ConfigError, match="6 workers"):
+        check_cluster_limits(point, slurm | {"cpus_per_node": 5})
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from conftest import REPO, written_forms
 
 from ddlrepro.bundle import create_bundle
 from ddlrepro.config import ConfigError, validate_config
-from ddlrepro.redaction import MARKER, NAMED_SECRETS_ENV, redact, secret_values
+from ddlrepro.redaction import MARKER, NAMED_SECRETS_ENV, redact, register_secret, secret_values
 from ddlrepro.rundir import OutputCollector, write_json_atomic
 
 # Quotes, a backslash, spaces, `$` and non-ASCII: each is escaped by JSON, repr, URLs or the shell.
@@ -155,3 +155,17 @@ def test_no_redaction_error_echoes_what_was_written(redaction: dict, problem: st
     with pytest.raises(ConfigError, match=re.escape(problem)) as error:
         validate_config({**config, "redaction": redaction})
     assert "s3cr3tValue" not in str(error.value) and "12345678" not in str(error.value)
+
+
+REGISTERED = "registered-by-one-test-7f3a9c"
+
+
+def test_a_registered_secret_is_redacted() -> None:
+    register_secret(REGISTERED)
+    assert REGISTERED in secret_values({})
+    assert MARKER in redact(f"token {REGISTERED}")
+
+
+def test_a_registered_secret_is_forgotten_by_the_next_test() -> None:
+    """Runs after the test above (file order): conftest's autouse fixture forgets what a test registered."""
+    assert REGISTERED not in secret_values({})

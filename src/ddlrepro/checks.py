@@ -19,14 +19,13 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from ddlrepro.config import REPO_ROOT, validate_against
+from ddlrepro.config import CONFIG_SCHEMA, REPO_ROOT, validate_against
 from ddlrepro.errors import UserError
+from ddlrepro.tables import HOST_LOAD_COLUMNS
 
 REFERENCES_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "references.schema.yaml"
-CONFIG_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
 COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 COLUMNS = ["figure", "check", "status", "measured", "reference", "unit", "scale", "reason", "claim", "source"]
-HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]
 
 
 class ReferenceError(UserError):
@@ -107,10 +106,18 @@ def host_load(summary: pd.DataFrame, reference: dict[str, Any], name: str) -> tu
     missing = sorted(set(HOST_LOAD_COLUMNS) - set(summary.columns))
     if missing:
         raise ReferenceError(f"reference {name} is a timing check but the summary has no {missing} columns")
-    rows = pd.concat([selected_rows(summary, selector, name) for selector in selectors(reference)])
+    rows = pd.concat([selector_load(summary, selector, name) for selector in selectors(reference)])
     disturbed = rows["disturbed"].astype(str).str.lower().isin(["true", "1"]).any()
     foreign, steal = rows["foreign_share"].max(), rows["steal_share"].max()
     return bool(disturbed), f"foreign CPU load up to {foreign:.2f} and steal {steal:.2f} of the host while measuring"
+
+
+def selector_load(summary: pd.DataFrame, selector: dict[str, Any], name: str) -> pd.DataFrame:
+    """The host-load columns of the rows a selector picks: the column's own (`<column>_disturbed`, ...) where the
+    summary gives them (a ratio over runs other than its row's), else the row's."""
+    own = {f"{selector['column']}_{column}": column for column in HOST_LOAD_COLUMNS}
+    rows = selected_rows(summary, selector, name)
+    return rows[list(own)].rename(columns=own) if set(own) <= set(rows.columns) else rows[HOST_LOAD_COLUMNS]
 
 
 def evaluate(

@@ -9,7 +9,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from ddlrepro.config import load_config
+from ddlrepro.config import load_config, schema_default
 from ddlrepro.errors import UserError
 from ddlrepro.launchers.base import RunFailed
 from ddlrepro.points import Point
@@ -201,7 +201,10 @@ def parser() -> argparse.ArgumentParser:
     tabulate.add_argument("results", nargs="+", help="result.json files of the runs")
     tabulate.add_argument("--out", required=True)
     tabulate.add_argument(
-        "--max-foreign-share", type=float, default=0.1, help="a run is disturbed above this foreign + steal CPU share"
+        "--max-foreign-share",
+        type=float,
+        default=schema_default("checks", "max_foreign_share"),
+        help="a run is disturbed above this foreign + steal CPU share",
     )
     tabulate.set_defaults(handler=cmd_tabulate)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,20 @@ def validate_against(instance: Any, schema_path: Path, name: str) -> None:
     if errors:
         lines = "\n".join(f"  - {describe(leaf, schema)}" for error in errors for leaf in _leaves(error))
         raise ConfigError(f"invalid {name} (schema {schema_path.name}):\n{lines}")
+
+
+@functools.cache
+def _config_schema() -> dict[str, Any]:
+    return yaml.safe_load(CONFIG_SCHEMA.read_text())
+
+
+def schema_default(*keys: str) -> Any:
+    """The default the config schema declares at a key path, e.g. `schema_default("checks", "max_foreign_share")`:
+    code that needs a setting the user left out reads it here, so the schema stays its one source."""
+    node = _config_schema()
+    for key in keys:
+        node = node["properties"][key]
+    return node["default"]
 
 
 def validate_config(config: dict[str, Any], schema_path: Path = CONFIG_SCHEMA) -> None:

@@ -12,9 +12,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
+from matplotlib.container import BarContainer
+
+from ddlrepro.tables import HOST_LOAD_COLUMNS
 
 CONFIDENCE_Z = 1.96
-HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]
 REFERENCE_STYLE = {"color": "black", "marker": "*", "markersize": 11, "linestyle": "none", "zorder": 5}
 
 
@@ -177,7 +179,7 @@ def note_disturbed(axis: plt.Axes, summary: pd.DataFrame, label: list[str]) -> N
     )
 
 
-def hatch_disturbed(bars: Any, disturbed: Iterable[bool]) -> None:
+def hatch_disturbed(bars: BarContainer, disturbed: Iterable[bool]) -> None:
     """Hatch and outline the bars whose runs were disturbed."""
     for bar, flagged in zip(bars, disturbed, strict=True):
         if flagged:

@@ -88,6 +88,11 @@ def register_secret(value: str) -> None:
         _registered.add(value)
 
 
+def forget_registered() -> None:
+    """Forget every registered value (the set lives as long as the process: tests start each from none)."""
+    _registered.clear()
+
+
 def secret_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Secret values by the variable that holds them (registered values under `<registered>`)."""
     environ = os.environ if environ is None else environ

@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from ddlrepro.config import schema_default
 from ddlrepro.rundir import RESULT
 
 POINT_COLUMNS = ["figure", "point_id", "workload", "workers", "threads_per_worker"]
 RECORD_COLUMNS = ["rank", "iteration", "step", "size_bytes", "time", "metric", "value"]
 INTEGER_COLUMNS = ["iteration", "step", "size_bytes"]
 SKIPPED_METRIC = "skipped"
-DEFAULT_MAX_FOREIGN_SHARE = 0.1
+DEFAULT_MAX_FOREIGN_SHARE = schema_default("checks", "max_foreign_share")
+HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]  # the run's load, as host_load_columns gives it
 
 
 def host_load_columns(result: dict, max_foreign_share: float) -> dict[str, object]:
@@ -23,8 +25,8 @@ def host_load_columns(result: dict, max_foreign_share: float) -> dict[str, objec
     foreign = load.get("foreign_share")
     steal = load.get("steal_share")
     foreign, steal = (float("nan") if share is None else float(share) for share in (foreign, steal))
-    seen = sum(share for share in (foreign, steal) if share == share)
-    return {"foreign_share": foreign, "steal_share": steal, "disturbed": seen > max_foreign_share}
+    known_load = sum(share for share in (foreign, steal) if share == share)  # NaN (unknown) counts as none
+    return {"foreign_share": foreign, "steal_share": steal, "disturbed": known_load > max_foreign_share}
 
 
 def run_rows(run_dir: Path, max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE) -> pd.DataFrame:

@@ -38,7 +38,9 @@ MAX_BODY_BYTES = 64 * 1024
 MAX_WAIT_S = 60.0
 MAX_DIGITS = 18  # any number a client may send fits in 64 bits; int() of 5,000 digits raises instead
 MAX_WORKER_ID = 2**31 - 1
-LISTEN_BACKLOG = 1024  # every worker long-polls at once; the default backlog of 5 made 200 polls wait up to 31 s
+# Every worker and standby of a job connects at once, to this server (long polls: the default backlog of 5 made 200
+# polls wait up to 31 s) and to the job's TCPStore socket (launchers/elastic.py).
+LISTEN_BACKLOG = 1024
 DRAIN_BYTES = 16 * 1024 * 1024  # an oversized body is read and dropped up to this much, so the client gets its 413
 DRAIN_S = 5.0
 

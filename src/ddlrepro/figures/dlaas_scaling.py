@@ -1,4 +1,5 @@
-"""IBM DLaaS scaling-efficiency table (artifacts.md §3): images/s and efficiency vs workers, one model and batch.
+"""IBM DLaaS scaling-efficiency table ("IBM Deep Learning Service", IBM J. Res. Dev. 2017): images/s and
+efficiency vs workers, one model and batch.
 
 Points: one throughput run per number of workers. Plot: total images/s against the ideal, and efficiency
 rate_N / (N × rate_1) beside the DLaaS measurements; the summary table is the DLaaS-style table.

@@ -1,4 +1,5 @@
-"""EasyScale Fig 9: accuracy consistency under elasticity (artifacts.md §2, Fig 9).
+"""EasyScale Fig 9: accuracy consistency under elasticity ("EasyScale: Accuracy-consistent Elastic Training for
+Deep Learning", SC 2023, Fig 9; artifact sUntvoOk/EasyScale_info_for_SC23, accuracy-consistency/).
 
 Points: for D1 and D0, a baseline of E processes × 1 EST for S steps, and an elastic run in stages of S/len(stages)
 steps on the configured placements, each stage continuing from the previous stage's checkpoint; plain DDP over E

@@ -32,14 +32,18 @@ def median_step_time(steps: pd.DataFrame, by: str) -> pd.DataFrame:
 
 
 def peak_memory(table: pd.DataFrame) -> pd.DataFrame:
-    """Per run: the sum over its processes of each process's peak PSS and, beside it, peak RSS, in MiB."""
+    """Per run: the sum over its processes of each process's peak PSS and, beside it, peak RSS, in MiB; NaN for a
+    run with no samples of one (its sampler was denied PSS), never 0."""
     sampled = table[table["metric"].isin(MEMORY_COLUMNS)]
     per_rank = sampled.pivot_table(index=["point_id", "rank"], columns="metric", values="value", aggfunc="max")
     missing = set(MEMORY_COLUMNS) - set(per_rank.columns)
     if missing:
-        raise ValueError(f"no {', '.join(sorted(missing))} samples in the runs: rerun them with this version")
+        raise ValueError(
+            f"no {', '.join(sorted(missing))} samples in the runs: rerun them with this version"
+            " (PSS also needs /proc/<pid>/smaps_rollup to be readable)"
+        )
     return (
-        (per_rank.groupby("point_id").sum() / 2**20)
+        (per_rank.groupby("point_id").sum(min_count=1) / 2**20)
         .rename(columns=MEMORY_COLUMNS)[list(MEMORY_COLUMNS.values())]
         .reset_index()
     )

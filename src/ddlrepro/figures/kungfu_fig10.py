@@ -1,4 +1,5 @@
-"""KungFu Fig 10: training throughput with NCCL against gloo, per communication strategy (artifacts.md §1, Fig 10).
+"""KungFu Fig 10: training throughput with NCCL against gloo, per communication strategy ("KungFu: Making Training
+in Distributed Machine Learning Adaptive", OSDI 2020, Fig 10; artifact lsds/KungFu).
 
 Points: one torch throughput run per (backend, strategy), same model, batch and workers. NCCL needs CUDA: on a
 machine without it those points are not run and are reported as skipped, with the reason ("skipped: needs

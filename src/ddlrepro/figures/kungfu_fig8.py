@@ -1,4 +1,5 @@
-"""KungFu Fig 8: the cost of online training monitors (artifacts.md §1, Fig 8).
+"""KungFu Fig 8: the cost of online training monitors ("KungFu: Making Training in Distributed Machine Learning
+Adaptive", OSDI 2020, Fig 8; artifact lsds/KungFu).
 
 Points: one throughput run per monitor setting (`none`, `noise-scale@k`, `variance@k`: monitor on every k-th
 step), same model, batch and workers. Plot: per-worker img/s (mean ± 1.96·std) with the overhead against `none`

@@ -1,5 +1,5 @@
 """KungFu Fig 9: throughput scalability of synchronous data-parallel training, by framework and strategy
-(artifacts.md §1, Fig 9).
+("KungFu: Making Training in Distributed Machine Learning Adaptive", OSDI 2020, Fig 9; artifact lsds/KungFu).
 
 Points: one throughput run per (model, variant, workers). A variant is a framework and how it averages gradients:
 `torch/<STRATEGY>` (DDP with one of KungFu's strategies, strategies.py; at 1 worker only RING, as there is nothing

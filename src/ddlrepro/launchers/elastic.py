@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ddlrepro.elastic import cluster as membership
 from ddlrepro.elastic.ledger import LedgerError, verify
 from ddlrepro.elastic.schedule import largest_size, parse_schedule
-from ddlrepro.elastic.server import ClusterConfig, ConfigServer, RequestError
+from ddlrepro.elastic.server import LISTEN_BACKLOG, ClusterConfig, ConfigServer, RequestError
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
 from ddlrepro.launchers.local import free_loopback_port
 from ddlrepro.launchers.processes import POLL_INTERVAL_S, Started, drain, start, stop
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 WORKER_MODULE = "ddlrepro.elastic.worker"
-LISTEN_BACKLOG = 1024  # every worker and standby of the job connects at once
 
 
 def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:

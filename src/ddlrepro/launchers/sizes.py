@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ddlrepro.config import schema_default
 from ddlrepro.points import Point
-
-DEFAULT_OVERSUBSCRIPTION = 2
 
 
 def check_sizes(points: dict[str, dict[str, Point]], launcher: dict[str, Any]) -> None:
@@ -29,5 +28,5 @@ def _checker(launcher: dict[str, Any]) -> Callable[[Point], None]:
         return lambda point: check_pods(point, launcher["kubernetes"])
     from ddlrepro.launchers.local import check_fits_machine
 
-    factor = launcher.get("oversubscription", DEFAULT_OVERSUBSCRIPTION)
+    factor = launcher.get("oversubscription", schema_default("launcher", "oversubscription"))
     return lambda point: check_fits_machine(point, factor)

@@ -24,7 +24,7 @@ from typing import Any
 
 from ddlrepro.config import ConfigError
 from ddlrepro.launchers.base import JobSpec, RunFailed, WorkerSpec
-from ddlrepro.launchers.local import check_image_can_run, launch_mode
+from ddlrepro.launchers.local import check_image_can_run, launch_mode, peak_workers
 from ddlrepro.launchers.processes import run_to_completion
 from ddlrepro.points import Point
 from ddlrepro.rundir import OutputCollector
@@ -89,7 +89,7 @@ def allocation(point: Point, slurm: dict[str, Any], runtime_min: int) -> dict[st
     nodes, per_node = node_shape(point, slurm)
     settings = {
         "nodes": nodes,
-        "tasks": point.workers,
+        "tasks": peak_workers(point),
         "tasks_per_node": per_node,
         "cpus_per_task": point.threads_per_worker,
         "mem_mb": slurm["mem_mb_per_worker"] * per_node,
@@ -110,8 +110,8 @@ def check_cluster_limits(point: Point, slurm: dict[str, Any]) -> None:
     cpus = per_node * point.threads_per_worker
     if nodes > slurm.get("max_nodes", nodes):
         raise ConfigError(
-            f"{point.figure} point {point.id}: needs {nodes} nodes ({point.workers} workers, {per_node} per node), "
-            f"over launcher.slurm.max_nodes {slurm['max_nodes']}"
+            f"{point.figure} point {point.id}: needs {nodes} nodes ({peak_workers(point)} workers, {per_node} per"
+            f" node), over launcher.slurm.max_nodes {slurm['max_nodes']}"
         )
     if cpus > slurm.get("cpus_per_node", cpus):
         raise ConfigError(
@@ -121,10 +121,12 @@ def check_cluster_limits(point: Point, slurm: dict[str, Any]) -> None:
 
 
 def node_shape(point: Point, slurm: dict[str, Any]) -> tuple[int, int]:
-    """(nodes, tasks per node): one task per worker, `tasks_per_node` to a node; elastic points on one node."""
+    """(nodes, tasks per node): one task per worker, `tasks_per_node` to a node; elastic points on one node, with
+    room for their peak (largest cluster plus standbys, counted as the local and Kubernetes launchers do)."""
+    workers = peak_workers(point)
     single_node = point.params.get("launcher") in SINGLE_NODE_LAUNCHERS
-    per_node = point.workers if single_node else min(point.workers, slurm["tasks_per_node"])
-    return math.ceil(point.workers / per_node), per_node
+    per_node = workers if single_node else min(workers, slurm["tasks_per_node"])
+    return math.ceil(workers / per_node), per_node
 
 
 def render(

@@ -3,7 +3,7 @@ c10d rendezvous on loopback; the launcher starts agents when the cluster grows a
 shrinks, and torchrun restarts every worker each time membership changes (`elastic/restart.py` resumes them from
 the checkpoint).
 
-Rendezvous settings as measured to work here (environment.md): `last_call_timeout=1` with
+Rendezvous settings as measured to work with the pinned torch (envs/requirements.txt): `last_call_timeout=1` with
 `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (a fresh store per round), else restarts fail in gloo's connectFullMesh.
 
 Shrinking: torch has no graceful way for one agent to leave. An agent stopped by a signal skips the rendezvous

@@ -131,6 +131,7 @@ class ElasticTrainer:
         )
 
     def save_final_state(self, run_dir: Path) -> None:
+        """Write the trained state to `final_state.pt` in the run folder, atomically (the tests compare it)."""
         partial = run_dir / (FINAL_STATE + ".partial")
         torch.save(self.checkpoint(), partial)
         partial.replace(run_dir / FINAL_STATE)

@@ -109,19 +109,23 @@ class ResourceSampler(threading.Thread):
                 emit("metric", rank=self.ctx.rank, metric=metric, value=value, iteration=None)
 
     def sample(self) -> dict[str, float]:
-        # PSS (smaps_rollup) charges each shared page (libtorch) to its sharers in part: summed over a job's
-        # processes it counts those pages once, where RSS counts them in every process.
-        memory = self.process.memory_full_info()
-        values = {
-            "cpu_percent": self.process.cpu_percent(None),
-            "rss_bytes": float(memory.rss),
-            "pss_bytes": float(memory.pss),
-        }
+        values = {"cpu_percent": self.process.cpu_percent(None), **self.memory()}
         if self.ctx.device.type == "cuda":
             values["gpu_memory_bytes"] = float(torch.cuda.memory_allocated(self.ctx.device))
             with contextlib.suppress(ModuleNotFoundError, RuntimeError):
                 values["gpu_utilization_percent"] = float(torch.cuda.utilization(self.ctx.device))
         return values
+
+    def memory(self) -> dict[str, float]:
+        """RSS and PSS; RSS alone (PSS left out, not recorded) where reading this process's smaps is denied."""
+        # PSS (smaps_rollup) charges each shared page (libtorch) to its sharers in part: summed over a job's
+        # processes it counts those pages once, where RSS counts them in every process. Locked-down containers
+        # may deny smaps; the exception would end this thread and lose RSS too.
+        try:
+            memory = self.process.memory_full_info()
+        except psutil.AccessDenied:
+            return {"rss_bytes": float(self.process.memory_info().rss)}
+        return {"rss_bytes": float(memory.rss), "pss_bytes": float(memory.pss)}
 
     def __enter__(self) -> ResourceSampler:
         self.start()
