@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ddlrepro.points import Point
 from ddlrepro.redaction import forget_registered
@@ -32,6 +33,15 @@ WORKFLOW_PARTS = [
     "scripts",
     "pyproject.toml",
 ]
+
+
+ONE_WORKER_COUNT_DLAAS = ("dlaas-scaling/efficiency-at-2-workers", "dlaas-scaling/two-workers-faster")
+
+
+def checks_excluding(*references: str) -> str:
+    """A `checks:` section excluding `references` beside tiny.yaml's own (a later config file replaces a list)."""
+    tiny = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text())["checks"]["exclude"]
+    return yaml.safe_dump({"checks": {"exclude": [*tiny, *references]}})
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import REPO, copy_workflow, tiny_point
+from conftest import ONE_WORKER_COUNT_DLAAS, REPO, checks_excluding, copy_workflow, tiny_point
 from test_local_launcher import wait_for, worker_pids
 
 from ddlrepro.figures import FIGURES
@@ -150,10 +150,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     subprocess.run([script, "stop", str(state)], capture_output=True, timeout=60)
 
 
-def only(workdir: Path, name: str, sections: dict[str, str]) -> str:
-    """A config file enabling just `sections` (figure id → YAML flow mapping of overrides)."""
+def only(workdir: Path, name: str, sections: dict[str, str], checks: str = "") -> str:
+    """A config file enabling just `sections` (figure id → YAML flow mapping of overrides), and a `checks` section."""
     lines = [f"  {figure}: {sections.get(figure, '{enabled: false}')}" for figure in FIGURES]
-    (workdir / name).write_text("figures:\n" + "\n".join(lines) + "\n")
+    (workdir / name).write_text("figures:\n" + "\n".join(lines) + "\n" + checks)
     return name
 
 
@@ -229,7 +229,8 @@ def kill_one_worker_during(workdir: Path, cluster: dict[str, str], *configs: str
 @pytest.mark.slow
 def test_failed_slurm_job_names_its_id_and_retries_recover(cluster: dict[str, str], tmp_path: Path) -> None:
     workdir = copy_workflow(tmp_path)
-    slow = only(workdir, "slow.yaml", {"dlaas-scaling": "{workers: [2], iterations: 300, batch_size: 4}"})
+    sections = {"dlaas-scaling": "{workers: [2], iterations: 300, batch_size: 4}"}
+    slow = only(workdir, "slow.yaml", sections, checks_excluding(*ONE_WORKER_COUNT_DLAAS))
     run_dir, code, stderr = kill_one_worker_during(workdir, cluster, "tests/configs/tiny.yaml", slow)
     assert code != 0
     job_id = json.loads((run_dir / "jobspec.json").read_text())["rendezvous"]["job_id"]

@@ -9,9 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import SNAKEMAKE, planned_jobs, snakemake
+from conftest import ONE_WORKER_COUNT_DLAAS, SNAKEMAKE, checks_excluding, planned_jobs, snakemake
 
-ONE_POINT = "figures:\n  dlaas-scaling:\n    workers: [1]\n"
+ONE_POINT = "figures:\n  dlaas-scaling:\n    workers: [1]\n" + checks_excluding(*ONE_WORKER_COUNT_DLAAS)
 TARGET = ["--configfile", "tests/configs/tiny.yaml", "one.yaml", "--", "dlaas_scaling"]
 
 

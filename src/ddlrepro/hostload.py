@@ -44,7 +44,10 @@ def read_host_cpu(stat: Path = PROC_STAT) -> tuple[float, float, int]:
 
 
 def process_tree_cpu(pid: int | None = None) -> float:
-    """CPU seconds of a process, of its children it has waited for (and theirs), and of its live descendants."""
+    """CPU seconds of a process, of its children it has waited for (and theirs), and of its live descendants.
+
+    A child reaped during the measurement adds its whole lifetime's CPU: measure in a process that has no older
+    children left to reap (the workflow starts every run in a fresh process)."""
     root = psutil.Process(pid)
     times = root.cpu_times()
     total = times.user + times.system + times.children_user + times.children_system
