@@ -21,6 +21,7 @@ runs alternate in fresh processes, so machine noise hits both alike. Target: ≥
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -176,6 +177,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         if "horovod" in args.frameworks:
             args.horovod_script = horovod_script(args, Path(workdir))
+            digest = hashlib.sha256(args.horovod_script.read_bytes()).hexdigest()
+            print(f"Horovod's benchmark: {args.horovod_script} (sha256 {digest})")
         for framework in args.frameworks:
             compare(framework, args, Path(workdir))
 
