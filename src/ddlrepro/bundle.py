@@ -34,7 +34,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from ddlrepro.config import CONFIG_SCHEMA, ConfigError, validate_config
+from ddlrepro.config import ConfigError, config_schema, validate_config
 from ddlrepro.errors import UserError
 from ddlrepro.figures import FIGURES
 from ddlrepro.provenance import git_state
@@ -62,7 +62,7 @@ class BundleError(UserError):
 
 def manifest_schema() -> dict[str, Any]:
     """What MANIFEST.json must hold: figure ids and scale are checked before either becomes a file name or an input."""
-    scales = yaml.safe_load(CONFIG_SCHEMA.read_text())["properties"]["scale"]["enum"]
+    scales = config_schema()["properties"]["scale"]["enum"]
     return {
         "type": "object",
         "required": ["format", "figures", "scale", "files"],

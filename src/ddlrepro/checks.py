@@ -19,9 +19,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from ddlrepro.config import CONFIG_SCHEMA, REPO_ROOT, validate_against
+from ddlrepro.config import REPO_ROOT, schema_defaults, validate_against
 from ddlrepro.errors import UserError
-from ddlrepro.tables import HOST_LOAD_COLUMNS
+from ddlrepro.tables import HOST_LOAD_COLUMNS, as_flags
 
 REFERENCES_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "references.schema.yaml"
 COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
@@ -45,8 +45,7 @@ def load_references(path: Path) -> dict[str, list[dict[str, Any]]]:
 
 def checks_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The config's `checks` section with the schema's defaults filled in."""
-    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())["properties"]["checks"]["properties"]
-    return {key: entry["default"] for key, entry in schema.items()} | config.get("checks", {})
+    return schema_defaults("checks") | config.get("checks", {})
 
 
 def check_exclude(
@@ -107,7 +106,7 @@ def host_load(summary: pd.DataFrame, reference: dict[str, Any], name: str) -> tu
     if missing:
         raise ReferenceError(f"reference {name} is a timing check but the summary has no {missing} columns")
     rows = pd.concat([selector_load(summary, selector, name) for selector in selectors(reference)])
-    disturbed = rows["disturbed"].astype(str).str.lower().isin(["true", "1"]).any()
+    disturbed = as_flags(rows["disturbed"]).any()
     foreign, steal = rows["foreign_share"].max(), rows["steal_share"].max()
     return bool(disturbed), f"foreign CPU load up to {foreign:.2f} and steal {steal:.2f} of the host while measuring"
 

@@ -77,17 +77,28 @@ def validate_against(instance: Any, schema_path: Path, name: str) -> None:
 
 
 @functools.cache
-def _config_schema() -> dict[str, Any]:
+def config_schema() -> dict[str, Any]:
+    """The config schema, read once."""
     return yaml.safe_load(CONFIG_SCHEMA.read_text())
+
+
+def _schema_node(keys: tuple[str, ...]) -> dict[str, Any]:
+    node = config_schema()
+    for key in keys:
+        node = node["properties"][key]
+    return node
 
 
 def schema_default(*keys: str) -> Any:
     """The default the config schema declares at a key path, e.g. `schema_default("checks", "max_foreign_share")`:
     code that needs a setting the user left out reads it here, so the schema stays its one source."""
-    node = _config_schema()
-    for key in keys:
-        node = node["properties"][key]
-    return node["default"]
+    return _schema_node(keys)["default"]
+
+
+def schema_defaults(*section: str) -> dict[str, Any]:
+    """Every default the config schema declares for the keys of a section, e.g. `schema_defaults("checks")`."""
+    properties = _schema_node(section)["properties"]
+    return {key: entry["default"] for key, entry in properties.items() if "default" in entry}
 
 
 def validate_config(config: dict[str, Any], schema_path: Path = CONFIG_SCHEMA) -> None:

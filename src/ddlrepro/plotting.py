@@ -14,7 +14,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.container import BarContainer
 
-from ddlrepro.tables import HOST_LOAD_COLUMNS
+from ddlrepro.tables import HOST_LOAD_COLUMNS, as_flags
 
 CONFIDENCE_Z = 1.96
 REFERENCE_STYLE = {"color": "black", "marker": "*", "markersize": 11, "linestyle": "none", "zorder": 5}
@@ -128,7 +128,7 @@ def run_host_load(table: pd.DataFrame) -> pd.DataFrame:
     defaults = {"foreign_share": float("nan"), "steal_share": float("nan"), "disturbed": False}
     missing = {column: value for column, value in defaults.items() if column not in table}
     table = table.assign(**missing)
-    return table.assign(disturbed=table["disturbed"].astype(str).str.lower().isin(["true", "1"]))
+    return table.assign(disturbed=as_flags(table["disturbed"]))
 
 
 def with_host_load(summary: pd.DataFrame, table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -159,9 +159,11 @@ def fold_load(summary: pd.DataFrame, table: pd.DataFrame, baseline: pd.Series) -
 def note_disturbed(axis: plt.Axes, summary: pd.DataFrame, label: list[str]) -> None:
     """Say on the panel which plotted values came from runs disturbed by foreign CPU load (hatched where drawn as
     bars by `hatch_disturbed`): they are flagged, not judged; the report gives the command that reruns them."""
-    if "disturbed" not in summary or not summary["disturbed"].fillna(False).astype(bool).any():
+    if "disturbed" not in summary:
         return
-    rows = summary[summary["disturbed"].fillna(False).astype(bool)]
+    rows = summary[as_flags(summary["disturbed"])]
+    if rows.empty:
+        return
     lines = [
         ", ".join(f"{key}={row[key]}" for key in label) + f": foreign load {row['foreign_share']:.2f}"
         for _, row in rows.iterrows()

@@ -15,6 +15,7 @@ from ddlrepro.config import REPO_ROOT
 from ddlrepro.figures import FIGURES, figure_module
 from ddlrepro.provenance import git_state, host_inventory
 from ddlrepro.redaction import redact
+from ddlrepro.tables import as_flags
 
 CAPTIONS = REPO_ROOT / "workflow" / "report"
 
@@ -46,7 +47,7 @@ def disturbed_runs(figures: list[str], results: Path, checks: pd.DataFrame) -> p
         for figure in figures
         if figure in flagged
     ]
-    runs = [table[table["disturbed"].astype(str).str.lower() == "true"] for table in runs if "disturbed" in table]
+    runs = [table[as_flags(table["disturbed"])] for table in runs if "disturbed" in table]
     return pd.concat(runs, ignore_index=True)[columns] if runs else pd.DataFrame(columns=columns)
 
 

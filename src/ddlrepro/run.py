@@ -4,6 +4,7 @@ cannot run (NCCL without CUDA) is not started: its `result.json` says `skipped` 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -102,7 +103,8 @@ def run_point(
     started = time.time()
     with OutputCollector(run_dir) as output:
         try:
-            run_measured(launcher, spec, output, meter)
+            with meter or contextlib.nullcontext():
+                launcher.execute(spec, output)
         finally:
             provenance = run_provenance(asdict(point), spec.to_dict(), output.workers, image)
             write_json_atomic(run_dir / "provenance.json", provenance)
@@ -111,12 +113,3 @@ def run_point(
     record = result_record(point, output.result, started, time.time(), measured_host_load(meter, source))
     write_json_atomic(run_dir / RESULT, record)
     return record
-
-
-def run_measured(launcher: ModuleType, spec: Any, output: OutputCollector, meter: ForeignLoadMeter | None) -> None:
-    """The launcher's execute, with the host's foreign load metered around it when the run's own CPU is known."""
-    if meter is None:
-        launcher.execute(spec, output)
-        return
-    with meter:
-        launcher.execute(spec, output)

@@ -19,6 +19,12 @@ DEFAULT_MAX_FOREIGN_SHARE = schema_default("checks", "max_foreign_share")
 HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]  # the run's load, as host_load_columns gives it
 
 
+def as_flags(column: pd.Series) -> pd.Series:
+    """A `disturbed` column as booleans, however it was stored: bool, or 'True'/'False' read back from a CSV; a
+    missing value counts as not disturbed."""
+    return column.astype(str).str.lower().isin(["true", "1"])
+
+
 def host_load_columns(result: dict, max_foreign_share: float) -> dict[str, object]:
     """A run's foreign and steal CPU shares (NaN when unknown) and whether together they exceed the threshold."""
     load = result.get("host_load") or {}
