@@ -297,11 +297,6 @@ def _change(server: ConfigServer, method: str, path: str, body: bytes, headers: 
         return config.remove(_field(request, "worker", int, minimum=0, maximum=MAX_WORKER_ID))
     if route == ("PUT", "/config"):
         members = _field(request, "members", list)
-        if len(members) > config.max_size:
-            raise RequestError(
-                HTTPStatus.BAD_REQUEST,
-                f"{len(members)} members are over this job's declared maximum of {config.max_size}",
-            )
         if not all(_is_worker_id(member) for member in members) or len(set(members)) < len(members):
             raise RequestError(
                 HTTPStatus.BAD_REQUEST, f"`members` must be distinct worker ids (whole numbers 0..{MAX_WORKER_ID})"
