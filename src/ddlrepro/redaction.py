@@ -40,6 +40,7 @@ COMMON_VALUES = frozenset({"ddlrepro", "disabled", "localhost"})
 MARKER = "[REDACTED]"
 
 _registered: set[str] = set()
+_registrations = 0  # changes whenever the registered set does, so holders of secret_values() know to look again
 
 
 def looks_secret(name: str) -> bool:
@@ -84,13 +85,22 @@ def _is_number(text: str) -> bool:
 
 def register_secret(value: str) -> None:
     """Treat `value` (made by this process, e.g. a token it hands to workers) as a secret from now on."""
+    global _registrations
     if plausible_secret(value):
         _registered.add(value)
+        _registrations += 1
 
 
 def forget_registered() -> None:
     """Forget every registered value (the set lives as long as the process: tests start each from none)."""
+    global _registrations
     _registered.clear()
+    _registrations += 1
+
+
+def registrations() -> int:
+    """A number that changes whenever a value is registered or the registered values are forgotten."""
+    return _registrations
 
 
 def secret_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:

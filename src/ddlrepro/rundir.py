@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlrepro.points import Point
-from ddlrepro.redaction import redact, redact_object
+from ddlrepro.redaction import redact, redact_object, registrations, secret_values
 from ddlrepro.workloads.records import RECORD_PREFIX
 
 RESULT = "result.json"
@@ -70,11 +70,15 @@ class OutputCollector:
         self.result: dict[str, Any] | None = None
         self._stderr: dict[int, deque[str]] = {}
         self._lock = threading.Lock()
+        self._secrets, self._registrations = secret_values(), registrations()
 
     def add_line(self, rank: int, stream: str, line: str) -> None:
-        """File one line a rank printed, secrets redacted in every form (a rank may print a dict or JSON). The secrets
-        are looked up for each line: the launcher registers its own (a token) after the collector is made."""
-        line = redact(line)
+        """File one line a rank printed, secrets redacted in every form (a rank may print a dict or JSON). Secrets
+        are looked up again only when one was registered since (the launcher registers its token after the collector
+        is made), not for every line: this runs for every line every rank prints."""
+        if self._registrations != registrations():
+            self._secrets, self._registrations = secret_values(), registrations()
+        line = redact(line, self._secrets)
         with self._lock:
             self.log.write(f"[rank {rank}{' stderr' if stream == 'stderr' else ''}] {line}\n")
             if stream == "stderr":
