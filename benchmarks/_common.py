@@ -8,21 +8,10 @@ Memory is judged whatever the load (other programs do not change it), with the l
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 from ddlrepro.config import schema_default
-from ddlrepro.hostload import ForeignLoadMeter, HostLoad
+from ddlrepro.hostload import HostLoad
 
 DISTURBED_SHARE = schema_default("checks", "max_foreign_share")  # the workflow's threshold
-
-
-@contextmanager
-def measured() -> Iterator[ForeignLoadMeter]:
-    """Meter the foreign load over the block; `meter.load` afterwards (children must have been waited for)."""
-    meter = ForeignLoadMeter()
-    with meter:
-        yield meter
 
 
 def disturbed(load: HostLoad) -> bool:

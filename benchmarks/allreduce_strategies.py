@@ -20,8 +20,9 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _common import judged, measured
+from _common import judged
 
+from ddlrepro.hostload import ForeignLoadMeter
 from ddlrepro.launchers.local import free_loopback_port
 from ddlrepro.strategies import STRATEGIES, Reducer, reducer
 
@@ -67,7 +68,7 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=3)
     parser.add_argument("--world", type=int, default=4, help="gloo processes (at 2, STAR and the trees coincide)")
     args = parser.parse_args()
-    with measured() as meter, mp.Manager() as manager:
+    with ForeignLoadMeter() as meter, mp.Manager() as manager:
         out = manager.dict()
         port = free_loopback_port()
         mp.spawn(measure, args=(args.world, port, args.rounds, args.ops, out), nprocs=args.world, join=True)

@@ -15,11 +15,12 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _common import judged, measured, noted
+from _common import judged, noted
 
 from ddlrepro.config import REPO_ROOT, load_config
 from ddlrepro.figures import easyscale_fig10, easyscale_fig12
 from ddlrepro.figures.easyscale_overheads import peak_memory
+from ddlrepro.hostload import ForeignLoadMeter
 from ddlrepro.run import run_point
 from ddlrepro.tables import tidy_table
 
@@ -42,11 +43,11 @@ def main() -> None:
     launcher = config["launcher"]
     timing = {**config["figures"]["easyscale-fig12"], "steps": args.steps, "warmup_steps": 3}
     with tempfile.TemporaryDirectory() as scratch:
-        with measured() as step_meter:
+        with ForeignLoadMeter() as step_meter:
             ratios = step_time_ratios(timing, launcher, args.rounds, Path(scratch))
         memory_section = {**config["figures"]["easyscale-fig10"], "logical_worker_counts": [4], "steps": 6}
         points = sorted(easyscale_fig10.points(memory_section, launcher), key=lambda point: -point.workers)
-        with measured() as memory_meter:
+        with ForeignLoadMeter() as memory_meter:
             memory = peak_memory(measure(points, Path(scratch) / "memory")).set_index("point_id")
     logical, processes = timing["logical_workers"], timing["workers"]
     print(f"{timing['model']}, {logical} ESTs of batch {timing['batch_size']} on {processes} processes vs plain DDP")

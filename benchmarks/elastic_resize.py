@@ -22,12 +22,12 @@ import threading
 import time
 from pathlib import Path
 
-from _common import judged, measured, noted
+from _common import judged, noted
 
 from ddlrepro.config import REPO_ROOT, load_config
 from ddlrepro.elastic.faults import worker_pid
 from ddlrepro.figures import kungfu_fig7
-from ddlrepro.hostload import HostLoad
+from ddlrepro.hostload import ForeignLoadMeter, HostLoad
 from ddlrepro.run import run_point
 from ddlrepro.tables import run_rows, tidy_table
 
@@ -38,7 +38,7 @@ FAULT_TARGET_S = 5.0
 
 def measure_schedule(section: dict, launcher: dict, scratch: Path) -> None:
     points = kungfu_fig7.points(section, launcher)
-    with measured() as meter:
+    with ForeignLoadMeter() as meter:
         for point in points:
             run_point(point, scratch / point.id, timeout_s=900)
     table = tidy_table([scratch / point.id for point in points])
@@ -78,7 +78,7 @@ def measure_fault(section: dict, launcher: dict, scratch: Path) -> None:
     )
     run_dir = scratch / "fault"
     runner = threading.Thread(target=run_point, args=(point, run_dir), kwargs={"timeout_s": 600})
-    with measured() as meter:
+    with ForeignLoadMeter() as meter:
         runner.start()
         pid = worker_pid(run_dir, worker=1, after_steps=30)
         killed = time.time()

@@ -36,10 +36,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from _common import judged, measured
+from _common import judged
 from harness_fidelity import measure_bare as measure_torch_bare
 from harness_fidelity import measure_harness
 from horovod_shim.torchvision.models import IMAGE_SIZE_ENV
+
+from ddlrepro.hostload import ForeignLoadMeter
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -187,7 +189,7 @@ def compare(framework: str, args: argparse.Namespace, workdir: Path) -> None:
     """Alternate the framework's baseline and the workload for the rounds; print the ratio of their medians."""
     workers = args.horovod_workers if framework == "horovod" else 1
     bare, workload = [], []
-    with measured() as meter:
+    with ForeignLoadMeter() as meter:
         for round_index in range(args.rounds):
             bare.append(measure_bare(framework, args))
             run_dir = workdir / f"{framework}{round_index}"

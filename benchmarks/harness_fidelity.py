@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import judged, measured, noted
+from _common import judged, noted
 
+from ddlrepro.hostload import ForeignLoadMeter
 from ddlrepro.points import Point
 from ddlrepro.run import run_point
 
@@ -123,7 +124,7 @@ def main() -> None:
     bare: list[float] = []
     harness: list[float] = []
     ratios: list[float] = []
-    with tempfile.TemporaryDirectory() as workdir, measured() as meter:
+    with tempfile.TemporaryDirectory() as workdir, ForeignLoadMeter() as meter:
         while len(ratios) < args.rounds or (len(ratios) < args.max_rounds and not settled(ratios, TARGET)):
             bare.append(measure_bare(args))
             harness.append(measure_harness(args, Path(workdir) / f"round{len(ratios)}"))

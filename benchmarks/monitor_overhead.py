@@ -19,11 +19,11 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _common import judged, measured, noted
+from _common import judged, noted
 from torch.nn.parallel import DistributedDataParallel
 
 from ddlrepro.figures.kungfu_fig8 import parse_setting
-from ddlrepro.hostload import HostLoad
+from ddlrepro.hostload import ForeignLoadMeter, HostLoad
 from ddlrepro.launchers.local import free_loopback_port
 from ddlrepro.models import build_model
 from ddlrepro.monitors import GradientMonitor
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--settings", nargs="+", default=SETTINGS, help="none first: the baseline")
     args = parser.parse_args()
-    with measured() as meter, mp.Manager() as manager:
+    with ForeignLoadMeter() as meter, mp.Manager() as manager:
         out = manager.dict()
         mp.spawn(worker, args=(free_loopback_port(), args, out), nprocs=WORLD, join=True)
         rates = dict(out)

@@ -13,7 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import judged, measured
+from _common import judged
+
+from ddlrepro.hostload import ForeignLoadMeter
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -44,7 +46,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
         copy_workflow(workdir)
-        with measured() as meter:
+        with ForeignLoadMeter() as meter:
             # paper.yaml is sized for a cluster: with the local launcher its points do not fit this machine
             plan_s, plan = timed(workdir, "-n", "--configfile", "config/paper.yaml", "--config", PAPER_LAUNCHER)
         points = plan.count("rule run_point:")
@@ -53,7 +55,7 @@ def main() -> None:
 
         print("building the smoke-scale results once (not timed) ...", flush=True)
         timed(workdir)
-        with measured() as meter:
+        with ForeignLoadMeter() as meter:
             noop_s, noop = timed(workdir)
         assert "Nothing to be done" in noop, noop
         figure = f"no-op rerun at smoke scale: {noop_s:.2f} s"
