@@ -1,15 +1,15 @@
 """Shared by the benchmarks: how busy the host was with other work while a figure was measured, and the verdict.
 
 Every figure is printed with the foreign and steal load the host saw over its measured section
-(`ddlrepro.hostload`). Above `DISTURBED_SHARE` of the host's CPU capacity (foreign + steal) a figure with a target
+(`ddlrepro.host.hostload`). Above `DISTURBED_SHARE` of the host's CPU capacity (foreign + steal) a figure with a target
 is marked `disturbed` instead of `met` or `missed`: on a busy machine a timing says nothing about the code.
 Memory is judged whatever the load (other programs do not change it), with the load still printed.
 """
 
 from __future__ import annotations
 
-from ddlrepro.config import schema_default
-from ddlrepro.hostload import HostLoad
+from ddlrepro.host.config import schema_default
+from ddlrepro.host.hostload import HostLoad
 
 DISTURBED_SHARE = schema_default("checks", "max_foreign_share")  # the workflow's threshold
 

@@ -22,9 +22,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from _common import judged
 
-from ddlrepro.hostload import ForeignLoadMeter
-from ddlrepro.launchers.local import free_loopback_port
-from ddlrepro.strategies import STRATEGIES, Reducer, reducer
+from ddlrepro.host.hostload import ForeignLoadMeter
+from ddlrepro.host.launchers.local import free_loopback_port
+from ddlrepro.rank.strategies import STRATEGIES, Reducer, reducer
 
 TARGET = 0.9
 SIZES_MIB = [16, 32, 64]

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from _common import judged, noted
 
-from ddlrepro.config import REPO_ROOT, load_config
-from ddlrepro.figures import easyscale_fig10, easyscale_fig12
-from ddlrepro.figures.easyscale_overheads import peak_memory
-from ddlrepro.hostload import ForeignLoadMeter
-from ddlrepro.run import run_point
-from ddlrepro.tables import tidy_table
+from ddlrepro.host.config import REPO_ROOT, load_config
+from ddlrepro.host.figures import easyscale_fig10, easyscale_fig12
+from ddlrepro.host.figures.step_timing import peak_memory
+from ddlrepro.host.hostload import ForeignLoadMeter
+from ddlrepro.host.run import run_point
+from ddlrepro.host.tables import tidy_table
 
 STEP_TARGET = 1.10
 MEMORY_TARGET = 0.35

@@ -24,12 +24,12 @@ from pathlib import Path
 
 from _common import judged, noted
 
-from ddlrepro.config import REPO_ROOT, load_config
-from ddlrepro.elastic.faults import worker_pid
-from ddlrepro.figures import kungfu_fig7
-from ddlrepro.hostload import ForeignLoadMeter, HostLoad
-from ddlrepro.run import run_point
-from ddlrepro.tables import run_rows, tidy_table
+from ddlrepro.host.config import REPO_ROOT, load_config
+from ddlrepro.host.figures import kungfu_fig7
+from ddlrepro.host.hostload import ForeignLoadMeter, HostLoad
+from ddlrepro.host.run import run_point
+from ddlrepro.host.tables import run_rows, tidy_table
+from ddlrepro.rank.elastic.faults import worker_pid
 
 TARGETS = {("inplace-warm", "grow"): 1.0, ("inplace-cold", "grow"): 5.0, ("inplace-cold", "shrink"): 0.030}
 SPEEDUP_TARGET = 10.0
@@ -42,7 +42,7 @@ def measure_schedule(section: dict, launcher: dict, scratch: Path) -> None:
         for point in points:
             run_point(point, scratch / point.id, timeout_s=900)
     table = tidy_table([scratch / point.id for point in points])
-    summary = kungfu_fig7.summarise(kungfu_fig7.events(table))
+    summary = kungfu_fig7.summarize(kungfu_fig7.events(table))
     print(
         f"{section['model']} @{section.get('image_size')}px, batch {section['batch_size']}, "
         f"schedule {section['schedule']}; medians over the events of each kind"

@@ -41,7 +41,7 @@ from harness_fidelity import measure_bare as measure_torch_bare
 from harness_fidelity import measure_harness
 from horovod_shim.torchvision.models import IMAGE_SIZE_ENV
 
-from ddlrepro.hostload import ForeignLoadMeter
+from ddlrepro.host.hostload import ForeignLoadMeter
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -69,8 +69,8 @@ def bare_tensorflow(args: argparse.Namespace) -> float:
     import keras
     import tensorflow as tf
 
-    from ddlrepro.models import MODELS
-    from ddlrepro.tf_models import build_keras_model
+    from ddlrepro.rank.models import MODELS
+    from ddlrepro.rank.tf_models import build_keras_model
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)

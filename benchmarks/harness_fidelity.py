@@ -2,7 +2,7 @@
 
 Same model, batch, image size and threads. The bare loop is written here independently of the workload: its own
 synthetic data, its own model call, loss module and optimizer step, timed with the protocol's warm-up and
-iterations; only the model itself (`ddlrepro.models`) is shared, as it must be. The two alternate in fresh
+iterations; only the model itself (`ddlrepro.rank.models`) is shared, as it must be. The two alternate in fresh
 processes, so machine noise hits both alike; each round's ratio pairs the two runs of that round. Reported: the
 median ratio, its noise (the spread of the round ratios: 1.96 × their standard deviation ÷ √rounds), and the bare
 loop's own round-to-round spread. Rounds are added (up to `--max-rounds`) until the noise is smaller than the
@@ -27,9 +27,9 @@ from typing import Any
 
 from _common import judged, noted
 
-from ddlrepro.hostload import ForeignLoadMeter
+from ddlrepro.host.hostload import ForeignLoadMeter
+from ddlrepro.host.run import run_point
 from ddlrepro.points import Point
-from ddlrepro.run import run_point
 
 TARGET = 0.98
 
@@ -39,7 +39,7 @@ def bare_loop(model_name: str, batch_size: int, image_size: int | None, warmup: 
     import torch
     from torch import nn
 
-    from ddlrepro.models import MODELS, build_model
+    from ddlrepro.rank.models import MODELS, build_model
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -22,12 +22,12 @@ import torch.multiprocessing as mp
 from _common import judged, noted
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlrepro.figures.kungfu_fig8 import parse_setting
-from ddlrepro.hostload import ForeignLoadMeter, HostLoad
-from ddlrepro.launchers.local import free_loopback_port
-from ddlrepro.models import build_model
-from ddlrepro.monitors import GradientMonitor
-from ddlrepro.workloads.throughput import make_train_step, synthetic_batch
+from ddlrepro.host.figures.kungfu_fig8 import parse_setting
+from ddlrepro.host.hostload import ForeignLoadMeter, HostLoad
+from ddlrepro.host.launchers.local import free_loopback_port
+from ddlrepro.rank.models import build_model
+from ddlrepro.rank.monitors import GradientMonitor
+from ddlrepro.rank.workloads.throughput import make_train_step, synthetic_batch
 
 SETTINGS = ["none", "noise-scale@1", "noise-scale@8", "variance@1", "variance@8"]
 TARGETS = {"noise-scale@1": 2.0, "variance@1": 10.0, "variance@8": 2.0}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from _common import judged
 
-from ddlrepro.hostload import ForeignLoadMeter
+from ddlrepro.host.hostload import ForeignLoadMeter
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ddlrepro.host.redaction import forget_registered
 from ddlrepro.points import Point
-from ddlrepro.redaction import forget_registered
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -118,7 +118,7 @@ def spawn_gloo(function, world: int, tmp_path: Path, *args) -> list:
     import torch
     import torch.multiprocessing as mp
 
-    from ddlrepro.launchers.local import free_loopback_port
+    from ddlrepro.host.launchers.local import free_loopback_port
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     port = free_loopback_port()
@@ -146,7 +146,7 @@ def _gloo_rank(rank: int, function, world: int, port: int, out_dir: str, args: t
 
 
 def written_forms(value: str) -> set[bytes]:
-    """The ways code writes a string (spelt out here, independently of ddlrepro.redaction), as UTF-8."""
+    """The ways code writes a string (spelt out here, independently of ddlrepro.host.redaction), as UTF-8."""
     forms = {value, repr(value)[1:-1], ascii(value)[1:-1], html.escape(value)}
     forms |= {shlex.quote(value), shlex.quote(f"{value}'")[1:-5]}  # alone, and inside a longer quoted word
     forms |= {json.dumps(value, ensure_ascii=ensure_ascii)[1:-1] for ensure_ascii in (True, False)}

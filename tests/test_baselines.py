@@ -14,14 +14,14 @@ import psutil
 import pytest
 import torch
 
-from ddlrepro.figures import kungfu_fig7
-from ddlrepro.figures.easyscale_overheads import peak_memory
-from ddlrepro.hostload import HostLoad
-from ddlrepro.launchers import torchrun
+from ddlrepro.host.figures import kungfu_fig7
+from ddlrepro.host.figures.step_timing import peak_memory
+from ddlrepro.host.hostload import HostLoad
+from ddlrepro.host.launchers import torchrun
+from ddlrepro.host.run import run_point
+from ddlrepro.host.tables import tidy_table
 from ddlrepro.points import Point
-from ddlrepro.run import run_point
-from ddlrepro.tables import tidy_table
-from ddlrepro.workloads.runtime import RankContext, ResourceSampler
+from ddlrepro.rank.runtime import RankContext, ResourceSampler
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -174,7 +174,7 @@ def test_speedups_are_against_the_faster_torchrun_for_each_kind_of_event() -> No
             {"mode": "inplace-cold", "step": 6, "kind": "shrink", "latency": 0.02, "to_sync": 0.02},
         ]
     )
-    summary = kungfu_fig7.summarise(wide).set_index(["mode", "kind"])
+    summary = kungfu_fig7.summarize(wide).set_index(["mode", "kind"])
     assert summary.loc[("inplace-cold", "grow"), "speedup_vs_torchrun"] == pytest.approx(2.0)
     assert summary.loc[("inplace-cold", "grow"), "torchrun_baseline"] == "torchrun"
     assert summary.loc[("inplace-cold", "shrink"), "speedup_vs_torchrun"] == pytest.approx(400.0)
@@ -192,7 +192,7 @@ def test_tuned_torchrun_restarts_a_shrunk_job_before_the_default_keep_alive_coul
 SHIM_CHECK = """
 import torch
 from torchvision import models
-from ddlrepro.models import build_model
+from ddlrepro.rank.models import build_model
 
 torch.manual_seed(0)
 shimmed = getattr(models, "resnet20")(norm_layer=object)

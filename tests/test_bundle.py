@@ -19,8 +19,8 @@ import pytest
 import yaml
 from conftest import LEAKY_SITE, copy_workflow, planned_jobs, snakemake, tiny_point, written_forms
 
-import ddlrepro.bundle
-from ddlrepro.bundle import (
+import ddlrepro.host.bundle
+from ddlrepro.host.bundle import (
     BUNDLE_FORMAT,
     MANIFEST,
     MANIFEST_DIGEST,
@@ -37,10 +37,10 @@ from ddlrepro.bundle import (
     verify_bundle,
     write_tarball,
 )
-from ddlrepro.config import REPO_ROOT, load_config
-from ddlrepro.figures import FIGURES
-from ddlrepro.redaction import MARKER, redact, secret_values
-from ddlrepro.rundir import OutputCollector
+from ddlrepro.host.config import REPO_ROOT, load_config
+from ddlrepro.host.figures import FIGURES
+from ddlrepro.host.redaction import MARKER, redact, secret_values
+from ddlrepro.host.rundir import OutputCollector
 
 # Made at each run (so no copy of the code holds them), with quotes, backslashes, spaces, `$` and non-ASCII, each
 # escaped by JSON, repr, URLs or the shell on its way to a file. MY_DB_URL is a secret only because the config says so.
@@ -323,7 +323,7 @@ def test_canary_secrets_appear_nowhere(built: Path) -> None:
 
 def test_ordinary_settings_are_not_redacted(built: Path) -> None:
     jobspecs = [path.read_text() for path in (built / "results" / "runs").rglob("jobspec.json")]
-    assert jobspecs and all("ddlrepro.workloads" in jobspec for jobspec in jobspecs)
+    assert jobspecs and all("ddlrepro.rank.workloads" in jobspec for jobspec in jobspecs)
     assert not [path for path, data in every_written_file(built) if b"[REDACTED].workloads" in data]
 
 
@@ -399,7 +399,7 @@ def test_bundle_is_up_to_date_after_building(built: Path) -> None:
 
 
 def test_run_json_is_redacted_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddlrepro.run import run_point
+    from ddlrepro.host.run import run_point
 
     monkeypatch.setenv("MY_SERVICE_TOKEN", "resnet20")
     run_point(tiny_point(workers=1), tmp_path / "run", timeout_s=120)
@@ -459,7 +459,7 @@ def test_ssh_keygen_hanging_is_a_bundle_error(monkeypatch: pytest.MonkeyPatch, t
     def hang(command: list[str], **options: object) -> None:
         raise subprocess.TimeoutExpired(command, options["timeout"])
 
-    monkeypatch.setattr(ddlrepro.bundle.subprocess, "run", hang)
+    monkeypatch.setattr(ddlrepro.host.bundle.subprocess, "run", hang)
     with pytest.raises(BundleError, match=r"bundle.sign_key .*id: ssh-keygen did not sign within 60 s"):
         sign_manifest(b"{}", tmp_path / "id")
     with pytest.raises(BundleError, match=r"^--allowed-signers: ssh-keygen -Y verify did not finish within 60 s"):
@@ -474,7 +474,7 @@ def test_a_gz_member_that_is_not_gzip_is_searched_as_it_is(monkeypatch: pytest.M
 
 
 def test_members_declaring_too_many_bytes_are_refused_unread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(ddlrepro.bundle, "MAX_BUNDLE_BYTES", 100)
+    monkeypatch.setattr(ddlrepro.host.bundle, "MAX_BUNDLE_BYTES", 100)
     info = tarfile.TarInfo("ddlrepro-x/big")
     bundle = tarball(tmp_path / "big.tar.gz", (info, b"x" * 101))
     with pytest.raises(

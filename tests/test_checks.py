@@ -11,10 +11,10 @@ import pytest
 import yaml
 from conftest import REPO, copy_workflow, snakemake
 
-from ddlrepro.checks import ReferenceError, check_exclude, check_figure, evaluate, load_references
-from ddlrepro.cli import main
-from ddlrepro.config import ConfigError, load_config
-from ddlrepro.figures import FIGURES, figure_module
+from ddlrepro.host.checks import ReferenceError, check_exclude, check_figure, evaluate, load_references
+from ddlrepro.host.cli import main
+from ddlrepro.host.config import ConfigError, load_config
+from ddlrepro.host.figures import FIGURES, figure_module
 
 SUMMARY = pd.DataFrame(
     {
@@ -248,7 +248,7 @@ def elastic_records(params: dict) -> list[dict]:
 
 def synthetic_tidy_table(figure: str, points) -> pd.DataFrame:
     """A tidy table of `points` as tables.run_rows lays it out; NCCL points skipped here as on a CPU machine."""
-    from ddlrepro.tables import RECORD_COLUMNS, scalar
+    from ddlrepro.host.tables import RECORD_COLUMNS, scalar
 
     frames = []
     for point in points:
@@ -361,7 +361,7 @@ def test_cli_keeps_the_traceback_of_a_bug(tmp_path: Path, monkeypatch: pytest.Mo
     def broken(*arguments: object) -> None:
         raise KeyError("a bug")
 
-    monkeypatch.setattr("ddlrepro.checks.check_figure", broken)
+    monkeypatch.setattr("ddlrepro.host.checks.check_figure", broken)
     message = cli_check(tmp_path)
     assert message.startswith("Traceback") and "KeyError: 'a bug'" in message
 

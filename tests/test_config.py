@@ -10,10 +10,10 @@ import pytest
 import yaml
 from conftest import REPO, snakemake, tiny_point
 
-from ddlrepro.config import CONFIG_SCHEMA, ConfigError, load_config, validate_config
-from ddlrepro.figures import FIGURES, figure_points
-from ddlrepro.models import MODELS
+from ddlrepro.host.config import CONFIG_SCHEMA, ConfigError, load_config, validate_config
+from ddlrepro.host.figures import FIGURES, figure_points
 from ddlrepro.points import Point
+from ddlrepro.rank.models import MODELS
 
 SMOKE = REPO / "config" / "config.yaml"
 PAPER = REPO / "config" / "paper.yaml"
@@ -74,16 +74,16 @@ def test_schema_model_names_match_the_package() -> None:
 
 def test_code_defaults_are_the_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
     """The foreign-load threshold and the oversubscription a config leaves out come from the schema alone."""
-    from ddlrepro import cli, tables
-    from ddlrepro.checks import checks_settings
-    from ddlrepro.launchers import sizes
+    from ddlrepro.host import cli, tables
+    from ddlrepro.host.checks import checks_settings
+    from ddlrepro.host.launchers import sizes
 
     schema = yaml.safe_load(CONFIG_SCHEMA.read_text())["properties"]
     threshold = schema["checks"]["properties"]["max_foreign_share"]["default"]
     assert tables.DEFAULT_MAX_FOREIGN_SHARE == checks_settings({})["max_foreign_share"] == threshold
     assert cli.parser().parse_args(["tabulate", "r.json", "--out", "t.csv"]).max_foreign_share == threshold
     factors = []
-    monkeypatch.setattr("ddlrepro.launchers.local.check_fits_machine", lambda _, factor: factors.append(factor))
+    monkeypatch.setattr("ddlrepro.host.launchers.local.check_fits_machine", lambda _, factor: factors.append(factor))
     sizes.check_sizes({"kungfu-fig9": {"p": tiny_point()}}, {"name": "local"})
     assert factors == [schema["launcher"]["properties"]["oversubscription"]["default"]]
 
@@ -186,8 +186,8 @@ def test_snakemake_refuses_a_point_that_cannot_fit_this_machine(workflow_copy: P
 
 
 def test_sizes_are_checked_against_declared_cluster_limits() -> None:
-    from ddlrepro.launchers.local import check_fits_machine
-    from ddlrepro.launchers.sizes import check_sizes
+    from ddlrepro.host.launchers.local import check_fits_machine
+    from ddlrepro.host.launchers.sizes import check_sizes
 
     wide = Point("kungfu-fig9", "throughput", 64, 4, {})
     elastic = Point("kungfu-fig7", "elastic", 1, 1, {"schedule": "10:6,20:0", "initial_workers": 1, "standby": 2})

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-from ddlrepro.elastic.client import ConfigClient
-from ddlrepro.elastic.server import MAX_BODY_BYTES, ClusterConfig, ConfigServer, RequestError, _field
-from ddlrepro.launchers.elastic import host_store
-from ddlrepro.launchers.local import free_loopback_port
+from ddlrepro.host.configserver import MAX_BODY_BYTES, ClusterConfig, ConfigServer, RequestError, _field
+from ddlrepro.host.launchers.inplace import host_store
+from ddlrepro.host.launchers.local import free_loopback_port
+from ddlrepro.rank.elastic.client import ConfigClient
 
 TOKEN = "hostile-test-token"
 MAX_SIZE = 4

@@ -10,13 +10,13 @@ import pytest
 import torch
 from conftest import REPO
 
-from ddlrepro.config import ConfigError, load_config
-from ddlrepro.consistent import SyntheticImages, est_ranges, fold, load_checkpoint
-from ddlrepro.figures import figure_points
-from ddlrepro.models import build_model
+from ddlrepro.host.config import ConfigError, load_config
+from ddlrepro.host.figures import figure_points
+from ddlrepro.host.run import run_point
 from ddlrepro.points import Point
-from ddlrepro.run import run_point
-from ddlrepro.workloads.consistent import CHECKPOINT
+from ddlrepro.rank.easyscale import SyntheticImages, est_ranges, fold, load_checkpoint
+from ddlrepro.rank.models import build_model
+from ddlrepro.rank.workloads.consistent import CHECKPOINT
 
 STEPS = 4
 

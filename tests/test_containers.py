@@ -16,8 +16,8 @@ import yaml
 from conftest import REPO, copy_workflow, planned_jobs, snakemake, tiny_point
 from spython.main.parse.parsers import DockerParser, SingularityParser
 
-from ddlrepro.images import build_command, read_image
-from ddlrepro.launchers.local import render
+from ddlrepro.host.images import build_command, read_image
+from ddlrepro.host.launchers.local import render
 
 CONTAINERS = REPO / "containers"
 ENGINE_RUN = ["podman", "--runtime", "runc", "run", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"]
@@ -100,7 +100,7 @@ def test_local_workers_in_containers_get_only_their_rank_environment(
         assert command[: len(ENGINE_RUN)] == ENGINE_RUN
         assert command[command.index("--name") + 1] == f"ddlrepro-{tiny_point(workers=2).id}-{rank}"
         assert f"RANK={rank}" in command and "--network=host" in command
-        assert command[command.index("abc123") + 1 :][:3] == ["python", "-m", "ddlrepro.workloads"]
+        assert command[command.index("abc123") + 1 :][:3] == ["python", "-m", "ddlrepro.rank.workloads"]
         assert "canary" not in json.dumps(command)
     assert spec.rendezvous["container_engine"] == ["podman", "--runtime", "runc"]
 

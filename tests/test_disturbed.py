@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from ddlrepro.checks import check_figure, checks_settings, load_references
-from ddlrepro.config import load_config
-from ddlrepro.figures import figure_module
+from ddlrepro.host.checks import check_figure, checks_settings, load_references
+from ddlrepro.host.config import load_config
+from ddlrepro.host.figures import figure_module
+from ddlrepro.host.tables import host_load_columns, tidy_table
 from ddlrepro.points import Point
-from ddlrepro.tables import host_load_columns, tidy_table
 
 HOG_LIMIT_S = 120
 MAX_FOREIGN_SHARE = checks_settings({})["max_foreign_share"]
@@ -101,7 +101,7 @@ def quiet_checks(folder: Path) -> tuple[dict, object]:
 
 def test_slurm_runs_count_the_job_cgroup_as_their_own_cpu(tmp_path: Path) -> None:
     """cgroup v2 and v1 layouts of slurmd (job_<id>/step_batch/...): the job's CPU, every step included."""
-    from ddlrepro.launchers.slurm import own_cpu_counter
+    from ddlrepro.host.launchers.slurm import own_cpu_counter
 
     job = tmp_path / "v2" / "system.slice" / "slurmstepd.scope" / "job_42"
     job.mkdir(parents=True)
@@ -122,9 +122,9 @@ def test_slurm_runs_count_the_job_cgroup_as_their_own_cpu(tmp_path: Path) -> Non
 
 
 def test_runs_whose_own_cpu_cannot_be_counted_say_so() -> None:
-    from ddlrepro.hostload import process_tree_cpu
-    from ddlrepro.launchers import get_launcher
-    from ddlrepro.run import measured_host_load, own_cpu_counter
+    from ddlrepro.host.hostload import process_tree_cpu
+    from ddlrepro.host.launchers import get_launcher
+    from ddlrepro.host.run import measured_host_load, own_cpu_counter
 
     local = get_launcher("local")
     assert own_cpu_counter("local", local, None) == ("this process and its descendants", process_tree_cpu)
@@ -136,8 +136,8 @@ def test_runs_whose_own_cpu_cannot_be_counted_say_so() -> None:
 
 
 def test_slurm_runs_in_apptainer_still_count_the_job_cgroup(tmp_path: Path) -> None:
-    from ddlrepro.launchers import get_launcher
-    from ddlrepro.run import own_cpu_counter
+    from ddlrepro.host.launchers import get_launcher
+    from ddlrepro.host.run import own_cpu_counter
 
     source, _ = own_cpu_counter("slurm", get_launcher("slurm"), "/images/ddlrepro-cpu.sif")
     assert "Slurm job" in source  # outside an allocation: "unknown: ... no Slurm job cgroup"

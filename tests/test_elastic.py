@@ -19,21 +19,21 @@ import torch.nn.functional as F
 from conftest import LEAKY_SITE, snakemake, written_forms
 from torch import nn
 
-from ddlrepro.config import ConfigError
-from ddlrepro.elastic.client import ConfigClient, ConfigServerError
-from ddlrepro.elastic.cluster import TOKEN_ENV
-from ddlrepro.elastic.faults import live_records, worker_pid
-from ddlrepro.elastic.ledger import LedgerError, trained_ranges, verify
-from ddlrepro.elastic.schedule import parse_schedule
-from ddlrepro.elastic.server import ClusterConfig, ConfigServer
-from ddlrepro.models import build_model
+from ddlrepro.host.config import ConfigError
+from ddlrepro.host.configserver import ClusterConfig, ConfigServer
+from ddlrepro.host.ledger import LedgerError, trained_ranges, verify
+from ddlrepro.host.redaction import MARKER
+from ddlrepro.host.run import run_point
+from ddlrepro.host.tables import run_rows
 from ddlrepro.points import Point
-from ddlrepro.redaction import MARKER
-from ddlrepro.run import run_point
-from ddlrepro.tables import run_rows
-from ddlrepro.workloads.elastic import FINAL_STATE, MOMENTUM, ElasticTrainer, slice_seed
-from ddlrepro.workloads.records import RECORD_PREFIX
-from ddlrepro.workloads.throughput import synthetic_batch
+from ddlrepro.rank.elastic.client import ConfigClient, ConfigServerError
+from ddlrepro.rank.elastic.faults import live_records, worker_pid
+from ddlrepro.rank.elastic.membership import TOKEN_ENV
+from ddlrepro.rank.elastic.schedule import parse_schedule
+from ddlrepro.rank.elastic.trainer import FINAL_STATE, MOMENTUM, ElasticTrainer, slice_seed
+from ddlrepro.rank.models import build_model
+from ddlrepro.rank.workloads.throughput import synthetic_batch
+from ddlrepro.records import RECORD_PREFIX
 
 TOKEN = "test-token-123456"
 
@@ -335,7 +335,7 @@ def test_survivors_keep_their_processes(tmp_path: Path, monkeypatch: pytest.Monk
             tokens.append(token)
             super().__init__(config, token, *args)
 
-    monkeypatch.setattr("ddlrepro.launchers.elastic.ConfigServer", RecordingServer)
+    monkeypatch.setattr("ddlrepro.host.launchers.inplace.ConfigServer", RecordingServer)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(LEAKY_SITE), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("LEAK_WHEN", TOKEN_ENV)
     monkeypatch.setenv("LEAK_VARIABLES", TOKEN_ENV)
@@ -386,7 +386,7 @@ def test_killed_worker_survivors_continue(tmp_path: Path) -> None:
 
 
 def test_slurm_gives_an_elastic_point_one_node() -> None:
-    from ddlrepro.launchers.slurm import allocation
+    from ddlrepro.host.launchers.slurm import allocation
 
     slurm = {"tasks_per_node": 2, "mem_mb_per_worker": 1000, "gpus_per_node": 0, "partition": None, "account": None}
     settings = allocation(elastic_point("10:4,20:1,30:0"), slurm, runtime_min=30)
@@ -395,8 +395,8 @@ def test_slurm_gives_an_elastic_point_one_node() -> None:
 
 def test_slurm_counts_an_elastic_points_standbys_as_the_local_launcher_does() -> None:
     """Slurm sizes an elastic point by its peak processes (largest cluster + standbys), as local and Kubernetes do."""
-    from ddlrepro.launchers.local import check_fits_machine, peak_workers
-    from ddlrepro.launchers.slurm import allocation, check_cluster_limits
+    from ddlrepro.host.launchers.local import check_fits_machine, peak_workers
+    from ddlrepro.host.launchers.slurm import allocation, check_cluster_limits
 
     point = elastic_point("10:4,20:1,30:0", launcher="elastic", standby=2)
     slurm = {"tasks_per_node": 2, "mem_mb_per_worker": 1000, "gpus_per_node": 0, "partition": None, "account": None}

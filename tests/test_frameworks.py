@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import tiny_point
 
-from ddlrepro.launchers import local
+from ddlrepro.host.launchers import local
+from ddlrepro.host.run import run_point
+from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
-from ddlrepro.run import run_point
-from ddlrepro.rundir import OutputCollector
 
 FRAMEWORK_POINTS = {
     "torch-STAR": {"framework": "torch", "strategy": "STAR"},

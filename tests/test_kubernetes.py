@@ -17,13 +17,13 @@ import yaml
 from conftest import REPO, tiny_point
 from kubernetes import client
 
-from ddlrepro.cli import main
-from ddlrepro.config import ConfigError, load_config, merge_into, validate_config
-from ddlrepro.launchers import kubernetes
-from ddlrepro.launchers.base import RunFailed
-from ddlrepro.run import run_point
-from ddlrepro.rundir import OutputCollector
-from ddlrepro.tables import tidy_table
+from ddlrepro.host.cli import main
+from ddlrepro.host.config import ConfigError, load_config, merge_into, validate_config
+from ddlrepro.host.launchers import kubernetes
+from ddlrepro.host.launchers.base import RunFailed
+from ddlrepro.host.run import run_point
+from ddlrepro.host.rundir import OutputCollector
+from ddlrepro.host.tables import tidy_table
 
 RECORDED = json.loads((Path(__file__).parent / "data" / "kubernetes" / "pods.json").read_text())
 VERSIONS = [f"1.{minor}.0" for minor in range(30, 38)]

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import tiny_point
 
-from ddlrepro.launchers.base import RunFailed
-from ddlrepro.run import run_point
-from ddlrepro.rundir import OutputCollector
+from ddlrepro.host.launchers.base import RunFailed
+from ddlrepro.host.run import run_point
+from ddlrepro.host.rundir import OutputCollector
 
 
 @pytest.fixture(scope="module")

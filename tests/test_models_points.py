@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import REPO, tiny_point
 
-from ddlrepro.config import load_config
-from ddlrepro.figures import figure_points
-from ddlrepro.models import MODELS, build_model
+from ddlrepro.host.config import load_config
+from ddlrepro.host.figures import figure_points
+from ddlrepro.rank.models import MODELS, build_model
 
 # torchvision's resnet50 and mobilenet_v2, He et al.'s CIFAR ResNet-20 (0.27 M) and ResNet-56 (0.85 M); the test
 # model smallnet (3·8·9 + 2·8 + 8·16·9 + 2·16 + 16·10 + 10).

@@ -13,7 +13,7 @@ from conftest import spawn_gloo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlrepro.monitors import Ema, GradientMonitor, NoiseScaleEstimator
+from ddlrepro.rank.monitors import Ema, GradientMonitor, NoiseScaleEstimator
 
 WORLD = 2
 

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from conftest import REPO, written_forms
 
-from ddlrepro.bundle import create_bundle
-from ddlrepro.config import ConfigError, validate_config
-from ddlrepro.redaction import MARKER, NAMED_SECRETS_ENV, redact, register_secret, secret_values
-from ddlrepro.rundir import OutputCollector, write_json_atomic
+from ddlrepro.host.bundle import create_bundle
+from ddlrepro.host.config import ConfigError, validate_config
+from ddlrepro.host.redaction import MARKER, NAMED_SECRETS_ENV, redact, register_secret, secret_values
+from ddlrepro.host.rundir import OutputCollector, write_json_atomic
 
 # Quotes, a backslash, spaces, `$` and non-ASCII: each is escaped by JSON, repr, URLs or the shell.
 TRICKY = "tok\"en \\ it's $HOME – é-42"
@@ -113,7 +113,7 @@ def test_ordinary_settings_are_not_secrets(monkeypatch: pytest.MonkeyPatch) -> N
     assert secret_values(ORDINARY) == []
     for name, value in ORDINARY.items():
         monkeypatch.setenv(name, value)
-    command = "python -m ddlrepro.workloads.throughput --project ddlrepro"
+    command = "python -m ddlrepro.rank.workloads.throughput --project ddlrepro"
     assert redact(command) == command
 
 

@@ -14,9 +14,9 @@ import pytest
 from conftest import ONE_WORKER_COUNT_DLAAS, REPO, checks_excluding, copy_workflow, tiny_point
 from test_local_launcher import wait_for, worker_pids
 
-from ddlrepro.figures import FIGURES
-from ddlrepro.launchers.slurm import allocation, render
-from ddlrepro.launchers.slurm_task import layout, task_environment
+from ddlrepro.host.figures import FIGURES
+from ddlrepro.host.launchers.slurm import allocation, render
+from ddlrepro.rank.slurm_task import layout, task_environment
 
 GPU_CLUSTER = {
     "partition": "gpu",
@@ -68,7 +68,7 @@ def test_render_takes_the_rendezvous_from_the_allocation(tmp_path: Path) -> None
         "--label",
         "--gpus-per-task=1",
     ]
-    assert step.command[-3:-1] == ["-m", "ddlrepro.launchers.slurm_task"]
+    assert step.command[-3:-1] == ["-m", "ddlrepro.rank.slurm_task"]
     assert "MASTER_ADDR" not in step.env  # each task takes the first node of its step
     assert step.env["MASTER_PORT"] == str(15000 + 123456 % 275 * 64)
     assert spec.rendezvous["job_id"] == "123456"

@@ -12,7 +12,7 @@ from conftest import spawn_gloo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlrepro.strategies import STRATEGIES, apply_strategy, reducer
+from ddlrepro.rank.strategies import STRATEGIES, apply_strategy, reducer
 
 
 def sums_by_strategy(rank: int, group_size: int) -> dict[str, dict[str, torch.Tensor]]:

@@ -15,7 +15,7 @@ import torch
 from conftest import ONE_WORKER_COUNT_DLAAS, SNAKEMAKE, checks_excluding, planned_jobs, snakemake
 from test_local_launcher import wait_for, worker_pids
 
-from ddlrepro.figures import FIGURES
+from ddlrepro.host.figures import FIGURES
 
 # Extra config files go after TINY's (one --configfile with several files: a second flag would replace the first).
 TINY = ["--configfile", "tests/configs/tiny.yaml"]

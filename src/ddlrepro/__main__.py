@@ -1,3 +1,3 @@
-from ddlrepro.cli import main
+from ddlrepro.host.cli import main
 
 main()

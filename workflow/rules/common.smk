@@ -8,19 +8,19 @@ from snakemake.exceptions import WorkflowError
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from ddlrepro.jobenv import expose_to_jobs
+from ddlrepro.host.jobenv import expose_to_jobs
 
 expose_to_jobs(Path(workflow.basedir) / "src")
 
-from ddlrepro.checks import check_exclude, checks_settings, load_references
-from ddlrepro.config import validate_config
-from ddlrepro.errors import UserError
-from ddlrepro.bundle import bundle_name, digest_file
-from ddlrepro.launchers.slurm import allocation
-from ddlrepro.figures import FIGURES, enabled_figures, figure_points, figure_source
-from ddlrepro.provenance import git_state, profile_from_command, record_invocation
-from ddlrepro.launchers.sizes import check_sizes
-from ddlrepro.redaction import declare_secret_variables
+from ddlrepro.host.checks import check_exclude, checks_settings, load_references
+from ddlrepro.host.config import validate_config
+from ddlrepro.host.errors import UserError
+from ddlrepro.host.bundle import bundle_name, digest_file
+from ddlrepro.host.launchers.slurm import allocation
+from ddlrepro.host.figures import FIGURES, enabled_figures, figure_points, figure_source
+from ddlrepro.host.provenance import git_state, profile_from_command, record_invocation
+from ddlrepro.host.launchers.sizes import check_sizes
+from ddlrepro.host.redaction import declare_secret_variables
 
 try:
     validate_config(

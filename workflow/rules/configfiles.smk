@@ -7,7 +7,7 @@ from snakemake.exceptions import WorkflowError
 
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from ddlrepro.config import ConfigError, load_config_file
+from ddlrepro.host.config import ConfigError, load_config_file
 
 try:
     for config_path in [

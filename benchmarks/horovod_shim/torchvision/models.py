@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ddlrepro.models import MODELS, build_model
+from ddlrepro.rank.models import MODELS, build_model
 
 IMAGE_SIZE_ENV = "DDLREPRO_SHIM_IMAGE_SIZE"
 SCRIPT_CLASSES = 1000

@@ -1,0 +1,550 @@
+"""Pack the results into a bundle anyone can verify, and verify one.
+
+    ddlrepro-<git-sha>/
+        MANIFEST.json        sha256 of every other file, the git state, the figures and scale
+        MANIFEST.sha256      sha256 of MANIFEST.json
+        MANIFEST.json.sig    (with `bundle.sign_key`) an `ssh-keygen -Y sign` signature of MANIFEST.json
+        code.tar.gz          the workflow code (`git archive` of HEAD)
+        config-used.yaml     the configuration as the workflow used it
+        references.yaml      the papers' numbers the figures were checked against
+        results/...          report, checks, figures, tables, run folders, invocation provenance, image digests
+
+Beside the tarball, `<bundle>.manifest.sha256` holds MANIFEST.json's digest: published elsewhere, it is the anchor
+`verify --expect` compares with. `verify` reads the tarball without extracting it (refusing links, devices, absolute
+or `..` names, duplicates, members outside the top folder), checks every hash, then re-derives every derived file
+from the raw run folders with this installation's code (the functions the workflow's rules call): each figure's
+tidy table, its summary table and picture, its checks and `checks.tsv`; it names every file that differs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import re
+import subprocess
+import tarfile
+import tempfile
+import time
+import zlib
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import jsonschema
+import yaml
+
+from ddlrepro.host.config import ConfigError, config_schema, validate_config
+from ddlrepro.host.errors import UserError
+from ddlrepro.host.figures import FIGURES
+from ddlrepro.host.provenance import git_state
+from ddlrepro.host.redaction import find_secret
+
+MANIFEST = "MANIFEST.json"
+MANIFEST_DIGEST = "MANIFEST.sha256"
+SIGNATURE = "MANIFEST.json.sig"
+SIGNING_NAMESPACE = "ddlrepro-bundle"
+DIGEST_SUFFIX = ".manifest.sha256"
+# 2: the tables carry the host-load columns (foreign_share, steal_share, disturbed); a format-1 bundle's do not.
+BUNDLE_FORMAT = 2
+PIXEL_TOLERANCE = 2 / 255
+TABLE_TOLERANCE = 1e-9
+POINT_FOLDER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+# verify reads every member into memory: a gzip bomb must be refused before that, by the sizes its headers declare.
+MAX_BUNDLE_BYTES = 4 * 2**30
+REQUIRED_FOR_REDERIVING = ("config-used.yaml", "references.yaml", "results/checks.tsv")
+SSH_KEYGEN_TIMEOUT_S = 60
+
+
+class BundleError(UserError):
+    """A bundle cannot be made, signed or read safely; the message names the file (and the member)."""
+
+
+def manifest_schema() -> dict[str, Any]:
+    """What MANIFEST.json must hold: figure ids and scale are checked before either becomes a file name or an input."""
+    scales = config_schema()["properties"]["scale"]["enum"]
+    return {
+        "type": "object",
+        "required": ["format", "figures", "scale", "files"],
+        "properties": {
+            "format": {"enum": list(range(1, BUNDLE_FORMAT + 1))},
+            "figures": {"type": "array", "items": {"enum": list(FIGURES)}, "uniqueItems": True},
+            "scale": {"enum": scales},
+            "files": {"type": "object", "additionalProperties": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+        },
+    }
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def bundle_name(git: dict[str, Any]) -> str:
+    label = (git.get("sha") or "nogit")[:12]
+    return f"ddlrepro-{label}{'-dirty' if git.get('dirty') else ''}"
+
+
+def results_files(results: Path, figures: list[str], run_dirs: list[Path]) -> list[Path]:
+    """What a bundle carries from `results/`: report, checks, every figure's files, its runs, provenance, images."""
+    files = [results / "report.html", results / "checks.tsv"]
+    for figure in figures:
+        files += [results / "figures" / f"{figure}.png", results / "figures" / f"{figure}.pdf"]
+        files += [results / "tables" / f"{figure}.csv", results / "tables" / f"{figure}.summary.csv"]
+        files += [results / "checks" / f"{figure}.tsv"]
+    for run_dir in run_dirs:
+        files += sorted(path for path in run_dir.rglob("*") if path.is_file())
+    for extra in ("provenance", "images"):
+        files += sorted(path for path in (results / extra).rglob("*") if path.is_file())
+    return files
+
+
+def git_archive(repo: Path) -> bytes | None:
+    try:
+        return subprocess.run(
+            ["git", "-C", str(repo), "archive", "--format=tar.gz", "HEAD"], capture_output=True, check=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def create_bundle(
+    out: Path,
+    results: Path,
+    figures: list[str],
+    run_dirs: list[Path],
+    config: dict[str, Any],
+    references: Path,
+    repo: Path,
+) -> Path:
+    """Write the bundle tarball; refuse (naming the file) if any file still holds a secret-looking value."""
+    git = git_state(repo)
+    members: dict[str, bytes] = {
+        "config-used.yaml": yaml.safe_dump(config, sort_keys=False).encode(),
+        "references.yaml": references.read_bytes(),
+    }
+    code = git_archive(repo)
+    if code is not None:
+        members["code.tar.gz"] = code
+    for path in results_files(results, figures, run_dirs):
+        members[f"results/{path.relative_to(results).as_posix()}"] = path.read_bytes()
+    refuse_secrets(members)
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "git": git,
+        "figures": figures,
+        "scale": config["scale"],
+        "files": {name: sha256(data) for name, data in sorted(members.items())},
+    }
+    members[MANIFEST] = json.dumps(manifest, indent=2).encode()
+    members[MANIFEST_DIGEST] = f"{sha256(members[MANIFEST])}  {MANIFEST}\n".encode()
+    sign_key = (config.get("bundle") or {}).get("sign_key")
+    if sign_key:
+        members[SIGNATURE] = sign_manifest(members[MANIFEST], Path(sign_key))
+    write_tarball(out, bundle_name(git), members)
+    digest_file(out).write_text(f"{sha256(members[MANIFEST])}\n")
+    return out
+
+
+def digest_file(bundle: Path) -> Path:
+    """Where `snakemake bundle` writes the manifest's digest: beside the tarball, to be published elsewhere."""
+    return bundle.with_name(bundle.name.removesuffix(".tar.gz") + DIGEST_SUFFIX)
+
+
+def sign_manifest(manifest: bytes, key: Path) -> bytes:
+    """An `ssh-keygen -Y sign` signature of MANIFEST.json with the private key (or agent-held key) `key`."""
+    key = key.expanduser()  # the config's `~/.ssh/id_ed25519` reaches here unexpanded: no shell in between
+    with tempfile.TemporaryDirectory() as scratch:
+        message = Path(scratch) / MANIFEST
+        message.write_bytes(manifest)
+        command = ["ssh-keygen", "-q", "-Y", "sign", "-f", str(key), "-n", SIGNING_NAMESPACE, str(message)]
+        try:
+            subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                check=True,
+                stdin=subprocess.DEVNULL,
+                timeout=SSH_KEYGEN_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            raise BundleError(
+                f"bundle.sign_key {key}: ssh-keygen did not sign within {SSH_KEYGEN_TIMEOUT_S} s"
+                " (waiting for a passphrase or an unreachable agent?)"
+            ) from None
+        except FileNotFoundError:
+            raise BundleError("bundle.sign_key is set but ssh-keygen is not installed") from None
+        except subprocess.CalledProcessError as failure:
+            raise BundleError(f"bundle.sign_key {key}: ssh-keygen could not sign: {failure.stderr.strip()}") from None
+        return message.with_name(SIGNATURE).read_bytes()
+
+
+def refuse_secrets(members: dict[str, bytes]) -> None:
+    """Raise naming the first file that holds a secret in any form (compressed members are searched unpacked)."""
+    for name, data in members.items():
+        found = find_secret(unpacked(data) if name.endswith(".gz") else data)
+        if found:
+            raise BundleError(f"refusing to bundle {name}: it contains the value of a secret variable ({found})")
+
+
+def unpacked(data: bytes) -> bytes:
+    """A `.gz` file's content; the bytes as they are when it is not gzip after all (they are searched then)."""
+    try:
+        return gzip.decompress(data)
+    except (gzip.BadGzipFile, EOFError, zlib.error):
+        return data
+
+
+def write_tarball(out: Path, top: str, members: dict[str, bytes]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    with tarfile.open(partial, "w:gz") as tar:
+        for name, data in sorted(members.items()):
+            info = tarfile.TarInfo(f"{top}/{name}")
+            info.size = len(data)
+            info.mtime = int(time.time())
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    partial.replace(out)
+
+
+def read_bundle(bundle: Path) -> dict[str, bytes]:
+    """Every regular file of the bundle by its path below the top folder, read in memory (nothing is extracted);
+    BundleError, naming the bundle, for anything but a complete tarball of plain files under one top folder."""
+    try:
+        with tarfile.open(bundle, "r:*") as tar:
+            infos = tar.getmembers()
+            names = member_names(bundle, infos)
+            refuse_oversized(bundle, infos)
+            return {names[index]: tar.extractfile(info).read() for index, info in enumerate(infos) if info.isfile()}
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
+        raise BundleError(f"{bundle}: not a readable bundle tarball ({type(error).__name__}: {error})") from None
+
+
+def refuse_oversized(bundle: Path, infos: list[tarfile.TarInfo]) -> None:
+    """BundleError when the members together declare more than MAX_BUNDLE_BYTES (nothing has been read yet)."""
+    total = sum(info.size for info in infos if info.isfile())
+    if total > MAX_BUNDLE_BYTES:
+        raise BundleError(
+            f"{bundle}: its files hold {total} bytes unpacked, more than verify reads"
+            f" (MAX_BUNDLE_BYTES = {MAX_BUNDLE_BYTES} in {__name__})"
+        )
+
+
+def member_names(bundle: Path, infos: list[tarfile.TarInfo]) -> list[str]:
+    """Each member's path below the top folder; BundleError for the first member a bundle never holds."""
+    if not infos:
+        raise BundleError(f"{bundle}: empty tarball, not a bundle")
+    top = PurePosixPath(infos[0].name).parts[0] if infos[0].name else ""
+    names, seen = [], set()
+    for info in infos:
+        reason = refused_member(info, top)
+        if reason:
+            raise BundleError(f"{bundle}: member {info.name!r} {reason}")
+        name = "/".join(PurePosixPath(info.name).parts[1:])
+        if info.isfile() and name in seen:
+            raise BundleError(f"{bundle}: member {info.name!r} appears twice (which copy counts would be ambiguous)")
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+def refused_member(info: tarfile.TarInfo, top: str) -> str | None:
+    """Why a member is refused, or None for a plain file or folder inside the top folder."""
+    path = PurePosixPath(info.name)
+    if path.is_absolute():
+        return "has an absolute path"
+    if ".." in path.parts:
+        return "has '..' in its path"
+    if info.issym() or info.islnk():
+        return f"is a link (to {info.linkname!r}); a bundle holds only plain files"
+    if not (info.isfile() or info.isdir()):
+        return "is a device, FIFO or other special file; a bundle holds only plain files"
+    if not path.parts or path.parts[0] != top or (info.isfile() and len(path.parts) < 2):
+        return f"is outside the bundle's top folder {top!r}"
+    return None
+
+
+def verify_bundle(
+    bundle: Path, render: bool = True, expect: str | None = None, allowed_signers: Path | None = None
+) -> list[str]:
+    """Problems found in the bundle, one line each naming the file; empty when it verifies. BundleError when the
+    file cannot be read safely as a bundle at all."""
+    members = read_bundle(bundle)
+    problems = check_hashes(members)
+    if not problems and expect is not None:
+        problems += check_expected_digest(members, expect)
+    if not problems and allowed_signers is not None:
+        problems += check_signature(members, allowed_signers)
+    if render and not problems:
+        problems += check_derived(members)
+    return problems
+
+
+def manifest_digest(members: dict[str, bytes]) -> str:
+    return sha256(members[MANIFEST])
+
+
+def check_hashes(members: dict[str, bytes]) -> list[str]:
+    if MANIFEST not in members or MANIFEST_DIGEST not in members:
+        return [f"{MANIFEST} or {MANIFEST_DIGEST} is missing"]
+    recorded = members[MANIFEST_DIGEST].decode(errors="replace").split()
+    if not recorded or recorded[0] != manifest_digest(members):
+        return [f"{MANIFEST} does not match {MANIFEST_DIGEST} (one of the two was changed)"]
+    problems = check_manifest(members[MANIFEST])
+    if problems:
+        return problems
+    expected = json.loads(members[MANIFEST])["files"]
+    problems = [f"{name}: missing from the bundle" for name in sorted(expected.keys() - members.keys())]
+    problems += [
+        f"{name}: not in the manifest"
+        for name in sorted(members.keys() - expected.keys() - {MANIFEST, MANIFEST_DIGEST, SIGNATURE})
+    ]
+    problems += [
+        f"{name}: sha256 differs from the manifest"
+        for name in sorted(expected.keys() & members.keys())
+        if sha256(members[name]) != expected[name]
+    ]
+    return problems
+
+
+def check_manifest(manifest: bytes) -> list[str]:
+    """MANIFEST.json against its schema: every violation, naming the key."""
+    try:
+        content = json.loads(manifest)
+    except ValueError as error:
+        return [f"{MANIFEST}: not JSON ({error})"]
+    errors = jsonschema.Draft202012Validator(manifest_schema()).iter_errors(content)
+    return [
+        f"{MANIFEST}: {'/'.join(map(str, error.absolute_path)) or 'top level'}: {error.message}"
+        for error in sorted(errors, key=lambda error: list(map(str, error.absolute_path)))
+    ]
+
+
+def check_expected_digest(members: dict[str, bytes], expect: str) -> list[str]:
+    """The outside anchor: MANIFEST.json's digest must be the one published beside the bundle."""
+    # A line pasted from <bundle>.manifest.sha256 or `sha256sum MANIFEST.json` ("<hex>  MANIFEST.json") is fine too.
+    wanted = (expect.split() or [""])[0].lower().removeprefix("sha256:")
+    actual = manifest_digest(members)
+    if actual != wanted:
+        return [f"{MANIFEST}: sha256 is {actual}, not the expected {wanted} (the bundle is not the one published)"]
+    return []
+
+
+def check_signature(members: dict[str, bytes], allowed_signers: Path) -> list[str]:
+    """MANIFEST.json must carry an `ssh-keygen -Y sign` signature by a key listed in `allowed_signers`."""
+    if not allowed_signers.is_file():
+        return [f"{allowed_signers}: no such allowed_signers file"]
+    if SIGNATURE not in members:
+        return [f"{SIGNATURE}: missing (the bundle is not signed)"]
+    with tempfile.TemporaryDirectory() as scratch:
+        signature = Path(scratch) / SIGNATURE
+        signature.write_bytes(members[SIGNATURE])
+        found = ssh_keygen(["-Y", "find-principals", "-s", str(signature), "-f", str(allowed_signers)])
+        principals = found.stdout.split() if found.returncode == 0 else []
+        for principal in principals:
+            check = ["-Y", "verify", "-f", str(allowed_signers), "-I", principal, "-n", SIGNING_NAMESPACE]
+            if ssh_keygen([*check, "-s", str(signature)], members[MANIFEST]).returncode == 0:
+                return []
+    if not principals:
+        return [f"{SIGNATURE}: not made by any key in {allowed_signers}"]
+    return [f"{SIGNATURE}: does not match {MANIFEST} (signed by a key in {allowed_signers}, but not this manifest)"]
+
+
+def ssh_keygen(arguments: list[str], message: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    try:
+        return subprocess.run(
+            ["ssh-keygen", *arguments], input=message, capture_output=True, timeout=SSH_KEYGEN_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise BundleError(
+            f"--allowed-signers: ssh-keygen {' '.join(arguments[:2])} did not finish within {SSH_KEYGEN_TIMEOUT_S} s"
+        ) from None
+    except FileNotFoundError:
+        raise BundleError("--allowed-signers needs ssh-keygen (OpenSSH ≥ 8.2), which is not installed") from None
+
+
+def check_derived(members: dict[str, bytes]) -> list[str]:
+    """Re-derive every table, figure and check from the bundled run folders and name each file that differs."""
+    from ddlrepro.host.checks import collect_checks
+
+    manifest = json.loads(members[MANIFEST])
+    if manifest["format"] < BUNDLE_FORMAT:
+        return [
+            f"{MANIFEST}: made by an older ddlrepro (format {manifest['format']}): re-derivation would differ;"
+            " use --hashes-only"
+        ]
+    missing = [f"{name}: missing from the bundle" for name in REQUIRED_FOR_REDERIVING if name not in members]
+    if missing:
+        return missing
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        try:
+            scale, references, settings = bundled_inputs(members, manifest, folder)
+        except ValueError as error:
+            return [str(error)]
+        problems = []
+        for figure in manifest["figures"]:
+            figure_references = references.get(figure, [])
+            problems += rederive_figure(members, figure, folder / figure, scale, figure_references, settings)
+        checks = [folder / figure / f"{figure}.tsv" for figure in manifest["figures"]]
+        if all(path.exists() for path in checks) and checks:
+            collected = folder / "checks.tsv"
+            collect_checks(checks).to_csv(collected, sep="\t", index=False)
+            problems += compare_file(members, "results/checks.tsv", collected, "the checks of every figure")
+    return problems
+
+
+def bundled_inputs(
+    members: dict[str, bytes], manifest: dict[str, Any], folder: Path
+) -> tuple[str, dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    """The scale and checks settings recorded in the bundled config, and the bundled references (each file
+    validated against its schema)."""
+    from ddlrepro.host.checks import checks_settings, load_references
+
+    config = bundled_config(members["config-used.yaml"])
+    if config["scale"] != manifest["scale"]:
+        raise ValueError(
+            f"config-used.yaml: scale {config['scale']!r} differs from the manifest's {manifest['scale']!r}"
+        )
+    (folder / "references.yaml").write_bytes(members["references.yaml"])
+    try:
+        references = load_references(folder / "references.yaml")
+    except (ConfigError, yaml.YAMLError) as error:
+        raise ValueError(f"references.yaml: {error}") from None
+    return config["scale"], references, checks_settings(config)
+
+
+def bundled_config(data: bytes) -> dict[str, Any]:
+    """config-used.yaml, validated against the config schema as the workflow validated it before using it."""
+    try:
+        config = yaml.safe_load(data)
+        validate_config(config)
+    except yaml.YAMLError as error:
+        raise ValueError(f"config-used.yaml: not YAML ({error})") from None
+    except ConfigError as error:
+        raise ValueError(f"config-used.yaml: {error}") from None
+    return config
+
+
+def rederive_figure(
+    members: dict[str, bytes],
+    figure: str,
+    folder: Path,
+    scale: str,
+    references: list[dict[str, Any]],
+    settings: dict[str, Any],
+) -> list[str]:
+    """Tabulate the figure's runs, plot and check as the workflow's rules do, and compare with the bundled files."""
+    import pandas as pd
+
+    from ddlrepro.host.checks import check_figure
+    from ddlrepro.host.figures import render_figure
+    from ddlrepro.host.tables import tidy_table
+
+    missing = [name for name in figure_files(figure) if name not in members]
+    if missing:
+        return [f"{name}: missing from the bundle" for name in missing]
+    runs = f"results/runs/{figure}/"
+    try:
+        run_dirs = unpack_runs(members, runs, folder / "runs")
+        table, png, summary, checks = (folder / f"{figure}{end}" for end in (".csv", ".png", ".summary.csv", ".tsv"))
+        tidy_table(run_dirs, settings["max_foreign_share"]).to_csv(table, index=False)
+        render_figure(figure, table, png, folder / f"{figure}.pdf", summary, scale, references)
+        derived = check_figure(figure, pd.read_csv(summary), references, scale, settings["exclude"])
+        derived.to_csv(checks, sep="\t", index=False)
+    except (KeyError, ValueError, TypeError, OSError) as error:
+        return [f"{runs}: the figure cannot be re-derived from its runs ({type(error).__name__}: {error})"]
+    problems = compare_file(members, f"results/tables/{figure}.csv", table, runs)
+    problems += compare_file(members, f"results/tables/{figure}.summary.csv", summary, runs)
+    if not same_picture(png.read_bytes(), members[f"results/figures/{figure}.png"]):
+        problems.append(f"results/figures/{figure}.png: differs from the one re-rendered from {runs}")
+    problems += compare_file(members, f"results/checks/{figure}.tsv", checks, runs)
+    return problems
+
+
+def figure_files(figure: str) -> list[str]:
+    return [
+        f"results/tables/{figure}.csv",
+        f"results/tables/{figure}.summary.csv",
+        f"results/figures/{figure}.png",
+        f"results/checks/{figure}.tsv",
+    ]
+
+
+def unpack_runs(members: dict[str, bytes], prefix: str, target: Path) -> list[Path]:
+    """Write the figure's run folders (point ids checked) under `target`; the folders that hold a result.json."""
+    for name, data in members.items():
+        if not name.startswith(prefix):
+            continue
+        relative = PurePosixPath(name[len(prefix) :])
+        if len(relative.parts) < 2 or not POINT_FOLDER.fullmatch(relative.parts[0]):
+            raise ValueError(f"{name}: not inside a run folder named by a point id")
+        path = target.joinpath(*relative.parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    run_dirs = sorted(result.parent for result in target.glob("*/result.json"))
+    if not run_dirs:
+        raise ValueError(f"{prefix}: no run folder with a result.json")
+    return run_dirs
+
+
+def compare_file(members: dict[str, bytes], name: str, rederived: Path, source: str) -> list[str]:
+    """The bundled table `name` against the one re-derived from `source`: the first differing row, if any."""
+    import pandas as pd
+
+    separator = "\t" if name.endswith(".tsv") else ","
+    try:
+        bundled = pd.read_csv(io.BytesIO(members[name]), sep=separator)
+    except (ValueError, UnicodeDecodeError) as error:
+        return [f"{name}: not a readable table ({error})"]
+    difference = first_difference(pd.read_csv(rederived, sep=separator), bundled)
+    return [f"{name}: differs from the one re-derived from {source}: {difference}"] if difference else []
+
+
+def first_difference(rederived: Any, bundled: Any) -> str | None:
+    """Where two tables first differ (numbers within TABLE_TOLERANCE), as a phrase naming the row; None if equal."""
+    import numpy as np
+    from pandas.api.types import is_numeric_dtype
+
+    if list(rederived.columns) != list(bundled.columns):
+        return f"columns {list(bundled.columns)}, re-derived {list(rederived.columns)}"
+    if len(rederived) != len(bundled):
+        return f"{len(bundled)} rows, re-derived {len(rederived)}"
+    differs = np.zeros(rederived.shape, dtype=bool)
+    for index, column in enumerate(rederived.columns):
+        left, right = rederived[column], bundled[column]
+        if is_numeric_dtype(left) and is_numeric_dtype(right):
+            left, right = left.to_numpy(float, na_value=np.nan), right.to_numpy(float, na_value=np.nan)
+            same = np.isclose(left, right, rtol=TABLE_TOLERANCE, atol=0.0, equal_nan=True)
+        else:  # pandas' str dtype keeps a missing cell missing (NaN != NaN): compare those apart
+            missing = left.isna().to_numpy() & right.isna().to_numpy()
+            same = missing | (left.astype(str).to_numpy() == right.astype(str).to_numpy())
+        differs[:, index] = ~same
+    if not differs.any():
+        return None
+    row, index = (int(position[0]) for position in np.nonzero(differs))
+    column = rederived.columns[index]
+    return (
+        f"first at row {row + 1}{row_label(bundled, row)}, column {column}: "
+        f"{bundled[column].tolist()[row]!r} bundled, {rederived[column].tolist()[row]!r} re-derived"
+    )
+
+
+def row_label(table: Any, row: int) -> str:
+    """The row's check id or point id, when the table has one (names the row to a reader)."""
+    for key in ("check", "point_id"):
+        if key in table.columns:
+            return f" ({key} {table[key].iloc[row]})"
+    return ""
+
+
+def same_picture(rendered: bytes, bundled: bytes) -> bool:
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    try:
+        left, right = mpimg.imread(io.BytesIO(rendered), "png"), mpimg.imread(io.BytesIO(bundled), "png")
+    except (OSError, ValueError, SyntaxError):
+        return False
+    return left.shape == right.shape and float(np.abs(left - right).max()) <= PIXEL_TOLERANCE

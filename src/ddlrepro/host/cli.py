@@ -1,0 +1,285 @@
+"""`ddlrepro` command line: the steps the Snakemake rules call, usable by hand as well."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from ddlrepro.host.config import load_config, schema_default
+from ddlrepro.host.errors import UserError
+from ddlrepro.host.launchers.base import RunFailed
+from ddlrepro.host.redaction import redact
+from ddlrepro.points import Point
+
+
+def _exit_on_sigterm() -> None:
+    """Turn SIGTERM (Snakemake cancelling a job) into SystemExit so cleanup stops the workers."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def cmd_run_point(args: argparse.Namespace) -> None:
+    from ddlrepro.host.run import run_point
+
+    _exit_on_sigterm()
+    point = Point.from_json(args.point)
+    image, container = run_image(args)
+    options = {
+        "container_run": json.loads(args.container_run) if args.container_run else None,
+        "settings": json.loads(args.launcher_settings) if args.launcher_settings else None,
+    }
+    try:
+        record = run_point(point, Path(args.run_dir), args.launcher, args.timeout, container, image, **options)
+    except RunFailed as failure:
+        sys.exit(redact(f"run {point.figure}/{point.id} failed: {failure}\nlogs kept in {args.run_dir}"))
+    outcome = record.get("reason") or record["summary"]
+    print(f"run {point.figure}/{point.id} {record['status']} in {record['duration_s']:.1f} s: {outcome}")
+
+
+def run_image(args: argparse.Namespace) -> tuple[dict | None, str | None]:
+    """The built image the workers run in (from its digest file) and the container reference to start."""
+    from ddlrepro.host.images import read_image
+
+    image = read_image(Path(args.image_file)) if args.image_file else None
+    if image and args.container_run:
+        return image, image["digest"].removeprefix("sha256:")
+    return image, args.container
+
+
+def cmd_render(args: argparse.Namespace) -> None:
+    """Print the job a launcher would start (Kubernetes: its manifests as YAML, ready for `kubectl apply -f -`)."""
+    import yaml
+
+    from ddlrepro.host.launchers import get_launcher
+
+    settings = {"settings": json.loads(args.launcher_settings)} if args.launcher_settings else {}
+    spec = get_launcher(args.launcher).render(Point.from_json(args.point), args.timeout, Path(args.run_dir), **settings)
+    print(
+        yaml.safe_dump_all(spec.manifests, sort_keys=False) if spec.manifests else json.dumps(spec.to_dict(), indent=2)
+    )
+
+
+def cmd_build_image(args: argparse.Namespace) -> None:
+    from ddlrepro.host.config import REPO_ROOT
+    from ddlrepro.host.images import build_image
+
+    settings = {**json.loads(args.settings), "variant": args.variant}
+    record = build_image(args.engine, settings, REPO_ROOT, Path(args.out))
+    print(f"{args.out}: {record['engine']} image {record['reference']} {record['digest']}")
+
+
+def cmd_tabulate(args: argparse.Namespace) -> None:
+    from ddlrepro.host.tables import tidy_table
+
+    table = tidy_table([Path(path).parent for path in args.results], args.max_foreign_share)
+    table.to_csv(args.out, index=False)
+    print(f"{args.out}: {len(table)} rows from {len(args.results)} runs")
+
+
+def cmd_plot(args: argparse.Namespace) -> None:
+    from ddlrepro.host.checks import load_references
+    from ddlrepro.host.figures import render_figure
+
+    references = load_references(Path(args.references)).get(args.figure, [])
+    render_figure(
+        args.figure, Path(args.table), Path(args.png), Path(args.pdf), Path(args.summary), args.scale, references
+    )
+
+
+def cmd_check(args: argparse.Namespace) -> None:
+    import pandas as pd
+
+    from ddlrepro.host.checks import check_figure, load_references
+
+    references = load_references(Path(args.references)).get(args.figure, [])
+    checks = check_figure(args.figure, pd.read_csv(args.summary), references, args.scale, args.exclude)
+    checks.to_csv(args.out, sep="\t", index=False)
+    print(f"{args.figure}: " + ", ".join(f"{n} {s}" for s, n in checks["status"].value_counts().items()))
+
+
+def cmd_collect_checks(args: argparse.Namespace) -> None:
+    from ddlrepro.host.checks import collect_checks
+
+    collect_checks([Path(path) for path in args.checks]).to_csv(args.out, sep="\t", index=False)
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    from ddlrepro.host.report import write_report
+
+    write_report(Path(args.out), args.figures, args.scale, args.launcher, Path(args.results), args.rerun_options)
+
+
+def cmd_bundle(args: argparse.Namespace) -> None:
+    from ddlrepro.host.bundle import create_bundle, digest_file
+    from ddlrepro.host.config import REPO_ROOT
+
+    run_dirs = [Path(path).parent for path in args.runs]
+    config = json.loads(args.config_json)
+    out = create_bundle(
+        Path(args.out), Path(args.results), args.figures, run_dirs, config, Path(args.references), REPO_ROOT
+    )
+    print(f"{out}: {len(run_dirs)} runs, figures {', '.join(args.figures)}")
+    print(f"{out}: manifest sha256 {digest_file(out).read_text().strip()} (also in {digest_file(out)})")
+
+
+def cmd_verify(args: argparse.Namespace) -> None:
+    from ddlrepro.host.bundle import BundleError, manifest_digest, read_bundle, verify_bundle
+
+    bundle = Path(args.bundle)
+    signers = Path(args.allowed_signers) if args.allowed_signers else None
+    try:
+        problems = verify_bundle(bundle, not args.hashes_only, args.expect, signers)
+    except BundleError as error:
+        sys.exit(f"{bundle} does NOT verify: {error}")
+    if problems:
+        sys.exit(f"{bundle} does NOT verify:\n" + "\n".join(f"  - {problem}" for problem in problems))
+    digest = manifest_digest(read_bundle(bundle))
+    print(f"{bundle} verifies: every hash matches (manifest sha256 {digest})")
+    print("  - digest: " + ("as expected" if args.expect else "not anchored (pass --expect with the published one)"))
+    print("  - signature: " + (f"by a key in {signers}" if signers else "not checked (pass --allowed-signers)"))
+    if not args.hashes_only:
+        print("  - every table, figure and check re-derived from the bundled runs matches")
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    from ddlrepro.host.compare import compare_environments
+
+    environments = dict(parse_environment(text) for text in args.env)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png, csv = out_dir / f"{args.figure}.png", out_dir / f"{args.figure}.csv"
+    merged = compare_environments(args.figure, environments, png, csv)
+    print(f"{png}, {csv}: {len(merged)} rows from {', '.join(environments)}")
+
+
+def parse_environment(text: str) -> tuple[str, Path]:
+    name, separator, source = text.partition("=")
+    if not separator or not name or not source:
+        raise SystemExit(f"--env takes NAME=RESULTS_FOLDER_OR_BUNDLE, got {text!r}")
+    return name, Path(source)
+
+
+def cmd_validate(args: argparse.Namespace) -> None:
+    load_config(*map(Path, args.configs))
+    print("configuration is valid")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="ddlrepro", description=__doc__)
+    commands = top.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run-point", help="run one point into its run folder")
+    run.add_argument("--point", required=True, help="the point as JSON")
+    run.add_argument("--run-dir", required=True)
+    run.add_argument("--launcher", default="local")
+    run.add_argument("--timeout", type=float, default=3600, help="seconds before the run is stopped")
+    run.add_argument("--container", help="image every worker runs inside (Slurm: an Apptainer .sif)")
+    run.add_argument("--image-file", help="the built image's digest file (or .sif.sha256), recorded in provenance")
+    run.add_argument("--container-run", help="JSON list: the command that runs a worker in the built image")
+    run.add_argument("--launcher-settings", help="JSON: the launcher's settings (slurm, kubernetes)")
+    run.set_defaults(handler=cmd_run_point)
+
+    render = commands.add_parser("render", help="print the job a launcher would start, without starting it")
+    render.add_argument("--point", required=True, help="the point as JSON")
+    render.add_argument("--launcher", default="local")
+    render.add_argument("--run-dir", default="results/runs/render")
+    render.add_argument("--timeout", type=float, default=3600)
+    render.add_argument("--launcher-settings", help="JSON: the launcher's settings (slurm, kubernetes)")
+    render.set_defaults(handler=cmd_render)
+
+    build = commands.add_parser("build-image", help="build the training image (containers/) and write its digest")
+    build.add_argument("--engine", required=True, choices=["podman", "docker", "apptainer"])
+    build.add_argument("--variant", required=True, choices=["cpu", "cuda"])
+    build.add_argument("--settings", required=True, help="JSON: the config's `images` section")
+    build.add_argument("--out", required=True, help="digest file (podman/docker) or .sif (apptainer)")
+    build.set_defaults(handler=cmd_build_image)
+
+    tabulate = commands.add_parser("tabulate", help="tidy table from run folders")
+    tabulate.add_argument("results", nargs="+", help="result.json files of the runs")
+    tabulate.add_argument("--out", required=True)
+    tabulate.add_argument(
+        "--max-foreign-share",
+        type=float,
+        default=schema_default("checks", "max_foreign_share"),
+        help="a run is disturbed above this foreign + steal CPU share",
+    )
+    tabulate.set_defaults(handler=cmd_tabulate)
+
+    plot = commands.add_parser("plot", help="render a figure and its summary table from its tidy table")
+    plot.add_argument("figure")
+    plot.add_argument("--table", required=True)
+    plot.add_argument("--png", required=True)
+    plot.add_argument("--pdf", required=True)
+    plot.add_argument("--summary", required=True)
+    plot.add_argument("--scale", default="smoke", help="paper scale also draws the papers' absolute numbers")
+    plot.add_argument("--references", required=True, help="references.yaml: what the figure draws in")
+    plot.set_defaults(handler=cmd_plot)
+
+    check = commands.add_parser("check", help="check a figure's summary table against the papers")
+    check.add_argument("figure")
+    check.add_argument("--summary", required=True)
+    check.add_argument("--references", required=True)
+    check.add_argument("--scale", required=True)
+    check.add_argument("--out", required=True, help="TSV of the figure's checks")
+    check.add_argument("--exclude", nargs="*", default=[], help="'<figure>/<id>' references not evaluated (config)")
+    check.set_defaults(handler=cmd_check)
+
+    collect = commands.add_parser("collect-checks", help="concatenate per-figure check tables")
+    collect.add_argument("checks", nargs="+")
+    collect.add_argument("--out", required=True)
+    collect.set_defaults(handler=cmd_collect_checks)
+
+    report = commands.add_parser("report", help="self-contained HTML report of the built figures")
+    report.add_argument("--out", required=True)
+    report.add_argument("--results", default="results", help="the results folder the figures were built in")
+    report.add_argument("--scale", default="smoke")
+    report.add_argument("--launcher", default="local")
+    report.add_argument("--rerun-options", default="", help="Snakemake options the rerun command repeats (config)")
+    report.add_argument("figures", nargs="+", help="ids of the built figures")
+    report.set_defaults(handler=cmd_report)
+
+    bundle = commands.add_parser("bundle", help="pack results, code and config into a verifiable tarball")
+    bundle.add_argument("--out", required=True)
+    bundle.add_argument("--results", default="results")
+    bundle.add_argument("--figures", nargs="+", required=True)
+    bundle.add_argument("--runs", nargs="+", required=True, help="result.json of every run to include")
+    bundle.add_argument("--config-json", required=True, help="the configuration as used")
+    bundle.add_argument("--references", required=True)
+    bundle.set_defaults(handler=cmd_bundle)
+
+    verify = commands.add_parser("verify", help="check a bundle's hashes and re-derive its tables, figures, checks")
+    verify.add_argument("bundle")
+    verify.add_argument("--hashes-only", action="store_true", help="skip re-deriving from the runs")
+    verify.add_argument("--expect", metavar="DIGEST", help="the published sha256 of the bundle's MANIFEST.json")
+    verify.add_argument(
+        "--allowed-signers", metavar="FILE", help="ssh-keygen allowed_signers file: require a signature by one of them"
+    )
+    verify.set_defaults(handler=cmd_verify)
+
+    compare = commands.add_parser("compare", help="one figure across environments (results folders or bundles)")
+    compare.add_argument("figure")
+    compare.add_argument("--env", action="append", required=True, help="NAME=RESULTS_FOLDER_OR_BUNDLE, twice or more")
+    compare.add_argument("--out-dir", default="results/compare")
+    compare.set_defaults(handler=cmd_compare)
+
+    validate = commands.add_parser("validate", help="check config files (merged in order) against the schema")
+    validate.add_argument("configs", nargs="+")
+    validate.set_defaults(handler=cmd_validate)
+    return top
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        args.handler(args)
+    except UserError as error:  # its message is the whole story; anything else is a bug, shown with its traceback
+        sys.exit(redact(str(error)))
+    except Exception:
+        sys.exit(redact(traceback.format_exc()))
+
+
+if __name__ == "__main__":
+    main()

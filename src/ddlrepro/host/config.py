@@ -1,0 +1,167 @@
+"""Validate the workflow configuration against its JSON schema, with errors that name the key path."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from ddlrepro.host.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+CONFIG_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(UserError):
+    """The configuration does not satisfy its schema; the message lists every problem by key path."""
+
+
+def key_path(path: Any) -> str:
+    """Render a jsonschema path deque as `figures.kungfu-fig9.workers[0]`."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "<top level>"
+
+
+def describe(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
+    """One line per problem: the key path, then what is wrong and what would be valid."""
+    where = key_path(error.absolute_path)
+    if list(error.absolute_path)[:1] == ["redaction"]:
+        return f"{where}: {_redaction_problem(error, schema)}"
+    if error.validator in ("additionalProperties", "unevaluatedProperties"):
+        allowed = sorted(_property_names(error.schema, schema))
+        unknown = sorted(set(error.instance) - set(allowed))
+        return f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}"
+    if error.validator == "enum":
+        return f"{where}: {error.instance!r} is not valid; valid values: {', '.join(map(str, error.validator_value))}"
+    if error.validator == "oneOf":
+        return f"{where}: {error.instance!r} is not valid: {error.schema.get('description', 'see the schema')}"
+    return f"{where}: {error.message}"
+
+
+def _redaction_problem(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
+    """What is wrong under `redaction`, never echoing what was written there: it may be the secret itself."""
+    if error.validator == "pattern":
+        return "not an environment variable name (give names only, never values)"
+    if error.validator == "type":
+        return f"must be of type {error.validator_value} (give names only, never values)"
+    if error.validator == "uniqueItems":
+        return "names a variable twice"
+    if error.validator == "additionalProperties":
+        allowed = ", ".join(sorted(_property_names(error.schema, schema)))
+        return f"unknown key(s), not shown (one may be a secret); allowed: {allowed}"
+    return f"does not satisfy the schema's `{error.validator}` (what was written is not shown: it may be a secret)"
+
+
+def _property_names(subschema: dict[str, Any], schema: dict[str, Any]) -> set[str]:
+    """Keys a subschema allows, including those of a local `$ref` (`#/$defs/...`) it extends."""
+    names = set(subschema.get("properties", {}))
+    reference = subschema.get("$ref", "")
+    if reference.startswith("#/$defs/"):
+        names |= _property_names(schema["$defs"][reference.removeprefix("#/$defs/")], schema)
+    return names
+
+
+def validate_against(instance: Any, schema_path: Path, name: str) -> None:
+    """Raise ConfigError listing every violation of the schema in `instance` (`name`: the file, for the message)."""
+    schema = yaml.safe_load(schema_path.read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        lines = "\n".join(f"  - {describe(leaf, schema)}" for error in errors for leaf in _leaves(error))
+        raise ConfigError(f"invalid {name} (schema {schema_path.name}):\n{lines}")
+
+
+@functools.cache
+def config_schema() -> dict[str, Any]:
+    """The config schema, read once."""
+    return yaml.safe_load(CONFIG_SCHEMA.read_text())
+
+
+def _schema_node(keys: tuple[str, ...]) -> dict[str, Any]:
+    node = config_schema()
+    for key in keys:
+        node = node["properties"][key]
+    return node
+
+
+def schema_default(*keys: str) -> Any:
+    """The default the config schema declares at a key path, e.g. `schema_default("checks", "max_foreign_share")`:
+    code that needs a setting the user left out reads it here, so the schema stays its one source."""
+    return _schema_node(keys)["default"]
+
+
+def schema_defaults(*section: str) -> dict[str, Any]:
+    """Every default the config schema declares for the keys of a section, e.g. `schema_defaults("checks")`."""
+    properties = _schema_node(section)["properties"]
+    return {key: entry["default"] for key, entry in properties.items() if "default" in entry}
+
+
+def validate_config(config: dict[str, Any], schema_path: Path = CONFIG_SCHEMA) -> None:
+    """Raise ConfigError listing every schema violation in `config`, each with its key path."""
+    validate_against(config, schema_path, "configuration")
+
+
+def _leaves(error: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:
+    """For allOf/anyOf errors report the specific failing sub-errors, not the umbrella."""
+    if error.validator == "allOf" and error.context:
+        return [leaf for sub in error.context for leaf in _leaves(sub)]
+    if error.validator in ("oneOf", "anyOf") and error.context and "description" not in error.schema:
+        return _leaves(jsonschema.exceptions.best_match(error.context))
+    return [error]
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """One config file's mapping; ConfigError names the file, and the line and column where YAML can tell."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot read the config file: {error}") from None
+    try:
+        value = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        raise ConfigError(f"{path}:{_yaml_position(error)}: not valid YAML: {_yaml_problem(error, text)}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if value is None:
+        raise ConfigError(f"{path}: the config file is empty (it needs at least one key, e.g. `scale: smoke`)")
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}:1:1: the top level must be a mapping of keys, not a {type(value).__name__}")
+    return value
+
+
+def _yaml_position(error: yaml.MarkedYAMLError) -> str:
+    """`line:column` (1-based) of the problem, or of its context when the problem itself has no mark."""
+    mark = error.problem_mark or error.context_mark
+    return f"{mark.line + 1}:{mark.column + 1}" if mark else "?"
+
+
+def _yaml_problem(error: yaml.MarkedYAMLError, text: str) -> str:
+    problem = " ".join(part for part in (error.context, error.problem) if part)
+    mark = error.problem_mark or error.context_mark
+    lines = text.splitlines()
+    if mark and mark.line < len(lines) and "\t" in lines[mark.line]:
+        return f"{problem} (a tab in the indentation: YAML indents with spaces only)"
+    return problem
+
+
+def load_config(*paths: Path) -> dict[str, Any]:
+    """Load and merge YAML config files in order (later ones override), as Snakemake does, then validate."""
+    merged: dict[str, Any] = {}
+    for path in paths:
+        merge_into(merged, load_config_file(path))
+    validate_config(merged)
+    return merged
+
+
+def merge_into(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge_into(base[key], value)
+        else:
+            base[key] = value
+    return base

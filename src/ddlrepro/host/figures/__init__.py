@@ -1,0 +1,64 @@
+"""Figures: one module each, declaring its points (`points`) and its plot (`plot`). The registry is here.
+
+Figure modules are imported while Snakemake builds its DAG, so they import pandas/seaborn only inside `plot`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ddlrepro.points import Point
+
+FIGURES = {
+    "kungfu-fig7": "ddlrepro.host.figures.kungfu_fig7",
+    "kungfu-fig8": "ddlrepro.host.figures.kungfu_fig8",
+    "kungfu-fig9": "ddlrepro.host.figures.kungfu_fig9",
+    "kungfu-fig10": "ddlrepro.host.figures.kungfu_fig10",
+    "kungfu-allreduce": "ddlrepro.host.figures.kungfu_allreduce",
+    "dlaas-scaling": "ddlrepro.host.figures.dlaas_scaling",
+    "easyscale-fig9": "ddlrepro.host.figures.easyscale_fig9",
+    "easyscale-fig10": "ddlrepro.host.figures.easyscale_fig10",
+    "easyscale-fig11": "ddlrepro.host.figures.easyscale_fig11",
+    "easyscale-fig12": "ddlrepro.host.figures.easyscale_fig12",
+}
+
+
+def figure_module(figure: str) -> ModuleType:
+    if figure not in FIGURES:
+        raise KeyError(f"unknown figure {figure!r}; valid figures: {', '.join(FIGURES)}")
+    return importlib.import_module(FIGURES[figure])
+
+
+def enabled_figures(config: dict[str, Any]) -> list[str]:
+    return [figure for figure in FIGURES if config["figures"][figure]["enabled"]]
+
+
+def figure_points(config: dict[str, Any]) -> dict[str, dict[str, Point]]:
+    """Every enabled figure's points by id (ids are unique within a figure)."""
+    expanded = {}
+    for figure in enabled_figures(config):
+        points = figure_module(figure).points(config["figures"][figure], config["launcher"])
+        expanded[figure] = {point.id: point for point in points}
+    return expanded
+
+
+def figure_source(figure: str) -> list[str]:
+    """The code a figure's plot depends on: its module, the helpers beside it, and plotting.py."""
+    here = Path(__file__).parent
+    figure_files = {f"{module.rsplit('.', 1)[1]}.py" for module in FIGURES.values()}
+    helpers = [str(path) for path in sorted(here.glob("*.py")) if path.name not in figure_files]
+    return [str(here / f"{FIGURES[figure].rsplit('.', 1)[1]}.py"), *helpers, str(here.parent / "plotting.py")]
+
+
+def render_figure(
+    figure: str, table: Path, png: Path, pdf: Path, summary: Path, scale: str, references: list[dict[str, Any]]
+) -> None:
+    from ddlrepro.host import plotting
+    from ddlrepro.host.tables import read_table
+
+    drawing, summary_table = figure_module(figure).plot(read_table(table), scale, references)
+    plotting.save(drawing, str(png), str(pdf))
+    summary_table.to_csv(summary, index=False)

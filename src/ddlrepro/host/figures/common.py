@@ -1,0 +1,78 @@
+"""Point expansion shared by figures. Imported while Snakemake builds its DAG: keep it free of heavy imports."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ddlrepro.host.config import ConfigError
+from ddlrepro.points import Point
+
+PROTOCOL_KEYS = ["batch_size", "image_size", "warmup_batches", "iterations", "batches_per_iteration"]
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def threads_per_worker(launcher: dict[str, Any], workers: int) -> int:
+    """Threads of each worker: the configured number, or usable cores ÷ workers (at least 1) for `auto`."""
+    setting = launcher["threads_per_worker"]
+    return max(1, usable_cores() // workers) if setting == "auto" else int(setting)
+
+
+def throughput_point(
+    figure: str, section: dict[str, Any], model: str, workers: int, launcher: dict[str, Any], **extra: Any
+) -> Point:
+    """A throughput run of `model` on `workers` workers with the section's protocol; `extra` adds parameters."""
+    return Point(
+        figure=figure,
+        workload="throughput",
+        workers=workers,
+        threads_per_worker=threads_per_worker(launcher, workers),
+        params={
+            "model": model,
+            **{key: section[key] for key in PROTOCOL_KEYS if key in section},
+            "backend": launcher["backend"],
+            "sample_interval_s": launcher["sample_interval_s"],
+            **extra,
+        },
+    )
+
+
+def throughput_points(figure: str, section: dict[str, Any], models: list[str], launcher: dict[str, Any]) -> list[Point]:
+    """One throughput point per (model, number of workers) of a figure's section."""
+    return [
+        throughput_point(figure, section, model, workers, launcher)
+        for model in models
+        for workers in section["workers"]
+    ]
+
+
+def consistent_point(figure: str, section: dict[str, Any], launcher: dict[str, Any], **params: Any) -> Point:
+    """A consistent-training run (workload `consistent`) of the section's model, one worker per placement entry.
+
+    Every such run uses the section's fixed thread count: bitwise consistency on CPU needs the same kernels, and
+    so the same intra-op threads, in every placement.
+    """
+    return Point(
+        figure=figure,
+        workload="consistent",
+        workers=len(params["placement"]),
+        threads_per_worker=section["threads_per_worker"],
+        params={
+            "model": section["model"],
+            "batch_size": section["batch_size"],
+            "learning_rate": section["learning_rate"],
+            "backend": launcher["backend"],
+            "sample_interval_s": launcher["sample_interval_s"],
+            **({"warmup_steps": section["warmup_steps"]} if "warmup_steps" in section else {}),
+            **params,
+        },
+    )
+
+
+def require(condition: bool, figure: str, key: str, problem: str) -> None:
+    """A check the schema cannot express; the error names the key path, like a schema error."""
+    if not condition:
+        raise ConfigError(f"invalid configuration:\n  - figures.{figure}.{key}: {problem}")

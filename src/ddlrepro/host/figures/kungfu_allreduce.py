@@ -1,0 +1,120 @@
+"""All-reduce microbenchmark (nccl-tests style) behind KungFu Figs 9 and 10: the collectives on their own.
+
+Points: one `allreduce` run per (backend, strategy): gloo and NCCL with each of KungFu's strategies over
+torch.distributed (strategies.py), MPI with MPI_Allreduce (mpi4py under mpirun). Each sweeps float32 sizes from
+`min_bytes` to `max_bytes`. Plot: bus bandwidth and time per operation vs size per backend/strategy, and the bus
+bandwidth at the largest sizes relative to gloo's own all_reduce (RING). NCCL points on a machine without CUDA
+are reported as skipped, with the reason, in the summary, the figure and the checks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ddlrepro.points import Point
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+ID = "kungfu-allreduce"
+TITLE = "All-reduce microbenchmark: bus bandwidth by backend and strategy"
+MPI_STRATEGY = "MPI_Allreduce"
+LARGE_BYTES = 16 * 2**20
+
+
+def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
+    sweep = {
+        key: section[key] for key in ("min_bytes", "max_bytes", "warmup", "repetitions", "target_bytes", "max_ops")
+    }
+    return [
+        Point(
+            figure=ID,
+            workload="allreduce",
+            workers=section["workers"],
+            threads_per_worker=1,
+            params={
+                "backend": backend,
+                "strategy": strategy,
+                **sweep,
+                "sample_interval_s": launcher["sample_interval_s"],
+            },
+        )
+        for backend in section["backends"]
+        for strategy in ([MPI_STRATEGY] if backend == "mpi" else section["strategies"])
+    ]
+
+
+def bandwidths(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (backend, strategy, size): mean time per operation over ranks and repetitions, algbw and busbw (GB/s)."""
+    from ddlrepro.host import plotting
+
+    times = table[table["metric"] == "allreduce_time_s"]
+    summary = (
+        times.groupby(["backend", "strategy", "workers", "size_bytes"], sort=True)["value"]
+        .agg(time_s="mean", samples="count")
+        .reset_index()
+    )
+    summary["algbw_GBps"] = summary["size_bytes"] / summary["time_s"] / 1e9
+    summary["busbw_GBps"] = summary["algbw_GBps"] * 2 * (summary["workers"] - 1) / summary["workers"]
+    summary["status"], summary["reason"] = "ok", ""
+    return plotting.with_host_load(summary, table, ["backend", "strategy", "workers"])
+
+
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Bandwidths of the runs that ran, one row per skipped run (with its reason), each row's busbw ÷ gloo RING's
+    at the same size, and (`large_vs_gloo_ring`) the mean of that ratio over the sizes ≥ 16 MiB."""
+    import pandas as pd
+
+    from ddlrepro.host import plotting
+
+    summary = bandwidths(table)
+    gloo = summary[(summary["backend"] == "gloo") & (summary["strategy"] == "RING")].set_index("size_bytes")
+    summary["vs_gloo_ring"] = summary["busbw_GBps"] / summary["size_bytes"].map(gloo["busbw_GBps"])
+    ring = (table["backend"] == "gloo") & (table["strategy"] == "RING") & (table["status"] == "ok")
+    summary = plotting.fold_load(summary, table, ring)  # every ratio is ÷ gloo RING's
+    skipped = plotting.skipped_points(table, ["backend", "strategy"])
+    summary = pd.concat([summary, skipped], ignore_index=True)
+    summary["size_bytes"] = summary["size_bytes"].astype("Int64")
+    summary["large"] = (summary["size_bytes"] >= LARGE_BYTES).fillna(False).astype(bool)
+    summary["p2p"] = ~summary["strategy"].isin(["RING", MPI_STRATEGY])
+    large = summary[summary["large"]].groupby(["backend", "strategy"])["vs_gloo_ring"].mean()
+    return summary.join(large.rename("large_vs_gloo_ring"), on=["backend", "strategy"])
+
+
+def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+    from ddlrepro.host import plotting
+
+    summary = summarize(table)
+    measured = summary[summary["status"] == "ok"].assign(variant=lambda s: s["backend"] + "/" + s["strategy"])
+    figure, (busbw, times, large) = plotting.new_figure(3, TITLE)
+    figure.set_size_inches(17, 5.2)
+    for variant, rows in measured.groupby("variant", sort=True):
+        busbw.plot(rows["size_bytes"], rows["busbw_GBps"], marker=".", label=variant)
+        times.plot(rows["size_bytes"], rows["time_s"] * 1e6, marker=".", label=variant)
+    for axis in (busbw, times):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("bytes per rank (float32)")
+        axis.legend(fontsize="small")
+    busbw.set_ylabel("busbw (GB/s) = algbw × 2(n−1)/n")
+    times.set_yscale("log")
+    times.set_ylabel("time per all-reduce (µs)")
+    busbw.set_yscale("log")
+    plotting.note_disturbed(busbw, summary.drop_duplicates(["backend", "strategy"]), ["backend", "strategy"])
+    large_panel(large, summary)
+    return figure, summary
+
+
+def large_panel(axis: Any, summary: pd.DataFrame) -> None:
+    """Mean busbw ÷ gloo RING's at ≥ 16 MiB per backend/strategy; skipped ones as a labelled empty slot."""
+    variants = summary.assign(variant=summary["backend"] + "/" + summary["strategy"])
+    ratios = variants[variants["large"]].groupby("variant")["large_vs_gloo_ring"].first()
+    skipped = variants[variants["status"] == "skipped"].set_index("variant")["reason"]
+    names = [*ratios.index, *skipped.index]
+    axis.bar(range(len(ratios)), ratios.values, alpha=0.8)
+    for position, reason in enumerate(skipped.values, start=len(ratios)):
+        axis.annotate(reason, (position, 0.02), ha="center", va="bottom", rotation=90, color="firebrick")
+    axis.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize="small")
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_title(f"≥ {LARGE_BYTES // 2**20} MiB: busbw ÷ gloo all_reduce")
+    axis.set_ylabel("bus bandwidth ÷ gloo RING's")

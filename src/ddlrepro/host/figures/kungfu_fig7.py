@@ -1,0 +1,171 @@
+"""KungFu Fig 7: dynamic scaling — resize latency of in-place elastic training vs torchrun's restart
+("KungFu: Making Training in Distributed Machine Learning Adaptive", OSDI 2020, Fig 7; artifact lsds/KungFu).
+
+Points: the same resize schedule (`step:size,...`) run each way of `modes`: in place with joiners spawned cold, in
+place with a warm standby pool, and torchrun elastic (checkpoint, stop every worker, restart) with torch's default
+keep-alive and with a tuned one. The speed-ups (`speedup_vs_torchrun`) are against the faster torchrun mode for
+each kind of event (`torchrun_baseline`). Plot: cluster size and
+throughput over steps; resize latency per event (grow, shrink) with KungFu's 20.39 s / 40 ms drawn in; where the
+time goes, phase by phase. Summary: per mode and kind of event, the median latency and phases.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ddlrepro.host.figures.common import require, threads_per_worker
+from ddlrepro.points import Point
+from ddlrepro.rank.elastic.schedule import largest_size, parse_schedule
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+ID = "kungfu-fig7"
+TITLE = "KungFu Fig 7: resize latency, in place vs torchrun restart"
+MODES = {"inplace-cold": "elastic", "inplace-warm": "elastic", "torchrun": "torchrun", "torchrun-tuned": "torchrun"}
+# torchrun with torch's default keep-alive, and with the tuned one that notices a departed agent sooner
+# (launchers/torchrun.py); the speed-ups are against whichever of the two is faster for each kind of event.
+TORCHRUN_KEEP_ALIVE = {"torchrun": "default", "torchrun-tuned": "tuned"}
+PHASE_ORDER = ["detect", "agree", "checkpoint", "restart", "spawn_join", "group_init", "state_sync", "first_step"]
+SECTION_KEYS = ["model", "image_size", "batch_size", "dataset_size", "initial_workers", "schedule"]
+
+
+def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
+    try:
+        schedule = parse_schedule(section["schedule"])
+    except ValueError as error:
+        require(False, ID, "schedule", str(error))
+    workers = largest_size(schedule, section["initial_workers"])
+    return [
+        Point(
+            figure=ID,
+            workload="elastic",
+            workers=workers,
+            threads_per_worker=threads_per_worker(launcher, workers),
+            params={
+                **{key: section[key] for key in SECTION_KEYS if key in section},
+                "mode": mode,
+                "launcher": MODES[mode],
+                "standby": section["standby"] if mode == "inplace-warm" else 0,
+                "collective_timeout_s": section["collective_timeout_s"],
+                **({"torchrun_keep_alive": "tuned"} if mode == "torchrun-tuned" else {}),
+            },
+        )
+        for mode in section["modes"]
+    ]
+
+
+def events(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per resize event: mode, step, from → to, kind (grow, shrink, fault), latency and its phases."""
+    resize = table[table["metric"].str.startswith("resize_")].copy()
+    resize["metric"] = resize["metric"].str.removeprefix("resize_").str.removesuffix("_s")
+    wide = resize.pivot_table(index=["mode", "step"], columns="metric", values="value").reset_index()
+    wide["kind"] = "shrink"
+    wide.loc[wide["to_size"] > wide["from_size"], "kind"] = "grow"
+    wide.loc[wide["fault"] > 0, "kind"] = "fault"
+    wide["event"] = wide["from_size"].astype(int).astype(str) + "→" + wide["to_size"].astype(int).astype(str)
+    return wide
+
+
+def summarize(wide: pd.DataFrame) -> pd.DataFrame:
+    phases = [column for column in PHASE_ORDER if column in wide.columns]
+    summary = (
+        wide.groupby(["mode", "kind"], as_index=False)
+        .agg(events=("step", "count"), latency_s=("latency", "median"), to_sync_s=("to_sync", "median"))
+        .merge(wide.groupby(["mode", "kind"], as_index=False)[phases].median(), on=["mode", "kind"])
+    )
+    baselines = summary[summary["mode"].isin(TORCHRUN_KEEP_ALIVE)]
+    fastest = baselines.loc[baselines.groupby("kind")["latency_s"].idxmin()].set_index("kind")
+    summary["torchrun_baseline"] = fastest["mode"].reindex(summary["kind"]).to_numpy()
+    summary["speedup_vs_torchrun"] = fastest["latency_s"].reindex(summary["kind"]).to_numpy() / summary["latency_s"]
+    return summary
+
+
+def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+    import seaborn as sns
+
+    from ddlrepro.host import plotting
+
+    wide = events(table)
+    summary = with_speedup_load(plotting.with_host_load(summarize(wide), table, ["mode"]), table)
+    figure, (timeline, latency, phases) = plotting.new_figure(3, TITLE)
+    draw_timeline(timeline, table)
+    sns.barplot(wide, x="event", y="latency", hue="mode", ax=latency, errorbar=None, order=event_order(wide))
+    latency.set_yscale("log")
+    latency.set_ylabel("resize latency, s (to first step at the new size)")
+    kungfu = kungfu_latencies(references)
+    for kind, style in (("grow", "--"), ("shrink", ":")):
+        if kind in kungfu:
+            latency.axhline(kungfu[kind], color="black", linestyle=style, label=f"KungFu {kind}: {kungfu[kind]:g} s")
+    latency.legend(fontsize="small")
+    plotting.note_disturbed(latency, summary, ["mode", "kind"])
+    draw_phases(phases, summary)
+    return figure, summary
+
+
+def with_speedup_load(summary: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """Give `speedup_vs_torchrun` its own host-load columns (checks read them for it): the row's run and the run of
+    the torchrun mode chosen as its kind's baseline; the row's own columns (its latencies) keep its run's only."""
+    import pandas as pd
+
+    from ddlrepro.host.plotting import HOST_LOAD_COLUMNS, with_host_load
+
+    modes = pd.DataFrame({"mode": table["mode"].unique()})
+    per_mode = with_host_load(modes, table, ["mode"]).set_index("mode")
+    baseline = per_mode.reindex(summary["torchrun_baseline"]).reset_index(drop=True)
+    own = summary[HOST_LOAD_COLUMNS].reset_index(drop=True)
+    load = {
+        "foreign_share": own["foreign_share"].combine(baseline["foreign_share"], max),
+        "steal_share": own["steal_share"].combine(baseline["steal_share"], max),
+        "disturbed": own["disturbed"] | baseline["disturbed"].fillna(False).astype(bool),
+    }
+    return summary.assign(**{f"speedup_vs_torchrun_{name}": column.to_numpy() for name, column in load.items()})
+
+
+def kungfu_latencies(references: list[dict[str, Any]]) -> dict[str, float]:
+    """KungFu's resize latencies by kind of event: the references that compare a latency (unit s) with a constant
+    (the papers' numbers live in config/references.yaml only)."""
+    return {
+        reference["measured"]["where"]["kind"]: float(reference["against"])
+        for reference in references
+        if reference.get("unit") == "s" and isinstance(reference.get("against"), int | float)
+    }
+
+
+def event_order(wide: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(wide.sort_values("step")["event"]))
+
+
+def draw_timeline(axis, table: pd.DataFrame) -> None:
+    steps = table[table["metric"].isin(["img_per_sec", "cluster_size"])]
+    wide = steps.pivot_table(index=["mode", "step"], columns="metric", values="value").reset_index()
+    for mode, rows in wide.groupby("mode"):
+        axis.plot(rows["step"], rows["img_per_sec"].rolling(3, min_periods=1).median(), label=mode)
+    axis.set_xlabel("step")
+    axis.set_ylabel("cluster images/s (rolling median of 3 steps)")
+    axis.set_ylim(bottom=0)
+    axis.legend(fontsize="small", loc="upper left")
+    size = axis.twinx()
+    first = wide[wide["mode"] == wide["mode"].iloc[0]]
+    size.step(first["step"], first["cluster_size"], where="post", color="grey", linestyle="--")
+    size.set_ylabel("cluster size (dashed)")
+    size.set_ylim(0, first["cluster_size"].max() + 1)
+    size.grid(False)
+
+
+def draw_phases(axis, summary: pd.DataFrame) -> None:
+    """Each phase's share of the median latency, per mode and kind of event; the latency written on top."""
+    phases = [column for column in PHASE_ORDER if column in summary.columns]
+    labels = summary["mode"] + "\n" + summary["kind"]
+    shares = summary[phases].fillna(0.0).div(summary[phases].fillna(0.0).sum(axis=1), axis=0) * 100
+    bottom = 0.0
+    for phase in phases:
+        axis.bar(labels, shares[phase], bottom=bottom, label=phase)
+        bottom = bottom + shares[phase]
+    for x, latency in enumerate(summary["latency_s"]):
+        axis.annotate(f"{latency:.3g} s", (x, 101), ha="center", fontsize="x-small")
+    axis.set_ylim(0, 110)
+    axis.set_ylabel("share of the median latency, %")
+    axis.tick_params(axis="x", labelsize="x-small")
+    axis.legend(fontsize="x-small", loc="lower right")

@@ -1,0 +1,178 @@
+"""Elastic launcher (in place): runs the config server and the store, and starts, keeps and watches the workers of
+an elastic point on this machine (or on the one node of its Slurm allocation).
+
+Workers are started cold when the cluster grows, or handed out from a pool of warm standbys (point parameter
+`standby`: processes started up front that imported torch and built the model; in that mode leavers return to
+the pool). A worker that dies is removed from the cluster at once; the survivors re-form without it. The run
+fails only if the job times out or no member is left alive before the schedule's stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+import sys
+import threading
+import time
+from datetime import timedelta
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ddlrepro.host.configserver import LISTEN_BACKLOG, ClusterConfig, ConfigServer, RequestError
+from ddlrepro.host.launchers.base import JobSpec, RunFailed, WorkerSpec
+from ddlrepro.host.launchers.local import free_loopback_port
+from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, start, stop
+from ddlrepro.host.ledger import LedgerError, verify
+from ddlrepro.host.rundir import OutputCollector
+from ddlrepro.points import Point
+from ddlrepro.rank.elastic import membership
+from ddlrepro.rank.elastic.schedule import largest_size, parse_schedule
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+WORKER_MODULE = "ddlrepro.rank.elastic.inplace_worker"
+
+
+def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
+    """The worker command and environment (without the token, made at start), the initial members and the pool."""
+    env = {
+        "OMP_NUM_THREADS": str(point.threads_per_worker),
+        "PYTHONUNBUFFERED": "1",
+        "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
+        membership.SERVER_ENV: f"127.0.0.1:{free_loopback_port()}",
+        membership.STORE_ENV: f"127.0.0.1:{free_loopback_port()}",
+    }
+    command = [sys.executable, "-m", WORKER_MODULE, point.to_json()]
+    rendezvous = {
+        "config_server": env[membership.SERVER_ENV],
+        "store": env[membership.STORE_ENV],
+        "schedule": point.params["schedule"],
+        "initial_workers": point.params["initial_workers"],
+        "standby": point.params.get("standby", 0),
+        "max_size": largest_size(parse_schedule(point.params["schedule"]), point.params["initial_workers"]),
+    }
+    return JobSpec("elastic", [WorkerSpec(None, command, env)], timeout_s, rendezvous)
+
+
+class WorkerPool:
+    """The job's worker processes by worker id; hands out ids for new members (idle warm standbys first). The
+    config server's thread adds workers while the supervisor reads them: both go through the lock."""
+
+    def __init__(self, spec: JobSpec, output: OutputCollector, token: str) -> None:
+        (self.template,) = spec.workers
+        self.output = output
+        self.token = token
+        self.warm = spec.rendezvous["standby"] > 0
+        self.processes: dict[int, Started] = {}
+        self.lock = threading.Lock()
+        self.removed: set[int] = set()
+
+    def spawn(self) -> int:
+        with self.lock:
+            worker = len(self.processes)
+            env = {**self.template.env, membership.WORKER_ENV: str(worker), membership.TOKEN_ENV: self.token}
+            spec = WorkerSpec(worker, self.template.command, env)
+            self.processes[worker] = start(spec, partial(self.output.add_line, worker))
+        return worker
+
+    def new_workers(self, count: int, members: list[int]) -> list[int]:
+        idle = self.idle(members)[:count] if self.warm else []
+        return idle + [self.spawn() for _ in range(count - len(idle))]
+
+    def idle(self, members: list[int]) -> list[int]:
+        return [worker for worker, one in self.started() if worker not in members and one.process.poll() is None]
+
+    def dead(self) -> list[int]:
+        """Workers that exited with an error or were killed, each reported once."""
+        newly = [w for w, one in self.started() if one.process.poll() not in (None, 0) and w not in self.removed]
+        self.removed.update(newly)
+        return newly
+
+    def all_exited(self) -> bool:
+        return all(one.process.poll() is not None for _, one in self.started())
+
+    def started(self) -> list[tuple[int, Started]]:
+        """Every worker started so far, with its process."""
+        with self.lock:
+            return list(self.processes.items())
+
+
+def execute(spec: JobSpec, output: OutputCollector) -> None:
+    """Run the elastic job until the schedule stops it; raise RunFailed on a timeout or if every member died."""
+    token = secrets.token_urlsafe(24)
+    store = host_store(spec.workers[0].env[membership.STORE_ENV], spec.timeout_s)
+    pool = WorkerPool(spec, output, token)
+    initial = spec.rendezvous["initial_workers"]
+    config = ClusterConfig(list(range(initial)), pool.new_workers, max_size=spec.rendezvous["max_size"])
+    server_host, _, server_port = spec.workers[0].env[membership.SERVER_ENV].rpartition(":")
+    try:
+        with ConfigServer(config, token, server_host, int(server_port)):
+            for _ in range(initial + spec.rendezvous["standby"]):
+                pool.spawn()
+            _await_ready(store, list(pool.processes), pool, spec.timeout_s)
+            membership.publish_agreed(store, 1)
+            _supervise(pool, config, time.monotonic() + spec.timeout_s, output)
+        verify_continuity(output)
+    finally:
+        workers = [one for _, one in pool.started()]
+        stop(workers)
+        drain(workers)
+
+
+def host_store(address: str, timeout_s: float) -> dist.TCPStore:
+    """The job's TCPStore, listening on `address`'s host only.
+
+    torch binds a master store to every interface whatever `host_name` says, and the store has no authentication,
+    so we bind the listening socket ourselves and hand it over. Elastic jobs run on one node, so `address` is on
+    127.0.0.1; on a multi-node job it would be the rendezvous host's own address, protected only by the job's
+    network."""
+    import torch.distributed as dist
+
+    host, _, port = address.rpartition(":")
+    listener = socket.create_server((host, int(port)), backlog=LISTEN_BACKLOG)
+    return dist.TCPStore(
+        host,
+        int(port),
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout_s),
+        master_listen_fd=listener.detach(),  # the store owns and closes the socket from here on
+    )
+
+
+def _await_ready(store, workers: list[int], pool: WorkerPool, timeout_s: float) -> None:
+    """Start the job once every initial worker and warm standby has built its model."""
+    deadline = time.monotonic() + timeout_s
+    for worker in workers:
+        while not store.check([membership.ready_key(worker)]):
+            if pool.processes[worker].process.poll() is not None or time.monotonic() > deadline:
+                raise RunFailed(worker, "did not start", pool.output.stderr_tail(worker))
+            time.sleep(POLL_INTERVAL_S)
+
+
+def _supervise(pool: WorkerPool, config: ClusterConfig, deadline: float, output: OutputCollector) -> None:
+    while True:
+        for worker in pool.dead():
+            members = config.latest.members
+            if members == [worker]:
+                raise RunFailed(worker, "died, and it was the last member of the cluster", output.stderr_tail(worker))
+            with contextlib.suppress(RequestError):  # an idle standby, or a worker already out of the cluster
+                config.remove(worker)
+        if not config.latest.members and pool.all_exited():
+            return
+        if time.monotonic() > deadline:
+            raise RunFailed(None, "timed out", output.stderr_tail(0))
+        time.sleep(POLL_INTERVAL_S)
+
+
+def verify_continuity(output: OutputCollector) -> None:
+    """Fail the run if its ledger shows a sample skipped or trained twice."""
+    if output.result is None:
+        return
+    try:
+        verify(output.ledger_records, output.result["samples"])
+    except LedgerError as error:
+        raise RunFailed(None, f"broke data continuity: {error}", []) from None

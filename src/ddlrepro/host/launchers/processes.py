@@ -1,0 +1,92 @@
+"""Starting, watching and stopping the processes a launcher runs (workers, or an srun step), line by line."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ddlrepro.host.launchers.base import WorkerSpec
+
+POLL_INTERVAL_S = 0.05
+STOP_GRACE_S = 3.0
+
+
+@dataclass
+class Started:
+    """A running process of a job, with the threads that hand its output on line by line."""
+
+    spec: WorkerSpec
+    process: subprocess.Popen[str]
+    readers: list[threading.Thread]
+
+
+def start(spec: WorkerSpec, on_line: Callable[[str, str], None]) -> Started:
+    """Start `spec` in its own process group; `on_line(stream, line)` gets every stdout/stderr line."""
+    process = subprocess.Popen(
+        spec.command,
+        env={**os.environ, **spec.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    readers = [
+        threading.Thread(target=_pump, args=(stream, name, on_line), daemon=True)
+        for stream, name in ((process.stdout, "stdout"), (process.stderr, "stderr"))
+    ]
+    for reader in readers:
+        reader.start()
+    return Started(spec, process, readers)
+
+
+def run_to_completion(spec: WorkerSpec, on_line: Callable[[str, str], None], timeout_s: float) -> int | None:
+    """Run one command that starts every rank (srun, mpirun) until it exits; its exit code, None on a timeout.
+    It is stopped either way and all its output handed on before this returns."""
+    started = [start(spec, on_line)]
+    try:
+        return started[0].process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        stop(started)
+        drain(started)
+
+
+def _pump(stream, name: str, on_line: Callable[[str, str], None]) -> None:
+    for line in stream:
+        on_line(name, line.rstrip("\n"))
+
+
+def drain(started: list[Started]) -> None:
+    """Wait for the output of finished processes to be handed on."""
+    for one in started:
+        for reader in one.readers:
+            reader.join(timeout=STOP_GRACE_S)
+
+
+def stop(started: list[Started]) -> None:
+    """SIGTERM every live process group, then SIGKILL what is left after a grace period."""
+    live = [one for one in started if one.process.poll() is None]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for one in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(one.process.pid, sig)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and any(one.process.poll() is None for one in live):
+            time.sleep(POLL_INTERVAL_S)
+        live = [one for one in live if one.process.poll() is None]
+        if not live:
+            return
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"

@@ -1,0 +1,152 @@
+"""torchrun launcher: the elastic baseline. One torchrun agent (an elastic "node" with one worker) per member,
+c10d rendezvous on loopback; the launcher starts agents when the cluster grows and stops the newest when it
+shrinks, and torchrun restarts every worker each time membership changes (`rank/elastic/torchrun_worker.py`
+resumes them from the checkpoint).
+
+Rendezvous settings as measured to work with the pinned torch (envs/requirements.txt): `last_call_timeout=1` with
+`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (a fresh store per round), else restarts fail in gloo's connectFullMesh.
+
+Shrinking: torch has no graceful way for one agent to leave. An agent stopped by a signal skips the rendezvous
+shutdown on purpose (torch/distributed/launcher/api.py: closing it would end the rendezvous for every agent), so
+the survivors wait until the leaver's keep-alive heartbeats are overdue, `keep_alive_interval` ×
+`keep_alive_max_attempt` of the c10d rendezvous (5 s × 3 by default). The point parameter `torchrun_keep_alive`
+picks torch's default or the tuned setting (`KEEP_ALIVE`); kungfu-fig7 runs both and compares with the faster.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+import threading
+import time
+from functools import partial
+from pathlib import Path
+
+from ddlrepro.host.configserver import ClusterConfig, ConfigServer
+from ddlrepro.host.launchers.base import JobSpec, RunFailed, WorkerSpec
+from ddlrepro.host.launchers.inplace import verify_continuity
+from ddlrepro.host.launchers.local import free_loopback_port
+from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, start, stop
+from ddlrepro.host.rundir import OutputCollector
+from ddlrepro.points import Point
+from ddlrepro.rank.elastic.cluster import Cluster
+from ddlrepro.rank.elastic.membership import SERVER_ENV, TOKEN_ENV
+from ddlrepro.rank.elastic.schedule import largest_size, parse_schedule
+
+WORKER_MODULE = "ddlrepro.rank.elastic.torchrun_worker"
+BASE_RDZV_CONF = "last_call_timeout=1"
+# Tuned: 1 s is the smallest interval torch accepts (whole seconds). Heartbeats go out on a timer of that period
+# but only once the last one is a full period old, so they can be nearly 2 periods apart: a window of 2 wrongly
+# drops a live agent (measured here: a second, lone rendezvous formed), hence 3.
+KEEP_ALIVE = {"default": "", "tuned": ",keep_alive_interval=1,keep_alive_max_attempt=3"}
+
+
+def rdzv_conf(params: dict) -> str:
+    """The c10d rendezvous settings of a point: the base, its keep-alive (`torchrun_keep_alive`, default torch's)."""
+    keep_alive = params.get("torchrun_keep_alive", "default")
+    if keep_alive not in KEEP_ALIVE:
+        raise ValueError(f"torchrun_keep_alive: {keep_alive!r} is not one of {', '.join(KEEP_ALIVE)}")
+    return BASE_RDZV_CONF + KEEP_ALIVE[keep_alive]
+
+
+def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
+    """The agent command (agent i adds `is_host` for the first) and environment; no process is started."""
+    schedule = parse_schedule(point.params["schedule"])
+    most = largest_size(schedule, point.params["initial_workers"])
+    port = free_loopback_port()
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes=1:{most}",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=ddlrepro",
+        "--max-restarts=1000",
+        "--monitor-interval=0.1",
+        "-m",
+        WORKER_MODULE,
+        point.to_json(),
+    ]
+    env = {
+        "OMP_NUM_THREADS": str(point.threads_per_worker),
+        "PYTHONUNBUFFERED": "1",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
+        SERVER_ENV: f"127.0.0.1:{free_loopback_port()}",
+    }
+    rendezvous = {
+        "endpoint": f"127.0.0.1:{port}",
+        "config_server": env[SERVER_ENV],
+        "schedule": point.params["schedule"],
+        "initial_workers": point.params["initial_workers"],
+        "rdzv_conf": rdzv_conf(point.params),
+    }
+    return JobSpec("torchrun", [WorkerSpec(None, command, env)], timeout_s, rendezvous)
+
+
+class Agents:
+    """The job's torchrun agents by member id; started and stopped as the cluster changes."""
+
+    def __init__(self, spec: JobSpec, output: OutputCollector, token: str) -> None:
+        (self.template,) = spec.workers
+        self.rdzv_conf = spec.rendezvous["rdzv_conf"]
+        self.output = output
+        self.token = token
+        self.running: dict[int, Started] = {}
+        self.stopping: set[int] = set()
+
+    def start(self, agent: int) -> None:
+        is_host = int(agent == 0)
+        command = list(self.template.command)
+        command.insert(command.index(WORKER_MODULE) - 1, f"--rdzv-conf={self.rdzv_conf},is_host={is_host}")
+        env = {**self.template.env, TOKEN_ENV: self.token}
+        self.running[agent] = start(WorkerSpec(agent, command, env), partial(self.output.add_line, agent))
+
+    def new_agents(self, count: int, members: list[int]) -> list[int]:
+        first = len(self.running)
+        for agent in range(first, first + count):
+            self.start(agent)
+        return list(range(first, first + count))
+
+    def follow(self, cluster: Cluster) -> None:
+        """Stop the agents no longer in the cluster (in the background: stopping waits for them). At the stop
+        (no members) the workers finish by themselves and so do their agents."""
+        leaving = [a for a in self.running if a not in cluster.members and a not in self.stopping]
+        if not cluster.members or not leaving:
+            return
+        self.stopping.update(leaving)
+        threading.Thread(target=stop, args=([self.running[a] for a in leaving],), daemon=True).start()
+
+    def failed(self) -> list[int]:
+        return [a for a, one in self.running.items() if one.process.poll() not in (None, 0) and a not in self.stopping]
+
+    def all_exited(self) -> bool:
+        return all(one.process.poll() is not None for one in self.running.values())
+
+
+def execute(spec: JobSpec, output: OutputCollector) -> None:
+    """Run the agents until the schedule stops the job; raise RunFailed if an agent fails or on a timeout."""
+    token = secrets.token_urlsafe(24)
+    agents = Agents(spec, output, token)
+    initial = spec.rendezvous["initial_workers"]
+    most = largest_size(parse_schedule(spec.rendezvous["schedule"]), initial)
+    config = ClusterConfig(list(range(initial)), agents.new_agents, agents.follow, max_size=most)
+    host, _, port = spec.rendezvous["config_server"].rpartition(":")
+    deadline = time.monotonic() + spec.timeout_s
+    try:
+        with ConfigServer(config, token, host, int(port)):
+            for agent in range(initial):
+                agents.start(agent)
+            while not (agents.all_exited() and not config.latest.members):
+                failed = agents.failed()
+                if failed:
+                    raise RunFailed(failed[0], "(torchrun agent) failed", output.stderr_tail(failed[0]))
+                if time.monotonic() > deadline:
+                    raise RunFailed(None, f"timed out after {spec.timeout_s:g} s", output.stderr_tail(0))
+                time.sleep(POLL_INTERVAL_S)
+        verify_continuity(output)
+    finally:
+        stop(list(agents.running.values()))
+        drain(list(agents.running.values()))

@@ -1,0 +1,189 @@
+"""Shared analysis and drawing for figures (pandas, seaborn). Imported only when a figure is rendered."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+from matplotlib.container import BarContainer
+
+from ddlrepro.host.tables import HOST_LOAD_COLUMNS, as_flags
+
+CONFIDENCE_Z = 1.96
+REFERENCE_STYLE = {"color": "black", "marker": "*", "markersize": 11, "linestyle": "none", "zorder": 5}
+
+
+def throughput_summary(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Per (group, workers): per-worker img/s mean ± 1.96·std over all ranks' iterations, total, efficiency.
+
+    Efficiency is rate_N / (N × rate_1); where a group has no 1-worker point, its smallest worker count stands in
+    for 1 (rate_N / (N/N0 × rate_N0)).
+    """
+    rates = table[table["metric"] == "img_per_sec"]
+    grouped = rates.groupby([*by, "workers"], sort=True)["value"]
+    summary = grouped.agg(per_worker="mean", std=lambda v: v.std(ddof=0), samples="count").reset_index()
+    summary["confidence"] = CONFIDENCE_Z * summary.pop("std")
+    summary["total"] = summary["workers"] * summary["per_worker"]
+    base = summary.loc[summary.groupby(by)["workers"].idxmin(), [*by, "per_worker"]]
+    summary = summary.merge(base.rename(columns={"per_worker": "base_per_worker"}), on=by)
+    summary["ideal_total"] = summary["workers"] * summary.pop("base_per_worker")
+    summary["efficiency"] = summary["total"] / summary["ideal_total"]
+    return with_base_load(with_host_load(summary, table, [*by, "workers"]), by)
+
+
+def with_base_load(summary: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Fold the load of each group's smallest-worker-count rows into the group's rows: efficiency divides by them."""
+    smallest = summary["workers"] == summary.groupby(by, dropna=False)["workers"].transform("min")
+    base = (
+        summary[smallest]
+        .groupby(by, dropna=False)
+        .agg(
+            foreign_base=("foreign_share", "max"),
+            steal_base=("steal_share", "max"),
+            disturbed_base=("disturbed", "any"),
+        )
+    )
+    merged = summary.join(base, on=by)
+    merged["foreign_share"] = merged[["foreign_share", "foreign_base"]].max(axis=1)
+    merged["steal_share"] = merged[["steal_share", "steal_base"]].max(axis=1)
+    merged["disturbed"] = merged["disturbed"] | merged["disturbed_base"].fillna(False).astype(bool)
+    return merged.drop(columns=["foreign_base", "steal_base", "disturbed_base"])
+
+
+def drawn_references(references: list[dict[str, Any]], column: str, key: str, scale: str) -> pd.DataFrame:
+    """The references to draw on a panel of `column`: (series, the `key` of their selector, value).
+
+    References with a `series` label are drawn; those with a unit (absolute numbers of the papers' hardware) only
+    at paper scale, unitless ones (efficiencies, ratios) at every scale.
+    """
+    rows = [
+        {"series": r["series"], key: r["measured"].get("where", {}).get(key), "value": r["value"]}
+        for r in references
+        if "series" in r and r["measured"]["column"] == column and (scale == "paper" or "unit" not in r)
+    ]
+    return pd.DataFrame(rows, columns=["series", key, "value"])
+
+
+def new_figure(panels: int, title: str) -> tuple[plt.Figure, list[plt.Axes]]:
+    sns.set_theme(style="whitegrid", context="notebook")
+    figure, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.2), squeeze=False)
+    figure.suptitle(title)
+    return figure, list(axes[0])
+
+
+def workers_axis(axis: plt.Axes, workers: Iterable[int]) -> None:
+    """Log-2 axis ticked at the measured worker counts."""
+    ticks = sorted(set(int(n) for n in workers))
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(ticks, [str(n) for n in ticks])
+    axis.set_xlabel("workers")
+
+
+def errorbar_lines(axis: plt.Axes, summary: pd.DataFrame, y: str, err: str, hue: str) -> None:
+    for name, rows in summary.groupby(hue, sort=True):
+        axis.errorbar(rows["workers"], rows[y], yerr=rows[err], marker="o", capsize=4, label=str(name))
+
+
+def save(figure: plt.Figure, png: str, pdf: str) -> None:
+    figure.tight_layout()
+    figure.savefig(png, dpi=130)
+    figure.savefig(pdf)
+    plt.close(figure)
+
+
+def skipped_points(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """The points a machine could not run: their `by` columns and the reason (e.g. "skipped: needs CUDA")."""
+    if "status" not in table:
+        return pd.DataFrame(columns=[*by, "workers", "status", "reason"])
+    skipped = table[table["status"] == "skipped"]
+    return skipped[[*by, "workers", "status", "reason"]].drop_duplicates().reset_index(drop=True)
+
+
+def note_skipped(axis: plt.Axes, skipped: pd.DataFrame, by: list[str]) -> None:
+    """Say on the panel which points were skipped and why: never leave a gap that reads as a measurement."""
+    if skipped.empty:
+        return
+    lines = [" / ".join(str(row[key]) for key in by) + f": {row['reason']}" for _, row in skipped.iterrows()]
+    axis.text(
+        0.02,
+        0.98,
+        "\n".join(lines),
+        transform=axis.transAxes,
+        va="top",
+        fontsize="small",
+        color="firebrick",
+        bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "firebrick"},
+    )
+
+
+def run_host_load(table: pd.DataFrame) -> pd.DataFrame:
+    """The tidy table with its host-load columns present (tables made before they existed: unknown, judged)."""
+    defaults = {"foreign_share": float("nan"), "steal_share": float("nan"), "disturbed": False}
+    missing = {column: value for column, value in defaults.items() if column not in table}
+    table = table.assign(**missing)
+    return table.assign(disturbed=as_flags(table["disturbed"]))
+
+
+def with_host_load(summary: pd.DataFrame, table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """`summary` with the host load of the runs behind each row, matched on `by`: the largest foreign and steal
+    shares, and disturbed if any of those runs was."""
+    table = run_host_load(table)
+    load = table.groupby(by, dropna=False).agg(
+        foreign_share=("foreign_share", "max"), steal_share=("steal_share", "max"), disturbed=("disturbed", "any")
+    )
+    merged = summary.drop(columns=HOST_LOAD_COLUMNS, errors="ignore").join(load, on=by)
+    merged["disturbed"] = merged["disturbed"].fillna(False).astype(bool)
+    return merged
+
+
+def fold_load(summary: pd.DataFrame, table: pd.DataFrame, baseline: pd.Series) -> pd.DataFrame:
+    """Count the load of the runs every summary value is relative to (`baseline`, a mask of tidy rows: a ratio's
+    denominator) in every row."""
+    base = run_host_load(table)[baseline]
+    if base.empty:
+        return summary
+    return summary.assign(
+        foreign_share=summary["foreign_share"].clip(lower=base["foreign_share"].max()),
+        steal_share=summary["steal_share"].clip(lower=base["steal_share"].max()),
+        disturbed=summary["disturbed"] | bool(base["disturbed"].any()),
+    )
+
+
+def note_disturbed(axis: plt.Axes, summary: pd.DataFrame, label: list[str]) -> None:
+    """Say on the panel which plotted values came from runs disturbed by foreign CPU load (hatched where drawn as
+    bars by `hatch_disturbed`): they are flagged, not judged; the report gives the command that reruns them."""
+    if "disturbed" not in summary:
+        return
+    rows = summary[as_flags(summary["disturbed"])]
+    if rows.empty:
+        return
+    lines = [
+        ", ".join(f"{key}={row[key]}" for key in label) + f": foreign load {row['foreign_share']:.2f}"
+        for _, row in rows.iterrows()
+    ]
+    axis.text(
+        0.98,
+        0.02,
+        "disturbed (rerun):\n" + "\n".join(lines),
+        transform=axis.transAxes,
+        ha="right",
+        va="bottom",
+        fontsize="x-small",
+        color="darkorange",
+        bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "darkorange", "linestyle": "--"},
+    )
+
+
+def hatch_disturbed(bars: BarContainer, disturbed: Iterable[bool]) -> None:
+    """Hatch and outline the bars whose runs were disturbed."""
+    for bar, flagged in zip(bars, disturbed, strict=True):
+        if flagged:
+            bar.set_hatch("///")
+            bar.set_edgecolor("darkorange")

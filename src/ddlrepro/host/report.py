@@ -1,0 +1,86 @@
+"""A self-contained HTML report: a summary of the checks against the papers, then every built figure with its
+caption, summary table and checks, and where it was built."""
+
+from __future__ import annotations
+
+import base64
+import time
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pandas as pd
+
+from ddlrepro.host.config import REPO_ROOT
+from ddlrepro.host.figures import FIGURES, figure_module
+from ddlrepro.host.provenance import git_state, host_inventory
+from ddlrepro.host.redaction import redact
+from ddlrepro.host.tables import as_flags
+
+CAPTIONS = REPO_ROOT / "workflow" / "report"
+
+
+CHECK_COLUMNS = ["check", "status", "measured", "reference", "unit", "reason", "claim"]
+
+
+def figure_entry(figure: str, results: Path, checks: pd.DataFrame) -> dict[str, Any]:
+    summary = pd.read_csv(results / "tables" / f"{figure}.summary.csv")
+    own_checks = checks[checks["figure"] == figure]
+    caption = CAPTIONS / f"{figure}.rst"
+    return {
+        "id": figure,
+        "title": figure_module(figure).TITLE,
+        "caption": caption.read_text().strip() if caption.exists() else "",
+        "png": base64.b64encode((results / "figures" / f"{figure}.png").read_bytes()).decode(),
+        "summary": summary.to_html(index=False, float_format=lambda v: f"{v:.3g}", border=0),
+        "checks": own_checks[CHECK_COLUMNS].to_dict("records"),
+        "runs": pd.read_csv(results / "tables" / f"{figure}.csv", usecols=["point_id"])["point_id"].nunique(),
+    }
+
+
+def disturbed_runs(figures: list[str], results: Path, checks: pd.DataFrame) -> pd.DataFrame:
+    """The runs, of figures with a disturbed check, that saw more foreign load than the threshold."""
+    flagged = set(checks.loc[checks["status"] == "disturbed", "figure"])
+    columns = ["figure", "point_id", "foreign_share", "steal_share"]
+    runs = [
+        pd.read_csv(results / "tables" / f"{figure}.csv").drop_duplicates("point_id")
+        for figure in figures
+        if figure in flagged
+    ]
+    runs = [table[as_flags(table["disturbed"])] for table in runs if "disturbed" in table]
+    return pd.concat(runs, ignore_index=True)[columns] if runs else pd.DataFrame(columns=columns)
+
+
+def rerun_advice(runs: pd.DataFrame, results: Path, options: str = "") -> dict[str, Any]:
+    """The disturbed runs and the one Snakemake command that reruns only them and what depends on them
+    (`--forcerun` of their result.json files; `options`: the profile and config files the results were built
+    with, after the targets since --configfile takes several values)."""
+    targets = [str(results / "runs" / row.figure / row.point_id / "result.json") for row in runs.itertuples()]
+    command = " ".join(["snakemake --cores all --forcerun", *targets, *([options] if options else [])])
+    return {"points": runs.to_dict("records"), "command": command if targets else ""}
+
+
+def write_report(
+    out: Path, figures: list[str], scale: str, launcher: str, results: Path = Path("results"), rerun_options: str = ""
+) -> None:
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("ddlrepro", "templates"),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+    )
+    meta = {
+        "scale": scale,
+        "launcher": launcher,
+        "git": git_state(),
+        "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "host": host_inventory(),
+    }
+    checks = pd.read_csv(results / "checks.tsv", sep="\t", dtype=str, keep_default_na=False)
+    html = environment.get_template("report.html.j2").render(
+        meta=meta,
+        counts=checks["status"].value_counts().to_dict(),
+        failed=checks[checks["status"] == "fail"].to_dict("records"),
+        rerun=rerun_advice(disturbed_runs(figures, results, checks), results, rerun_options),
+        figures=[figure_entry(figure, results, checks) for figure in figures],
+        disabled=[figure for figure in FIGURES if figure not in figures],
+    )
+    out.write_text(redact(html))

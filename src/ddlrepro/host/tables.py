@@ -1,0 +1,77 @@
+"""Tidy tables: one row per point × worker × iteration × metric, with the point's parameters as columns, and how
+busy the host was with foreign work while the point measured (`foreign_share`, `steal_share`, `disturbed`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from ddlrepro.host.config import schema_default
+from ddlrepro.host.rundir import RESULT
+
+POINT_COLUMNS = ["figure", "point_id", "workload", "workers", "threads_per_worker"]
+RECORD_COLUMNS = ["rank", "iteration", "step", "size_bytes", "time", "metric", "value"]
+INTEGER_COLUMNS = ["iteration", "step", "size_bytes"]
+SKIPPED_METRIC = "skipped"
+DEFAULT_MAX_FOREIGN_SHARE = schema_default("checks", "max_foreign_share")
+HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]  # the run's load, as host_load_columns gives it
+
+
+def as_flags(column: pd.Series) -> pd.Series:
+    """A `disturbed` column as booleans, however it was stored: bool, or 'True'/'False' read back from a CSV; a
+    missing value counts as not disturbed."""
+    return column.astype(str).str.lower().isin(["true", "1"])
+
+
+def host_load_columns(result: dict, max_foreign_share: float) -> dict[str, object]:
+    """A run's foreign and steal CPU shares (NaN when unknown) and whether together they exceed the threshold."""
+    load = result.get("host_load") or {}
+    foreign = load.get("foreign_share")
+    steal = load.get("steal_share")
+    foreign, steal = (float("nan") if share is None else float(share) for share in (foreign, steal))
+    known_load = sum(share for share in (foreign, steal) if share == share)  # NaN (unknown) counts as none
+    return {"foreign_share": foreign, "steal_share": steal, "disturbed": known_load > max_foreign_share}
+
+
+def run_rows(run_dir: Path, max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE) -> pd.DataFrame:
+    """The tidy rows of one completed run (its `result.json` must exist); a skipped run gives one row, metric
+    `skipped`, with the reason in the `reason` column."""
+    result = json.loads((run_dir / RESULT).read_text())
+    point = result["point"]
+    status = result.get("status", "ok")
+    if status == "skipped":
+        records = [{"metric": SKIPPED_METRIC, "value": float("nan")}]
+    else:
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    rows = pd.DataFrame.from_records(records, columns=RECORD_COLUMNS)
+    provenance = json.loads((run_dir / "provenance.json").read_text())
+    constants = {
+        "figure": point["figure"],
+        "point_id": result["point_id"],
+        "workload": point["workload"],
+        "workers": point["workers"],
+        "threads_per_worker": point["threads_per_worker"],
+        **{key: scalar(value) for key, value in point["params"].items()},
+        "backend_used": provenance["torch"]["backend"],
+        "status": status,
+        "reason": result.get("reason", ""),
+        **host_load_columns(result, max_foreign_share),
+    }
+    return rows.assign(**constants)[[*constants, *RECORD_COLUMNS]]
+
+
+def scalar(value: object) -> object:
+    """A table cell: lists and mappings (e.g. a placement [2, 1, 1]) as compact JSON."""
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, list | dict) else value
+
+
+def tidy_table(run_dirs: list[Path], max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE) -> pd.DataFrame:
+    table = pd.concat([run_rows(run_dir, max_foreign_share) for run_dir in run_dirs], ignore_index=True)
+    table[INTEGER_COLUMNS] = table[INTEGER_COLUMNS].astype("Int64")
+    return table.sort_values(["point_id", "metric", "rank", "time"], kind="stable", ignore_index=True)
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    return pd.read_csv(path, dtype=dict.fromkeys(INTEGER_COLUMNS, "Int64"))

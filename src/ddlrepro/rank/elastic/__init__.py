@@ -1,0 +1,16 @@
+"""In-place elastic training for PyTorch, the rank side: a config server (on the host) holds the desired cluster;
+workers re-form their process group when it changes, without restarting (state stays in memory); joiners take the
+state from a survivor.
+
+    schedule.py          the resize schedule `step:size,...` rank 0 follows
+    cluster.py           one version of the desired cluster, as the config server serves it
+    client.py            the workers' and tests' client of the config server
+    membership.py        membership, agreement and process-group re-formation, as each worker sees them
+    trainer.py           the training itself (model, data offsets, ledger records, state digests)
+    inplace_worker.py    the in-place worker's main loop (train, check config, resize, recover from faults)
+    torchrun_worker.py   the baseline worker under torchrun elastic (checkpoint, stop every worker, restart)
+    events.py, faults.py resize events and their phases; injected faults
+
+The host side: the config server (`host/configserver.py`), the launchers that start and watch the processes
+(`host/launchers/inplace.py`, `host/launchers/torchrun.py`) and the ledger's verification (`host/ledger.py`).
+"""

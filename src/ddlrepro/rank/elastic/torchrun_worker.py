@@ -1,0 +1,123 @@
+"""The baseline: elastic training as torchrun does it (`python -m ddlrepro.rank.elastic.torchrun_worker POINT_JSON`
+under `torchrun --nnodes=1:N --rdzv-backend=c10d`, started by `host/launchers/torchrun.py`).
+
+On a scheduled resize rank 0 asks the config server, saves a checkpoint and every worker waits; the launcher adds
+or stops torchrun agents; torchrun stops every worker and restarts them all in a new rendezvous, and they resume
+from the checkpoint. The latency is measured as for the in-place runtime, from rank 0 seeing the new config to the
+first step done at the new size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from ddlrepro.points import Point
+from ddlrepro.rank.elastic.client import ConfigClient
+from ddlrepro.rank.elastic.events import RESTART_PHASES, ResizeEvent
+from ddlrepro.rank.elastic.membership import SERVER_ENV, TOKEN_ENV
+from ddlrepro.rank.elastic.schedule import parse_schedule
+from ddlrepro.rank.elastic.trainer import DefaultGroup, ElasticTrainer, announce, emit_step
+from ddlrepro.records import emit
+
+WAIT_POLL_S = 0.05
+NO_RESIZE = -1
+
+
+def checkpoint_path() -> Path:
+    return Path(os.environ["DDLREPRO_RUN_DIR"]) / "elastic-checkpoint.pt"
+
+
+def event_path() -> Path:
+    """The resize in progress (its marks so far), written after the checkpoint."""
+    return Path(os.environ["DDLREPRO_RUN_DIR"]) / "elastic-event.json"
+
+
+def main(argv: list[str]) -> None:
+    point = Point.from_json(argv[0])
+    dist.init_process_group("gloo")
+    group_formed = time.time()
+    trainer = ElasticTrainer(point.params, point.threads_per_worker)
+    event = resume(trainer, dist.get_rank())
+    group = DefaultGroup(version=trainer.step)
+    if event is not None:
+        event.mark("restarted", psutil.Process().create_time())
+        event.mark("group", group_formed)
+        event.mark("synced")
+    announce(group.rank)
+    schedule = {entry.step: entry.size for entry in parse_schedule(point.params["schedule"])}
+    client = ConfigClient(os.environ[SERVER_ENV], os.environ.get(TOKEN_ENV))
+    while True:
+        step_time = trainer.train_step(group)
+        if group.rank == 0:
+            emit_step(trainer.step - 1, group.size, trainer.batch_size, step_time)
+            if event is not None:
+                event.mark("first_step")
+                event.emit(group.size)
+                event = None
+        size = torch.tensor([schedule.get(trainer.step, NO_RESIZE) if group.rank == 0 else 0])
+        group.broadcast(size, 0)
+        if int(size) != NO_RESIZE:
+            resize(trainer, group, client, int(size))
+
+
+def resume(trainer: ElasticTrainer, rank: int) -> ResizeEvent | None:
+    """Load the checkpoint a resize left, if any; the event it carries continues in this incarnation."""
+    if not checkpoint_path().exists():
+        return None
+    trainer.restore(torch.load(checkpoint_path(), weights_only=False))
+    if rank != 0:
+        return None
+    emit("ledger", rank=0, step=None, resume=trainer.offset, version=trainer.step)
+    return ResizeEvent(**json.loads(event_path().read_text()))
+
+
+def resize(trainer: ElasticTrainer, group: DefaultGroup, client: ConfigClient, size: int) -> None:
+    """Rank 0 asks for the new size and checkpoints; then every worker waits to be stopped (or finishes at 0)."""
+    if group.rank == 0:
+        event = ResizeEvent(trainer.step, group.size, RESTART_PHASES)
+        event.mark("seen")
+        client.resize(size)
+        event.mark("config")
+        if size == 0:
+            emit("result", rank=0, steps=trainer.step, samples=trainer.offset)
+        else:
+            save_checkpoint(trainer, event)
+    if size == 0:
+        dist.destroy_process_group()
+        sys.exit(0)
+    wait_for_restart(group)
+
+
+def save_checkpoint(trainer: ElasticTrainer, event: ResizeEvent) -> None:
+    partial = checkpoint_path().with_suffix(".partial")
+    torch.save(trainer.checkpoint(), partial)
+    os.replace(partial, checkpoint_path())
+    event.mark("checkpointed")
+    written = event_path().with_suffix(".partial")
+    written.write_text(json.dumps(asdict(event)))
+    os.replace(written, event_path())
+
+
+def wait_for_restart(group: DefaultGroup) -> None:
+    """Idle in small all-reduces until torchrun stops this worker (growth) or a peer's agent is gone (shrink:
+    the collective fails, the worker exits with an error, and torchrun restarts the survivors)."""
+    alive = torch.ones(1)
+    while True:
+        try:
+            group.all_reduce(alive)
+        except RuntimeError:
+            sys.exit(1)
+        time.sleep(WAIT_POLL_S)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,198 @@
+"""Elastic training state: model, optimizer and the global sample offset, shared by the in-place workers
+(`inplace_worker.py`) and the torchrun baseline (`torchrun_worker.py`).
+
+The data are `dataset_size` synthetic samples; global step k trains samples [offset, offset + size × batch), rank r
+the slice [offset + r·batch, offset + (r+1)·batch) (modulo the dataset). The offset continues across resizes, so
+no sample is skipped or repeated; every rank prints a `ledger` record of the samples each of its steps trained.
+With `record_state`, every rank also prints a digest of its state after each resize and at the stop (checked to
+be equal across ranks), and rank 0 saves its final state to `final_state.pt`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ddlrepro.rank.models import build_model
+from ddlrepro.rank.workloads.throughput import synthetic_batch
+from ddlrepro.records import emit
+
+MOMENTUM = 0.9
+FINAL_STATE = "final_state.pt"
+
+
+class Collectives(Protocol):
+    """The group a step runs over: the elastic runtime's own (`elastic.cluster.Group`) or torch's default."""
+
+    rank: int
+    size: int
+    version: int  # the membership it trains in: the cluster version (in place), the step it resumed at (torchrun)
+
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> None: ...
+
+    def broadcast(self, tensor: torch.Tensor, source: int) -> None: ...
+
+
+class DefaultGroup:
+    """torch's default process group (as torchrun sets it up) behind the `Collectives` interface."""
+
+    def __init__(self, version: int) -> None:
+        self.rank = dist.get_rank()
+        self.size = dist.get_world_size()
+        self.version = version
+
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> None:
+        dist.all_reduce(tensor, op)
+
+    def broadcast(self, tensor: torch.Tensor, source: int) -> None:
+        dist.broadcast(tensor, source)
+
+
+class ElasticTrainer:
+    """What a worker keeps in memory across resizes, and one data-parallel step over the current group."""
+
+    def __init__(self, params: dict[str, Any], threads: int) -> None:
+        torch.set_num_threads(threads)
+        self.seed = params.get("seed", 0)
+        torch.manual_seed(self.seed)
+        self.batch_size = params["batch_size"]
+        self.model = build_model(params["model"])
+        self.optimizer = torch.optim.SGD(
+            self.model.parameters(), lr=params.get("learning_rate", 0.01), momentum=MOMENTUM
+        )
+        for parameter in self.model.parameters():
+            self.optimizer.state[parameter]["momentum_buffer"] = torch.zeros_like(parameter)
+        self.images, self.labels = synthetic_batch(
+            params["model"], params["dataset_size"], params.get("image_size"), torch.device("cpu"), seed=0
+        )
+        self.offset = 0
+        self.step = 0
+
+    def train_step(self, group: Collectives) -> float:
+        """Train this rank's slice of the next global batch, average gradients over the group; the step time."""
+        rank, size = group.rank, group.size
+        started = time.perf_counter()
+        start = self.offset + rank * self.batch_size
+        index = torch.arange(start, start + self.batch_size) % len(self.labels)
+        torch.manual_seed(slice_seed(self.seed, start))
+        self.optimizer.zero_grad(set_to_none=False)
+        F.cross_entropy(self.model(self.images[index]), self.labels[index]).backward()
+        emit("ledger", rank=rank, step=self.step, start=start, count=self.batch_size, size=size, version=group.version)
+        if size > 1:
+            _average_gradients(list(self.model.parameters()), group)
+        self.optimizer.step()
+        self.offset += size * self.batch_size
+        self.step += 1
+        return time.perf_counter() - started
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Everything a joiner must receive: parameters, buffers (BatchNorm statistics), momentum."""
+        momentum = [self.optimizer.state[parameter]["momentum_buffer"] for parameter in self.model.parameters()]
+        return [*self.model.parameters(), *self.model.buffers(), *momentum]
+
+    def broadcast_state(self, group: Collectives, source: int) -> None:
+        """Make every rank's state, offset and step equal to `source`'s, one flat broadcast per dtype."""
+        progress = torch.tensor([self.offset, self.step], dtype=torch.int64)
+        tensors = [*self.state_tensors(), progress]
+        with torch.no_grad():
+            for dtype in sorted({tensor.dtype for tensor in tensors}, key=str):
+                same = [tensor for tensor in tensors if tensor.dtype == dtype]
+                flat = torch.cat([tensor.reshape(-1) for tensor in same])
+                group.broadcast(flat, source)
+                for tensor, part in zip(same, flat.split([tensor.numel() for tensor in same]), strict=True):
+                    tensor.copy_(part.view_as(tensor))
+        self.offset, self.step = (int(value) for value in progress)
+
+    def parameters_and_momentum(self) -> list[torch.Tensor]:
+        """What data-parallel steps keep equal on every rank (BatchNorm buffers follow each rank's own slices)."""
+        momentum = [self.optimizer.state[parameter]["momentum_buffer"] for parameter in self.model.parameters()]
+        return [*self.model.parameters(), *momentum]
+
+    def record_state(self, group: Collectives, state: str) -> None:
+        """A ledger record of this rank's state digest: `synced` (everything, right after a resize's state sync) or
+        `final` (parameters and momentum, at the stop)."""
+        tensors = self.state_tensors() if state == "synced" else self.parameters_and_momentum()
+        progress = torch.tensor([self.offset, self.step], dtype=torch.int64)
+        emit(
+            "ledger",
+            rank=group.rank,
+            step=self.step,
+            version=group.version,
+            state=state,
+            digest=digest([*tensors, progress]),
+        )
+
+    def save_final_state(self, run_dir: Path) -> None:
+        """Write the trained state to `final_state.pt` in the run folder, atomically (the tests compare it)."""
+        partial = run_dir / (FINAL_STATE + ".partial")
+        torch.save(self.checkpoint(), partial)
+        partial.replace(run_dir / FINAL_STATE)
+
+    def checkpoint(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "offset": self.offset,
+            "step": self.step,
+        }
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        self.model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.offset, self.step = checkpoint["offset"], checkpoint["step"]
+
+
+def slice_seed(seed: int, start: int) -> int:
+    """The RNG seed (dropout) of the slice starting at global offset `start`: a function of the samples, not of the
+    process that trains them, so a joiner draws what a fixed-size run would."""
+    return seed * 1_000_003 + start
+
+
+def digest(tensors: list[torch.Tensor]) -> str:
+    """sha256 of the bytes of every tensor, in order: two ranks with the same digest hold bit-identical tensors."""
+    hasher = hashlib.sha256()
+    for tensor in tensors:
+        hasher.update(str((tensor.dtype, tuple(tensor.shape))).encode())
+        hasher.update(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy())
+    return hasher.hexdigest()
+
+
+def _average_gradients(parameters: list[torch.Tensor], group: Collectives) -> None:
+    """One all-reduce of every gradient, flattened (Horovod's tensor fusion, as one bucket)."""
+    flat = torch.cat([parameter.grad.reshape(-1) for parameter in parameters])
+    group.all_reduce(flat)
+    flat.div_(group.size)
+    for parameter, part in zip(parameters, flat.split([p.numel() for p in parameters]), strict=True):
+        parameter.grad.copy_(part.view_as(parameter.grad))
+
+
+def announce(rank: int) -> None:
+    """The worker record provenance collects (elastic workers: gloo on CPU)."""
+    emit(
+        "worker",
+        rank=rank,
+        pid=os.getpid(),
+        hostname=socket.gethostname(),
+        torch=torch.__version__,
+        backend="gloo",
+        threads=torch.get_num_threads(),
+        cpus=sorted(os.sched_getaffinity(0)),
+    )
+
+
+def emit_step(step: int, size: int, batch_size: int, step_time_s: float) -> None:
+    """Rank 0's record of one step: cluster size, step time and cluster throughput."""
+    for metric, value in (
+        ("cluster_size", size),
+        ("step_time_s", step_time_s),
+        ("img_per_sec", size * batch_size / step_time_s),
+    ):
+        emit("metric", rank=0, step=step, metric=metric, value=float(value))

@@ -1,0 +1,136 @@
+"""What every workload rank shares: its place in the job, torch.distributed set-up, and machine-readable output.
+
+Records go to stdout as `DDLREPRO {json}` lines (see records.py); the launcher files them into the run's metrics
+and provenance, whatever the launcher (local processes, srun, Kubernetes pods).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from ddlrepro.records import emit
+
+
+def _env_int(*names: str, default: int | None = None) -> int:
+    for name in names:
+        if name in os.environ:
+            return int(os.environ[name])
+    if default is None:
+        raise RuntimeError(f"none of {', '.join(names)} is set: start workers through a ddlrepro launcher")
+    return default
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """This process's place in the job, read from torchrun's or Open MPI's environment conventions (Slurm tasks get
+    torchrun's from rank/slurm_task.py)."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    threads: int
+    backend: str
+    device: torch.device
+
+    @classmethod
+    def from_environment(cls, threads: int, backend: str = "auto", device: str = "backend") -> RankContext:
+        """`device`: `backend` (CUDA with NCCL, else CPU), `auto` (CUDA wherever present, whatever the backend)
+        or `cpu`."""
+        rank = _env_int("RANK", "OMPI_COMM_WORLD_RANK")
+        world_size = _env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE")
+        local_rank = _env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
+        local_world_size = _env_int("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
+        if backend == "auto":
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "mpi" and not dist.is_mpi_available():
+            backend = "gloo"  # PyPI's torch has no MPI backend: MPI workloads use mpi4py beside a gloo group
+        on_cuda = backend == "nccl" or (device == "auto" and torch.cuda.is_available())
+        place = torch.device("cuda", local_rank) if on_cuda else torch.device("cpu")
+        return cls(rank, world_size, local_rank, local_world_size, threads, backend, place)
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def init_distributed(ctx: RankContext) -> None:
+    """Set threads and device, join the process group (env:// rendezvous), and announce this worker."""
+    torch.set_num_threads(ctx.threads)
+    if ctx.device.type == "cuda":
+        torch.cuda.set_device(ctx.device)
+    dist.init_process_group(ctx.backend, rank=ctx.rank, world_size=ctx.world_size)
+    emit("worker", rank=ctx.rank, **describe_worker(ctx))
+
+
+def describe_worker(ctx: RankContext) -> dict[str, Any]:
+    """Provenance that only the worker itself can see: host, torch build, device, threads."""
+    gpu = torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None
+    return {
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "world_size": ctx.world_size,
+        "local_rank": ctx.local_rank,
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "backend": ctx.backend,
+        "device": str(ctx.device),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+    }
+
+
+class ResourceSampler(threading.Thread):
+    """Samples this process's CPU %, RSS, PSS and, with CUDA, GPU utilisation and memory, into metric records."""
+
+    def __init__(self, ctx: RankContext, interval_s: float) -> None:
+        super().__init__(name="resource-sampler", daemon=True)
+        self.ctx = ctx
+        self.interval_s = interval_s
+        self.process = psutil.Process()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        self.process.cpu_percent(None)
+        while not self.stopped.wait(self.interval_s):
+            for metric, value in self.sample().items():
+                emit("metric", rank=self.ctx.rank, metric=metric, value=value, iteration=None)
+
+    def sample(self) -> dict[str, float]:
+        values = {"cpu_percent": self.process.cpu_percent(None), **self.memory()}
+        if self.ctx.device.type == "cuda":
+            values["gpu_memory_bytes"] = float(torch.cuda.memory_allocated(self.ctx.device))
+            with contextlib.suppress(ModuleNotFoundError, RuntimeError):
+                values["gpu_utilization_percent"] = float(torch.cuda.utilization(self.ctx.device))
+        return values
+
+    def memory(self) -> dict[str, float]:
+        """RSS and PSS; RSS alone (PSS left out, not recorded) where reading this process's smaps is denied."""
+        # PSS (smaps_rollup) charges each shared page (libtorch) to its sharers in part: summed over a job's
+        # processes it counts those pages once, where RSS counts them in every process. Locked-down containers
+        # may deny smaps; the exception would end this thread and lose RSS too.
+        try:
+            memory = self.process.memory_full_info()
+        except psutil.AccessDenied:
+            return {"rss_bytes": float(self.process.memory_info().rss)}
+        return {"rss_bytes": float(memory.rss), "pss_bytes": float(memory.pss)}
+
+    def __enter__(self) -> ResourceSampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.join()

@@ -1,0 +1,10 @@
+"""Workloads: the code every rank of a point runs. Each module exposes `run(params, ctx)`.
+
+Workload modules import torch, so nothing here is imported while Snakemake builds its DAG.
+"""
+
+WORKLOADS = {
+    "throughput": "ddlrepro.rank.workloads.throughput",
+    "consistent": "ddlrepro.rank.workloads.consistent",
+    "allreduce": "ddlrepro.rank.workloads.allreduce",
+}

@@ -1,0 +1,32 @@
+"""Entry point of one rank: `python -m ddlrepro.rank.workloads POINT_JSON`."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import torch.distributed as dist
+
+from ddlrepro.points import Point
+from ddlrepro.rank.runtime import RankContext, ResourceSampler, init_distributed
+from ddlrepro.rank.workloads import WORKLOADS
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        sys.exit("usage: python -m ddlrepro.rank.workloads POINT_JSON")
+    point = Point.from_json(argv[0])
+    workload = importlib.import_module(WORKLOADS[point.workload])
+    ctx = RankContext.from_environment(
+        point.threads_per_worker, point.params.get("backend", "auto"), point.params.get("device", "backend")
+    )
+    init_distributed(ctx)
+    try:
+        with ResourceSampler(ctx, point.params.get("sample_interval_s", 1.0)):
+            workload.run(point.params, ctx)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,42 @@
+"""Consistent elastic training (EasyScale): E logical workers on this job's processes, D0 / D1 / plain DDP.
+
+Params: model, logical_workers, placement (ESTs per process, one entry per worker), mode (D0, D1, ddp), batch_size
+(per EST), steps (run in this job), resume_from (point id of the stage whose checkpoint this job continues),
+learning_rate, seed. Rank 0 records the global loss of every step; every rank records its step time and the time
+it spent switching between ESTs; rank 0 writes `checkpoint.pt` into the run folder at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from ddlrepro.rank.easyscale import ConsistentTrainer, load_checkpoint, save_checkpoint
+from ddlrepro.rank.runtime import RankContext
+from ddlrepro.records import emit
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def run(params: dict[str, Any], ctx: RankContext) -> None:
+    placement = params["placement"]
+    if len(placement) != ctx.world_size:
+        raise ValueError(f"placement {placement} needs {len(placement)} workers, the job has {ctx.world_size}")
+    run_dir = Path(os.environ["DDLREPRO_RUN_DIR"])
+    trainer = ConsistentTrainer(params, ctx.rank, placement)
+    if params.get("resume_from"):
+        trainer.restore(load_checkpoint(run_dir.parent / params["resume_from"] / CHECKPOINT))
+    for _ in range(params["steps"]):
+        started, switched = time.perf_counter(), trainer.switch_seconds
+        loss = trainer.train_step()
+        step = trainer.step - 1
+        emit("metric", rank=ctx.rank, step=step, metric="step_time_s", value=time.perf_counter() - started)
+        emit("metric", rank=ctx.rank, step=step, metric="switch_time_s", value=trainer.switch_seconds - switched)
+        if ctx.rank == 0:
+            emit("metric", rank=0, step=step, metric="loss", value=loss)
+    checkpoint = trainer.checkpoint()
+    if checkpoint is not None:
+        save_checkpoint(checkpoint, run_dir / CHECKPOINT)
+        emit("result", rank=0, mode=params["mode"], placement=placement, last_step=trainer.step - 1, loss=loss)

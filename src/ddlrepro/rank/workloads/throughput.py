@@ -1,0 +1,210 @@
+"""Synthetic-data training throughput, the Horovod / tf_cnn_benchmarks / KungFu protocol, in three frameworks.
+
+Random images and labels generated once; `warmup_batches` untimed; then `iterations` timed iterations of
+`batches_per_iteration` batches each. Per iteration every rank records img/s = batch × batches / elapsed; rank 0
+prints `RESULT: <mean> +-<1.96·std> {...}` over its iterations (population std), as the original benchmarks do.
+
+`framework` (default torch) chooses what trains: `torch` (DDP, gradients averaged with `strategy`, see
+strategies.py), `horovod` (horovod.torch's DistributedOptimizer, as Horovod's synthetic benchmark; its ring
+all-reduce over gloo or MPI) or `tensorflow` (Keras model, MultiWorkerMirroredStrategy with its RING collective,
+custom training loop: see tensorflow_trainer.py). The protocol and records are the same for all three.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ddlrepro.rank.models import MODELS, build_model
+from ddlrepro.rank.monitors import GradientMonitor
+from ddlrepro.rank.runtime import RankContext
+from ddlrepro.rank.strategies import apply_strategy
+from ddlrepro.rank.workloads.frameworks import FRAMEWORKS, Trainer
+from ddlrepro.records import emit, say
+
+
+def torch_parameter_sum(model: nn.Module) -> Callable[[], float]:
+    return lambda: float(sum(parameter.detach().double().sum() for parameter in model.parameters()))
+
+
+def synthetic_batch(
+    model: str, batch_size: int, image_size: int | None, device: torch.device, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random images in the model's input shape and random labels in [0, classes)."""
+    info = MODELS[model]
+    side = image_size or info.image_size
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(batch_size, 3, side, side, generator=generator)
+    labels = torch.randint(0, info.num_classes, (batch_size,), generator=generator)
+    return images.to(device), labels.to(device)
+
+
+def make_train_step(
+    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, lr: float = 0.01
+) -> Callable[[], torch.Tensor]:
+    """One SGD step of softmax cross-entropy on the fixed batch; returns the (unsynchronised) loss."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+def mean_and_confidence(rates: list[float]) -> tuple[float, float]:
+    """Mean and 1.96 × population standard deviation, the protocol's error bar."""
+    values = np.asarray(rates, dtype=float)
+    return float(values.mean()), float(1.96 * values.std())
+
+
+def data_parallel(model: nn.Module, ctx: RankContext) -> nn.Module:
+    """DDP across the workers; a single worker trains the plain model, as single-device baselines do.
+
+    (DDP over one process still buckets and all-reduces every gradient: ~5 % of a small model's step on a CPU.)
+    """
+    if ctx.world_size == 1:
+        return model
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def attach_monitor(model: nn.Module, params: dict[str, Any], ctx: RankContext) -> GradientMonitor | None:
+    """The configured online monitor (`monitor`, `monitor_interval`, `noise_scale_alpha`), if any."""
+    kind = params.get("monitor", "none")
+    if kind == "none":
+        return None
+    if not isinstance(model, DistributedDataParallel):
+        raise ValueError(f"monitor {kind!r} needs at least 2 workers: it compares local and all-reduced gradients")
+    monitor = GradientMonitor(
+        kind,
+        params.get("monitor_interval", 1),
+        params["batch_size"],
+        ctx.world_size,
+        params.get("noise_scale_alpha", 0.6),
+    )
+    monitor.attach(model)
+    return monitor
+
+
+def torch_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
+    """DDP (plain model on one worker), gradients averaged with the point's strategy, optionally monitored."""
+    torch.manual_seed(params.get("seed", 0))
+    model = build_model(params["model"]).to(ctx.device)
+    images, labels = synthetic_batch(
+        params["model"], params["batch_size"], params.get("image_size"), ctx.device, seed=ctx.rank
+    )
+    trained = data_parallel(model, ctx)
+    strategy = params.get("strategy", "RING")
+    if isinstance(trained, DistributedDataParallel):
+        apply_strategy(trained, strategy, group_size=ctx.local_world_size)
+    monitor = attach_monitor(trained, params, ctx)
+    train_step = make_train_step(trained, images, labels)
+
+    def step() -> torch.Tensor:
+        loss = train_step()
+        measured = monitor.end_step() if monitor else None
+        if measured:
+            emit("metric", rank=ctx.rank, step=monitor.step - 1, metric=measured[0], value=measured[1])
+        return loss
+
+    settings = {"framework": "torch", "strategy": strategy, "monitor": params.get("monitor", "none")}
+    return Trainer(step, lambda loss: float(loss.item()), torch_parameter_sum(model), settings)
+
+
+def horovod_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
+    """horovod.torch as in Horovod's pytorch_synthetic_benchmark.py: DistributedOptimizer, broadcast from rank 0."""
+    import horovod.torch as hvd
+
+    hvd.init()
+    if (hvd.rank(), hvd.size()) != (ctx.rank, ctx.world_size):
+        raise RuntimeError(
+            f"Horovod sees rank {hvd.rank()} of {hvd.size()}, the launcher {ctx.rank} of {ctx.world_size}"
+        )
+    torch.manual_seed(params.get("seed", 0))
+    model = build_model(params["model"]).to(ctx.device)
+    images, labels = synthetic_batch(
+        params["model"], params["batch_size"], params.get("image_size"), ctx.device, seed=ctx.rank
+    )
+    optimizer = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
+    )
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    def step() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    controller = "mpi" if hvd.mpi_enabled() and params.get("horovod_controller") == "mpi" else "gloo"
+    settings = {"framework": "horovod", "strategy": "RING", "controller": controller}
+    return Trainer(step, lambda loss: float(loss.item()), torch_parameter_sum(model), settings, hvd.shutdown)
+
+
+def make_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
+    framework = params.get("framework", "torch")
+    if framework == "tensorflow":
+        from ddlrepro.rank.workloads.tensorflow_trainer import tensorflow_trainer
+
+        return tensorflow_trainer(params, ctx)
+    if framework == "horovod":
+        return horovod_trainer(params, ctx)
+    if framework == "torch":
+        return torch_trainer(params, ctx)
+    raise ValueError(f"unknown framework {framework!r}; valid frameworks: {', '.join(FRAMEWORKS)}")
+
+
+def timed_iterations(trainer: Trainer, params: dict[str, Any], ctx: RankContext) -> list[float]:
+    """The protocol: warm-up batches, then per timed iteration img/s (and the last loss) as metric records."""
+    loss = None
+    for _ in range(params["warmup_batches"]):
+        loss = trainer.step()
+    if loss is not None:
+        trainer.loss_value(loss)  # waits for the warm-up steps to finish, whatever the framework
+    ctx.synchronize()
+    rates = []
+    images_per_iteration = params["batch_size"] * params["batches_per_iteration"]
+    for iteration in range(params["iterations"]):
+        started = time.perf_counter()
+        for _ in range(params["batches_per_iteration"]):
+            loss = trainer.step()
+        value = trainer.loss_value(loss)
+        ctx.synchronize()
+        elapsed = time.perf_counter() - started
+        rates.append(images_per_iteration / elapsed)
+        emit("metric", rank=ctx.rank, iteration=iteration, metric="img_per_sec", value=rates[-1])
+        emit("metric", rank=ctx.rank, iteration=iteration, metric="loss", value=value)
+    return rates
+
+
+def run(params: dict[str, Any], ctx: RankContext) -> None:
+    trainer = make_trainer(params, ctx)
+    try:
+        rates = timed_iterations(trainer, params, ctx)
+        emit("metric", rank=ctx.rank, iteration=None, metric="parameter_sum", value=trainer.parameter_sum())
+    finally:
+        trainer.close()
+    mean, confidence = mean_and_confidence(rates)
+    if ctx.rank == 0:
+        settings = {
+            **trainer.settings,
+            "np": ctx.world_size,
+            "bs": params["batch_size"],
+            "model": params["model"],
+        }
+        say(f"RESULT: {mean:.2f} +-{confidence:.2f} {json.dumps(settings)}")
+        emit("result", rank=0, img_per_sec_per_worker=mean, confidence=confidence, total=mean * ctx.world_size)
