@@ -36,6 +36,7 @@ lint: env
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	$(BIN)/snakemake --lint
+	$(BIN)/lint-imports
 
 format: env
 	$(BIN)/ruff format src tests benchmarks

@@ -30,3 +30,10 @@ def test_python_is_ruff_clean_and_formatted() -> None:
 def test_snakefiles_are_snakefmt_formatted() -> None:
     done = run(str(BIN / "snakefmt"), "--check", "Snakefile", "workflow/rules")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_import_contracts_hold() -> None:
+    """pyproject.toml's import-linter contracts: rank code never imports host code, and no import loop."""
+    done = run(str(BIN / "lint-imports"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Contracts: 2 kept, 0 broken." in done.stdout
