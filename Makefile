@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= all
 
-.PHONY: env horovod reproduce test lint format clean benchmarks
+.PHONY: env horovod reproduce test test-fast lint format clean benchmarks
 
 env: $(STAMP)
 
@@ -30,6 +30,11 @@ reproduce: env
 
 test: env horovod
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+
+# Before the whole suite: everything that needs no Slurm cluster, no image build, no Horovod build, and no long
+# end-to-end workflow run (pytest markers, tests/conftest.py).
+test-fast: env
+	$(BIN)/python -m pytest -ra -m "not slurm and not image and not horovod and not slow" $(PYTEST_ARGS)
 
 lint: env
 	$(BIN)/ruff check src tests benchmarks

@@ -35,6 +35,22 @@ WORKFLOW_PARTS = [
 ]
 
 
+# What a test needs beyond the environment, for `make test-fast` (-m "not slurm and not image and not horovod and
+# not slow"): the Slurm cluster (tests using the `cluster` fixture), a built image (`base_image`), the project's
+# Horovod build (every test whose name or parameter names Horovod).
+NEEDS = {"slurm": {"cluster"}, "image": {"base_image"}}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        for marker, needed in NEEDS.items():
+            if fixtures & needed:
+                item.add_marker(marker)
+        if "horovod" in item.name.lower():
+            item.add_marker("horovod")
+
+
 ONE_WORKER_COUNT_DLAAS = ("dlaas-scaling/efficiency-at-2-workers", "dlaas-scaling/two-workers-faster")
 
 
