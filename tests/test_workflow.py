@@ -69,7 +69,7 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
 
     assert planned_jobs(snakemake(workflow_copy, *TINY, "-n").stdout) == {}
 
-    plot_code = workflow_copy / "src" / "ddlrepro" / "figures" / "kungfu_fig9.py"
+    plot_code = workflow_copy / "src" / "ddlrepro" / "host" / "figures" / "kungfu_fig9.py"
     plot_code.write_text(plot_code.read_text() + "\n# edited\n")
     downstream_of_one_plot = {"plot": 1, "check_figure": 1, "collect_checks": 1, "report": 1, "all": 1}
     assert planned_jobs(snakemake(workflow_copy, *TINY, "-n").stdout) == downstream_of_one_plot
