@@ -145,6 +145,23 @@ def errorbar_lines(axis: plt.Axes, summary: pd.DataFrame, y: str, err: str, hue:
     ring_disturbed(axis, summary["workers"], summary[y], summary["disturbed"])
 
 
+def grouped_bars(
+    axis: plt.Axes, data: pd.DataFrame, x: str, y: str, hue: str, colours: dict[Any, Any] | None = None
+) -> None:
+    """Bars of `y` per `x` category, one bar per `hue` side by side, in the order the rows come; the bars of
+    disturbed rows (a `disturbed` column) hatched."""
+    categories, groups = list(dict.fromkeys(data[x])), list(dict.fromkeys(data[hue]))
+    colours = colours or dict(zip(groups, sns.color_palette(n_colors=len(groups)), strict=True))
+    width = 0.8 / len(groups)
+    for index, group in enumerate(groups):
+        rows = data[data[hue] == group]
+        positions = [categories.index(category) - 0.4 + width * (index + 0.5) for category in rows[x]]
+        bars = axis.bar(positions, rows[y], width=width, color=colours[group], label=str(group))
+        hatch_disturbed(bars, as_flags(rows["disturbed"]))
+    axis.set_xticks(range(len(categories)), categories)
+    axis.set_xlabel(x)
+
+
 def save(figure: plt.Figure, png: str, pdf: str) -> None:
     figure.savefig(png, dpi=130)
     figure.savefig(pdf)

@@ -69,7 +69,7 @@ def caption_html(path: Path) -> str:
         "_disable_config": True,
     }
     try:
-        parts = publish_parts(path.read_text(), source_path=str(path), writer_name="html5", settings_overrides=settings)
+        parts = publish_parts(path.read_text(), source_path=str(path), writer="html5", settings_overrides=settings)
     except SystemMessage as error:
         raise ValueError(f"{path}: caption is not valid reStructuredText: {error}") from error
     return parts["body"]
@@ -101,7 +101,7 @@ def write_report(
     out: Path, figures: list[str], scale: str, launcher: str, results: Path = Path("results"), rerun_options: str = ""
 ) -> None:
     environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("ddlrepro", "templates"),
+        loader=jinja2.PackageLoader("ddlrepro.host", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
     )
     meta = {

@@ -83,8 +83,6 @@ def summarize(wide: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
-    from matplotlib.lines import Line2D
-
     from ddlrepro.host import plotting
 
     wide = events(table)
@@ -97,17 +95,15 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     for kind, style in (("grow", "--"), ("shrink", ":")):
         if kind in kungfu:
             latency.axhline(kungfu[kind], color="black", linestyle=style, label=f"KungFu {kind}: {kungfu[kind]:g} s")
-    if kungfu:
-        plotting.legend(latency)
+    plotting.legend(latency)
+    plotting.panel_title(timeline, "modes coloured as in (b)")
     plotting.note_disturbed(latency, summary, ["mode", "kind"])
     draw_phases(phases, summary)
-    handles = [Line2D([], [], color=colour, linewidth=6) for colour in colours.values()]
-    figure.legend(handles, list(colours), loc="outside right upper", title="mode", fontsize="small")
     return figure, summary
 
 
 def mode_colours(table: pd.DataFrame) -> dict[str, Any]:
-    """One colour per mode, the same in every panel (the figure's legend explains them once)."""
+    """One colour per mode, the same in the timeline and the latency bars (whose legend explains them)."""
     import seaborn as sns
 
     modes = sorted(table["mode"].unique())
@@ -115,18 +111,13 @@ def mode_colours(table: pd.DataFrame) -> dict[str, Any]:
 
 
 def draw_latency(axis, wide: pd.DataFrame, load: pd.DataFrame, colours: dict[str, Any]) -> None:
-    """Each resize event's latency per mode (log scale); the bars of disturbed modes hatched."""
-    import seaborn as sns
-
+    """Each kind of resize event's mean latency per mode (log scale); the bars of disturbed modes hatched."""
     from ddlrepro.host import plotting
 
-    order = event_order(wide)
-    sns.barplot(
-        wide, x="event", y="latency", hue="mode", ax=axis, errorbar=None, order=order, palette=colours, legend=False
-    )
-    disturbed = load.set_index("mode")["disturbed"]
-    for mode, bars in zip(colours, axis.containers, strict=True):
-        plotting.hatch_disturbed(bars, [bool(disturbed.get(mode, False))] * len(bars))
+    latencies = wide.groupby(["event", "mode"], as_index=False)["latency"].mean().merge(load, on="mode")
+    order = {event: index for index, event in enumerate(event_order(wide))}
+    latencies = latencies.sort_values("event", key=lambda events: events.map(order), kind="stable")
+    plotting.grouped_bars(axis, latencies, x="event", y="latency", hue="mode", colours=colours)
     axis.set_yscale("log")
     axis.set_xlabel("resize event (workers before → after)")
     axis.set_ylabel("resize latency (s)")
