@@ -193,6 +193,19 @@ def note_skipped(axis: plt.Axes, skipped: pd.DataFrame, by: list[str]) -> None:
     )
 
 
+def note_skipped_slot(axis: plt.Axes, position: float, reason: str) -> None:
+    """Write why a bar is missing up its empty slot, from the bottom of the panel whatever its y range."""
+    axis.annotate(
+        reason,
+        (position, 0.02),
+        xycoords=axis.get_xaxis_transform(),
+        ha="center",
+        va="bottom",
+        rotation=90,
+        color="firebrick",
+    )
+
+
 def run_host_load(table: pd.DataFrame) -> pd.DataFrame:
     """The tidy table with its host-load columns present (tables made before they existed: unknown, judged)."""
     defaults = {"foreign_share": float("nan"), "steal_share": float("nan"), "disturbed": False}

@@ -120,15 +120,7 @@ def large_panel(axis: Any, summary: pd.DataFrame) -> None:
     names = [*large.index, *skipped.index]
     plotting.hatch_disturbed(axis.bar(range(len(large)), large["ratio"], alpha=0.8), large["disturbed"])
     for position, reason in enumerate(skipped.values, start=len(large)):
-        axis.annotate(
-            reason,
-            (position, 0.02),
-            xycoords=axis.get_xaxis_transform(),
-            ha="center",
-            va="bottom",
-            rotation=90,
-            color="firebrick",
-        )
+        plotting.note_skipped_slot(axis, position, reason)
     axis.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize="small")
     axis.set_xlim(-0.5, len(names) - 0.5)
     axis.axhline(1.0, color="black", linewidth=0.8)

@@ -69,15 +69,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     plotting.note_disturbed(rates, summary, ["backend", "strategy"])
     for position, row in enumerate(summary.itertuples()):
         if row.status == "skipped":
-            rates.annotate(
-                row.reason,
-                (position, 0.02),
-                xycoords=rates.get_xaxis_transform(),
-                ha="center",
-                va="bottom",
-                rotation=90,
-                color="firebrick",
-            )
+            plotting.note_skipped_slot(rates, position, row.reason)
     drawn = plotting.drawn_references(references, "per_worker", "backend", scale)
     for series, rows in drawn.groupby("series"):
         positions = [i for i, backend in enumerate(summary["backend"]) if backend in set(rows["backend"])]
