@@ -5,6 +5,7 @@ rule plot:
     input:
         table="results/tables/{figure}.csv",
         references=config["references"],
+        runs=point_results,
         code=lambda wildcards: figure_source(wildcards.figure),
     output:
         png=report(
@@ -29,7 +30,7 @@ rule plot:
     shell:
         "python -m ddlrepro plot {wildcards.figure} --table {input.table} --png {output.png}"
         " --pdf {output.pdf} --summary {output.summary} --scale {params.scale}"
-        " --references {input.references} > {log} 2>&1"
+        " --references {input.references} --runs {input.runs} > {log} 2>&1"
 
 
 for figure_id in ENABLED:

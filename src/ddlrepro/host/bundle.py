@@ -450,7 +450,8 @@ def rederive_figure(
         run_dirs = unpack_runs(members, runs, folder / "runs")
         table, png, summary, checks = (folder / f"{figure}{end}" for end in (".csv", ".png", ".summary.csv", ".tsv"))
         tidy_table(run_dirs, settings["max_foreign_share"]).to_csv(table, index=False)
-        render_figure(figure, table, png, folder / f"{figure}.pdf", summary, scale, references)
+        outputs = (png, folder / f"{figure}.pdf", summary)
+        render_figure(figure, table, outputs, scale, references, [run / "result.json" for run in run_dirs])
         derived = check_figure(figure, pd.read_csv(summary), references, scale, settings["exclude"])
         derived.to_csv(checks, sep="\t", index=False)
     except (KeyError, ValueError, TypeError, OSError) as error:

@@ -84,9 +84,9 @@ def cmd_plot(args: argparse.Namespace) -> None:
     from ddlrepro.host.figures import render_figure
 
     references = load_references(Path(args.references)).get(args.figure, [])
-    render_figure(
-        args.figure, Path(args.table), Path(args.png), Path(args.pdf), Path(args.summary), args.scale, references
-    )
+    outputs = (Path(args.png), Path(args.pdf), Path(args.summary))
+    runs = [Path(path) for path in args.runs]
+    render_figure(args.figure, Path(args.table), outputs, args.scale, references, runs)
 
 
 def cmd_check(args: argparse.Namespace) -> None:
@@ -216,6 +216,9 @@ def parser() -> argparse.ArgumentParser:
     plot.add_argument("--summary", required=True)
     plot.add_argument("--scale", default="smoke", help="paper scale also draws the papers' absolute numbers")
     plot.add_argument("--references", required=True, help="references.yaml: what the figure draws in")
+    plot.add_argument(
+        "--runs", nargs="*", default=[], help="the runs' result.json files: the footer names the machine they ran on"
+    )
     plot.set_defaults(handler=cmd_plot)
 
     check = commands.add_parser("check", help="check a figure's summary table against the papers")

@@ -4,6 +4,7 @@ caption, summary table and checks, and where it was built."""
 from __future__ import annotations
 
 import base64
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ CAPTIONS = REPO_ROOT / "workflow" / "report"
 
 
 CHECK_COLUMNS = ["check", "status", "measured", "reference", "unit", "reason", "claim"]
+SIGNIFICANT_DIGITS = 4  # what the report shows; the CSV and TSV files keep full precision
+DECIMAL = re.compile(r"\d+\.\d+(?:[eE][-+]?\d+)?")
 
 
 def figure_entry(figure: str, results: Path, checks: pd.DataFrame) -> dict[str, Any]:
@@ -30,12 +33,46 @@ def figure_entry(figure: str, results: Path, checks: pd.DataFrame) -> dict[str, 
     return {
         "id": figure,
         "title": figure_module(figure).TITLE,
-        "caption": caption.read_text().strip() if caption.exists() else "",
+        "caption": caption_html(caption) if caption.exists() else "",
         "png": base64.b64encode((results / "figures" / f"{figure}.png").read_bytes()).decode(),
-        "summary": summary.to_html(index=False, float_format=lambda v: f"{v:.3g}", border=0),
-        "checks": own_checks[CHECK_COLUMNS].to_dict("records"),
+        "summary": summary.to_html(index=False, float_format=significant, border=0),
+        "checks": readable_checks(own_checks[CHECK_COLUMNS]).to_dict("records"),
         "runs": pd.read_csv(results / "tables" / f"{figure}.csv", usecols=["point_id"])["point_id"].nunique(),
     }
+
+
+def significant(number: float) -> str:
+    return f"{number:.{SIGNIFICANT_DIGITS}g}"
+
+
+def rounded_numbers(text: str) -> str:
+    """`text` with every decimal number in it (a measured value, `>= 0.8`, a range) rounded for reading."""
+    return DECIMAL.sub(lambda match: significant(float(match.group())), text)
+
+
+def readable_checks(checks: pd.DataFrame) -> pd.DataFrame:
+    """Checks with their measured and reference numbers rounded for reading."""
+    return checks.assign(**{column: checks[column].map(rounded_numbers) for column in ("measured", "reference")})
+
+
+def caption_html(path: Path) -> str:
+    """A caption's reStructuredText as an HTML fragment. Raw HTML and file inclusion are off, so a caption cannot
+    bring a script into the report; a caption docutils warns about is an error naming its file."""
+    from docutils.core import publish_parts
+    from docutils.utils import SystemMessage
+
+    settings = {
+        "raw_enabled": False,
+        "file_insertion_enabled": False,
+        "halt_level": 2,
+        "report_level": 5,
+        "_disable_config": True,
+    }
+    try:
+        parts = publish_parts(path.read_text(), source_path=str(path), writer="html5", settings_overrides=settings)
+    except SystemMessage as error:
+        raise ValueError(f"{path}: caption is not valid reStructuredText: {error}") from error
+    return parts["body"]
 
 
 def disturbed_runs(figures: list[str], results: Path, checks: pd.DataFrame) -> pd.DataFrame:
@@ -64,7 +101,7 @@ def write_report(
     out: Path, figures: list[str], scale: str, launcher: str, results: Path = Path("results"), rerun_options: str = ""
 ) -> None:
     environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("ddlrepro", "templates"),
+        loader=jinja2.PackageLoader("ddlrepro.host", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
     )
     meta = {
@@ -78,7 +115,7 @@ def write_report(
     html = environment.get_template("report.html.j2").render(
         meta=meta,
         counts=checks["status"].value_counts().to_dict(),
-        failed=checks[checks["status"] == "fail"].to_dict("records"),
+        failed=readable_checks(checks[checks["status"] == "fail"]).to_dict("records"),
         rerun=rerun_advice(disturbed_runs(figures, results, checks), results, rerun_options),
         figures=[figure_entry(figure, results, checks) for figure in figures],
         disabled=[figure for figure in FIGURES if figure not in figures],

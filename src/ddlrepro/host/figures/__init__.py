@@ -6,11 +6,16 @@ Figure modules are imported while Snakemake builds its DAG, so they import panda
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddlrepro.points import Point
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
 
 FIGURES = {
     "kungfu-fig7": "ddlrepro.host.figures.kungfu_fig7",
@@ -53,12 +58,38 @@ def figure_source(figure: str) -> list[str]:
     return [str(here / f"{FIGURES[figure].rsplit('.', 1)[1]}.py"), *helpers, str(here.parent / "plotting.py")]
 
 
+def draw_figure(
+    figure: str, table: pd.DataFrame, scale: str, references: list[dict[str, Any]], machine: str
+) -> tuple[Figure, pd.DataFrame]:
+    """A figure in the shared style (footer: scale and machine) and its summary table."""
+    from ddlrepro.host import plotting
+
+    drawing, summary = figure_module(figure).plot(table, scale, references)
+    plotting.finish(drawing, scale, machine)
+    return drawing, summary
+
+
+def runs_machine(results: list[Path]) -> str:
+    """The machine the runs behind `results` (their result.json files) ran on, from their provenance."""
+    from ddlrepro.host import plotting
+
+    provenances = [json.loads((result.parent / "provenance.json").read_text()) for result in results]
+    return plotting.machine_summary(provenances)
+
+
 def render_figure(
-    figure: str, table: Path, png: Path, pdf: Path, summary: Path, scale: str, references: list[dict[str, Any]]
+    figure: str,
+    table: Path,
+    outputs: tuple[Path, Path, Path],
+    scale: str,
+    references: list[dict[str, Any]],
+    runs: list[Path],
 ) -> None:
+    """Draw a figure from its tidy table and write its (png, pdf, summary CSV) `outputs`."""
     from ddlrepro.host import plotting
     from ddlrepro.host.tables import read_table
 
-    drawing, summary_table = figure_module(figure).plot(read_table(table), scale, references)
+    png, pdf, summary = outputs
+    drawing, summary_table = draw_figure(figure, read_table(table), scale, references, runs_machine(runs))
     plotting.save(drawing, str(png), str(pdf))
     summary_table.to_csv(summary, index=False)

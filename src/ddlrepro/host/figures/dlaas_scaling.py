@@ -28,21 +28,22 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     from ddlrepro.host import plotting
 
     summary = plotting.throughput_summary(table, by=["model", "batch_size"])
-    figure, (rate, efficiency) = plotting.new_figure(2, TITLE)
+    figure, (rate, efficiency) = plotting.new_figure(2, TITLE, panel_size=(6.0, 4.2))
 
     bars = rate.bar(summary["workers"], summary["total"], width=summary["workers"] * 0.35, label="measured", alpha=0.8)
     plotting.hatch_disturbed(bars, summary["disturbed"])
-    plotting.note_disturbed(efficiency, summary, ["workers"])
     rate.plot(summary["workers"], summary["ideal_total"], "k--", label="ideal (N × rate₁)")
     efficiency.plot(summary["workers"], summary["efficiency"], "o-", label="measured")
+    plotting.ring_disturbed(efficiency, summary["workers"], summary["efficiency"], summary["disturbed"])
+    plotting.note_disturbed(efficiency, summary, ["workers"])
     for axis, column in ((rate, "images_per_sec"), (efficiency, "efficiency")):
         drawn = plotting.drawn_references(references, column, "workers", scale)
         for series, rows in drawn.groupby("series", sort=True):
             axis.plot(rows["workers"], rows["value"], marker="s", linestyle=":", alpha=0.7, label=series)
         plotting.workers_axis(axis, [*summary["workers"], *drawn["workers"]])
-        axis.legend(fontsize="small")
-    rate.set_ylabel("images/s (all workers)")
-    efficiency.set_ylabel("scaling efficiency  rate_N / (N × rate_1)")
+        plotting.legend(axis)
+    rate.set_ylabel("throughput, all workers (images/s)")
+    efficiency.set_ylabel("scaling efficiency (fraction of N × rate₁)")
     efficiency.set_ylim(0, 1.1)
     columns = ["model", "batch_size", "workers", "total", "per_worker", "confidence", "efficiency"]
     columns += plotting.HOST_LOAD_COLUMNS

@@ -49,19 +49,19 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         packed = summary[summary["layout"] == "packed processes"].set_index("logical_workers")[measure]
         summary[ratio] = summary[measure] / summary["logical_workers"].map(packed)
 
-    figure, (memory, seconds) = plotting.new_figure(2, TITLE)
+    figure, (memory, seconds) = plotting.new_figure(2, TITLE, panel_size=(6.2, 4.2))
     for layout, rows in summary.groupby("layout", sort=True):
         (line,) = memory.plot(rows["logical_workers"], rows["total_pss_mib"], marker="o", label=f"{layout}, PSS")
         memory.plot(rows["logical_workers"], rows["total_rss_mib"], linestyle=":", color=line.get_color(), label="RSS")
         seconds.plot(rows["logical_workers"], rows["step_time_s"], marker="o", label=layout)
-    memory.set_ylabel("job's summed peak PSS (RSS dotted), MiB")
-    seconds.set_ylabel("median step time, s")
+    plotting.ring_disturbed(seconds, summary["logical_workers"], summary["step_time_s"], summary["disturbed"])
+    memory.set_ylabel("job's summed peak PSS, RSS dotted (MiB)")
+    seconds.set_ylabel("median step time (s)")
     plotting.note_disturbed(seconds, summary, ["layout", "logical_workers"])
     for axis in (memory, seconds):
-        plotting.workers_axis(axis, summary["logical_workers"])
-        axis.set_xlabel("logical workers N")
+        plotting.workers_axis(axis, summary["logical_workers"], label="number of logical workers N")
         axis.set_ylim(bottom=0)
-        axis.legend(fontsize="small")
+        plotting.legend(axis)
     return figure, summary.drop(columns="point_id")
 
 

@@ -38,12 +38,12 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     )
     summary["switch_percent"] = 100 * summary["switch_time_s"] / summary["step_time_s"]
     summary = plotting.with_host_load(summary, table, ["logical_workers"])
-    figure, (share,) = plotting.new_figure(1, TITLE)
+    figure, (share,) = plotting.new_figure(1, TITLE, panel_size=(6.5, 4.2))
     bars = share.bar(summary["logical_workers"].astype(str), summary["switch_percent"], alpha=0.8, label="measured")
     plotting.hatch_disturbed(bars, summary["disturbed"])
     plotting.note_disturbed(share, summary, ["logical_workers"])
     share.axhspan(0.5, 2.0, color="grey", alpha=0.2, label="EasyScale: 0.5–2 % per iteration")
-    share.set_xlabel("ESTs in the process")
-    share.set_ylabel("EST switching, % of the step time")
-    share.legend(fontsize="small")
+    share.set_xlabel("number of ESTs in the process")
+    share.set_ylabel("EST switching, share of step time (%)")
+    plotting.legend(share)
     return figure, summary

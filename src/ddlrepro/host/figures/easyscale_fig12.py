@@ -58,14 +58,17 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     summary = plotting.with_host_load(summary, table, ["mode"])
     summary = plotting.fold_load(summary, table, table["mode"] == "ddp")  # every ratio is ÷ plain DDP's
     figure, (seconds, ratio) = plotting.new_figure(2, TITLE)
-    seconds.bar(summary["mode"], summary["step_time_s"], alpha=0.8)
-    seconds.set_ylabel("median step time, s (slowest rank)")
+    own = plotting.with_host_load(summary.drop(columns=plotting.HOST_LOAD_COLUMNS), table, ["mode"])
+    plotting.hatch_disturbed(seconds.bar(summary["mode"], summary["step_time_s"], alpha=0.8), own["disturbed"])
+    seconds.set_xlabel("training mode")
+    seconds.set_ylabel("median step time, slowest rank (s)")
     bars = ratio.bar(summary["mode"], summary["normalised_to_ddp"], alpha=0.8, label="measured")
     plotting.hatch_disturbed(bars, summary["disturbed"])
     plotting.note_disturbed(ratio, summary, ["mode"])
     for series, rows in plotting.drawn_references(references, "normalised_to_ddp", "mode", scale).groupby("series"):
         ratio.plot(rows["mode"], rows["value"], label=series, **plotting.REFERENCE_STYLE)
     ratio.axhline(1.0, color="black", linewidth=0.8)
-    ratio.set_ylabel("step time ÷ plain DDP")
-    ratio.legend(fontsize="small")
+    ratio.set_xlabel("training mode")
+    ratio.set_ylabel("step time ÷ plain DDP's (ratio)")
+    plotting.legend(ratio)
     return figure, summary

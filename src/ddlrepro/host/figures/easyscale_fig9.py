@@ -86,8 +86,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     from ddlrepro.host import plotting
 
     differences = loss_differences(table).sort_values("step")
-    figure, (axis,) = plotting.new_figure(1, TITLE)
-    figure.set_size_inches(10, 4.5)
+    figure, (axis,) = plotting.new_figure(1, TITLE, panel_size=(10, 4.5))
     elastic = differences[differences["run"] == "elastic"]
     for stage, rows in elastic.groupby("stage", sort=True):
         axis.axvspan(
@@ -104,9 +103,10 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     for series, rows in differences.groupby("series", sort=True):
         axis.plot(rows["step"], rows["difference"], marker=".", label=series)
     axis.set_xlabel("mini-batch")
-    axis.set_ylabel("loss − baseline loss")
+    axis.xaxis.get_major_locator().set_params(integer=True)
+    axis.set_ylabel("loss − baseline loss (nats)")
     axis.set_yscale("symlog", linthresh=1e-7)
-    axis.legend()
+    plotting.legend(axis)
     summary = (
         differences.assign(stage=differences["stage"].fillna(-1).astype(int), exact=differences["difference"] == 0)
         .sort_values("step")

@@ -87,16 +87,17 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
 
     summary = summarize(table)
     measured = summary[summary["status"] == "ok"].assign(variant=lambda s: s["backend"] + "/" + s["strategy"])
-    figure, (busbw, times, large) = plotting.new_figure(3, TITLE)
-    figure.set_size_inches(17, 5.2)
+    figure, (busbw, times, large) = plotting.new_figure(3, TITLE, panel_size=(5.6, 4.8))
     for variant, rows in measured.groupby("variant", sort=True):
         busbw.plot(rows["size_bytes"], rows["busbw_GBps"], marker=".", label=variant)
         times.plot(rows["size_bytes"], rows["time_s"] * 1e6, marker=".", label=variant)
+    plotting.ring_disturbed(busbw, measured["size_bytes"], measured["busbw_GBps"], measured["disturbed"])
+    plotting.ring_disturbed(times, measured["size_bytes"], measured["time_s"] * 1e6, measured["disturbed"])
     for axis in (busbw, times):
         axis.set_xscale("log", base=2)
-        axis.set_xlabel("bytes per rank (float32)")
-        axis.legend(fontsize="small")
-    busbw.set_ylabel("busbw (GB/s) = algbw × 2(n−1)/n")
+        axis.set_xlabel("message size per rank, float32 (bytes)")
+        plotting.legend(axis)
+    busbw.set_ylabel("bus bandwidth, algbw × 2(n−1)/n (GB/s)")
     times.set_yscale("log")
     times.set_ylabel("time per all-reduce (µs)")
     busbw.set_yscale("log")
@@ -108,13 +109,21 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
 def large_panel(axis: Any, summary: pd.DataFrame) -> None:
     """Mean busbw ÷ gloo RING's at ≥ 16 MiB per backend/strategy; skipped ones as a labelled empty slot."""
     variants = summary.assign(variant=summary["backend"] + "/" + summary["strategy"])
-    ratios = variants[variants["large"]].groupby("variant")["large_vs_gloo_ring"].first()
+    from ddlrepro.host import plotting
+
+    large = (
+        variants[variants["large"]]
+        .groupby("variant")
+        .agg(ratio=("large_vs_gloo_ring", "first"), disturbed=("disturbed", "any"))
+    )
     skipped = variants[variants["status"] == "skipped"].set_index("variant")["reason"]
-    names = [*ratios.index, *skipped.index]
-    axis.bar(range(len(ratios)), ratios.values, alpha=0.8)
-    for position, reason in enumerate(skipped.values, start=len(ratios)):
-        axis.annotate(reason, (position, 0.02), ha="center", va="bottom", rotation=90, color="firebrick")
+    names = [*large.index, *skipped.index]
+    plotting.hatch_disturbed(axis.bar(range(len(large)), large["ratio"], alpha=0.8), large["disturbed"])
+    for position, reason in enumerate(skipped.values, start=len(large)):
+        plotting.note_skipped_slot(axis, position, reason)
     axis.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize="small")
+    axis.set_xlim(-0.5, len(names) - 0.5)
     axis.axhline(1.0, color="black", linewidth=0.8)
-    axis.set_title(f"≥ {LARGE_BYTES // 2**20} MiB: busbw ÷ gloo all_reduce")
-    axis.set_ylabel("bus bandwidth ÷ gloo RING's")
+    plotting.panel_title(axis, f"≥ {LARGE_BYTES // 2**20} MiB")
+    axis.set_xlabel("backend/strategy")
+    axis.set_ylabel("bus bandwidth ÷ gloo RING's (ratio)")

@@ -60,8 +60,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     from ddlrepro.host import plotting
 
     summary = summarize(table)
-    figure, (rates,) = plotting.new_figure(1, TITLE)
-    figure.set_size_inches(7.5, 5.2)
+    figure, (rates,) = plotting.new_figure(1, TITLE, panel_size=(7.5, 5.2))
     labels = summary["backend"] + "/" + summary["strategy"]
     heights = summary["per_worker"].astype(float).fillna(0.0)
     errors = summary["confidence"].astype(float).fillna(0.0)
@@ -70,14 +69,16 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     plotting.note_disturbed(rates, summary, ["backend", "strategy"])
     for position, row in enumerate(summary.itertuples()):
         if row.status == "skipped":
-            rates.annotate(row.reason, (position, 0), ha="center", va="bottom", rotation=90, color="firebrick")
+            plotting.note_skipped_slot(rates, position, row.reason)
     drawn = plotting.drawn_references(references, "per_worker", "backend", scale)
     for series, rows in drawn.groupby("series"):
         positions = [i for i, backend in enumerate(summary["backend"]) if backend in set(rows["backend"])]
         rates.plot(positions, [rows["value"].iloc[0]] * len(positions), label=series, **plotting.REFERENCE_STYLE)
     rates.set_xticks(range(len(summary)), labels, rotation=20)
-    rates.set_ylabel("images/s per worker (mean ± 1.96·std)")
-    rates.set_title(f"{int(summary['workers'].max())} workers")
+    rates.set_xlim(-0.5, len(summary) - 0.5)
+    rates.set_xlabel("backend/strategy")
+    rates.set_ylabel("throughput per worker (images/s)")
+    plotting.panel_title(rates, f"{int(summary['workers'].max())} workers")
     if not drawn.empty:
-        rates.legend(fontsize="small")
+        plotting.legend(rates)
     return figure, summary

@@ -83,25 +83,44 @@ def summarize(wide: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
-    import seaborn as sns
-
     from ddlrepro.host import plotting
 
     wide = events(table)
     summary = with_speedup_load(plotting.with_host_load(summarize(wide), table, ["mode"]), table)
-    figure, (timeline, latency, phases) = plotting.new_figure(3, TITLE)
-    draw_timeline(timeline, table)
-    sns.barplot(wide, x="event", y="latency", hue="mode", ax=latency, errorbar=None, order=event_order(wide))
-    latency.set_yscale("log")
-    latency.set_ylabel("resize latency, s (to first step at the new size)")
+    figure, (timeline, latency, phases) = plotting.new_figure(3, TITLE, panel_size=(5.6, 4.6))
+    colours = mode_colours(table)
+    draw_timeline(timeline, table, colours)
+    draw_latency(latency, wide, plotting.with_host_load(summary[["mode"]].drop_duplicates(), table, ["mode"]), colours)
     kungfu = kungfu_latencies(references)
     for kind, style in (("grow", "--"), ("shrink", ":")):
         if kind in kungfu:
             latency.axhline(kungfu[kind], color="black", linestyle=style, label=f"KungFu {kind}: {kungfu[kind]:g} s")
-    latency.legend(fontsize="small")
+    plotting.legend(latency)
+    plotting.panel_title(timeline, "modes coloured as in (b)")
     plotting.note_disturbed(latency, summary, ["mode", "kind"])
     draw_phases(phases, summary)
     return figure, summary
+
+
+def mode_colours(table: pd.DataFrame) -> dict[str, Any]:
+    """One colour per mode, the same in the timeline and the latency bars (whose legend explains them)."""
+    import seaborn as sns
+
+    modes = sorted(table["mode"].unique())
+    return dict(zip(modes, sns.color_palette(n_colors=len(modes)), strict=True))
+
+
+def draw_latency(axis, wide: pd.DataFrame, load: pd.DataFrame, colours: dict[str, Any]) -> None:
+    """Each kind of resize event's mean latency per mode (log scale); the bars of disturbed modes hatched."""
+    from ddlrepro.host import plotting
+
+    latencies = wide.groupby(["event", "mode"], as_index=False)["latency"].mean().merge(load, on="mode")
+    order = {event: index for index, event in enumerate(event_order(wide))}
+    latencies = latencies.sort_values("event", key=lambda events: events.map(order), kind="stable")
+    plotting.grouped_bars(axis, latencies, x="event", y="latency", hue="mode", colours=colours)
+    axis.set_yscale("log")
+    axis.set_xlabel("resize event (workers before → after)")
+    axis.set_ylabel("resize latency (s)")
 
 
 def with_speedup_load(summary: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
@@ -137,35 +156,43 @@ def event_order(wide: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(wide.sort_values("step")["event"]))
 
 
-def draw_timeline(axis, table: pd.DataFrame) -> None:
+def draw_timeline(axis, table: pd.DataFrame, colours: dict[str, Any]) -> None:
     steps = table[table["metric"].isin(["img_per_sec", "cluster_size"])]
     wide = steps.pivot_table(index=["mode", "step"], columns="metric", values="value").reset_index()
     for mode, rows in wide.groupby("mode"):
-        axis.plot(rows["step"], rows["img_per_sec"].rolling(3, min_periods=1).median(), label=mode)
-    axis.set_xlabel("step")
-    axis.set_ylabel("cluster images/s (rolling median of 3 steps)")
+        axis.plot(rows["step"], rows["img_per_sec"].rolling(3, min_periods=1).median(), color=colours[mode])
+    axis.set_xlabel("training step")
+    axis.set_ylabel("cluster throughput (images/s)")
     axis.set_ylim(bottom=0)
-    axis.legend(fontsize="small", loc="upper left")
     size = axis.twinx()
     first = wide[wide["mode"] == wide["mode"].iloc[0]]
     size.step(first["step"], first["cluster_size"], where="post", color="grey", linestyle="--")
-    size.set_ylabel("cluster size (dashed)")
+    size.set_ylabel("cluster size, dashed (workers)")
     size.set_ylim(0, first["cluster_size"].max() + 1)
+    size.yaxis.get_major_locator().set_params(integer=True)
     size.grid(False)
 
 
 def draw_phases(axis, summary: pd.DataFrame) -> None:
-    """Each phase's share of the median latency, per mode and kind of event; the latency written on top."""
+    """Each phase's share of the median latency, per mode and kind of event, as horizontal stacked bars; the
+    latency written beside each bar."""
+    import seaborn as sns
+
+    from ddlrepro.host import plotting
+
     phases = [column for column in PHASE_ORDER if column in summary.columns]
-    labels = summary["mode"] + "\n" + summary["kind"]
+    labels = summary["mode"] + " " + summary["kind"]
     shares = summary[phases].fillna(0.0).div(summary[phases].fillna(0.0).sum(axis=1), axis=0) * 100
-    bottom = 0.0
-    for phase in phases:
-        axis.bar(labels, shares[phase], bottom=bottom, label=phase)
-        bottom = bottom + shares[phase]
-    for x, latency in enumerate(summary["latency_s"]):
-        axis.annotate(f"{latency:.3g} s", (x, 101), ha="center", fontsize="x-small")
-    axis.set_ylim(0, 110)
-    axis.set_ylabel("share of the median latency, %")
-    axis.tick_params(axis="x", labelsize="x-small")
-    axis.legend(fontsize="x-small", loc="lower right")
+    left = 0.0
+    # A sequential colour-blind-safe map: phases in order, never confused with the modes' colours.
+    for phase, colour in zip(phases, sns.color_palette("cividis", len(phases)), strict=True):
+        axis.barh(labels, shares[phase], left=left, label=phase, color=colour)
+        left = left + shares[phase]
+    for y, latency in enumerate(summary["latency_s"]):
+        axis.annotate(f"{latency:.3g} s", (101, y), va="center", fontsize="x-small")
+    axis.set_xlim(0, 125)
+    axis.set_xticks(range(0, 101, 25))
+    axis.invert_yaxis()
+    axis.set_xlabel("share of the median latency (%)")
+    axis.tick_params(axis="y", labelsize="x-small")
+    plotting.legend(axis, title="phase")

@@ -21,6 +21,8 @@ ID = "kungfu-fig8"
 TITLE = "KungFu Fig 8: throughput cost of online monitoring"
 
 MONITORED_METRICS = {"noise-scale": "noise_scale", "variance": "gradient_variance"}
+# The gradient noise scale B_simple = tr(Σ)/|G|² is a batch size; the variance is of the gradient's elements.
+MONITORED_UNITS = {"noise_scale": "samples", "gradient_variance": "Σ‖Var g‖, grad²"}
 
 
 def parse_setting(setting: str) -> dict[str, Any]:
@@ -67,7 +69,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     paper_ratios = plotting.drawn_references(references, "measured_ratio", "setting", scale)
     summary["paper_ratio"] = summary["setting"].map(paper_ratios.set_index("setting")["value"])
 
-    figure, (rates, noise, variance) = plotting.new_figure(3, TITLE)
+    figure, (rates, noise, variance) = plotting.new_figure(3, TITLE, panel_size=(5.0, 4.4))
     positions = range(len(summary))
     bars = rates.bar(
         positions, summary["per_worker"], yerr=summary["confidence"], capsize=4, alpha=0.8, label="measured"
@@ -92,21 +94,23 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
             label="paper ratio × none",
             **plotting.REFERENCE_STYLE,
         )
-    rates.set_xticks(list(positions), summary["setting"], rotation=20)
-    rates.set_ylabel("images/s per worker (mean ± 1.96·std)")
-    rates.legend(fontsize="small", loc="lower left")
+    rates.set_xticks(list(positions), summary["setting"].str.replace("@", "\n@"))
+    rates.set_xlabel("monitor (@k: on every k-th step)")
+    rates.set_ylabel("throughput per worker (images/s)")
+    rates.margins(y=0.15)  # room above the bars for the overheads
+    plotting.legend(rates)
 
     for axis, (monitor, metric) in zip((noise, variance), MONITORED_METRICS.items(), strict=True):
         values = table[(table["metric"] == metric) & (table["rank"] == 0)]
         for setting, rows in values.groupby("setting", sort=True):
             axis.plot(rows["step"], rows["value"], marker=".", label=setting)
-        axis.set_title(metric.replace("_", " "))
-        axis.set_yscale("symlog" if metric == "noise_scale" else "linear")
+        plotting.panel_title(axis, metric.replace("_", " "))
         axis.set_xlabel("training step")
+        axis.set_ylabel(f"{metric.replace('_', ' ')} (rank 0, {MONITORED_UNITS[metric]})")
         if values.empty:
             axis.text(0.5, 0.5, f"no {monitor} point configured", ha="center", transform=axis.transAxes)
         else:
-            axis.legend(fontsize="small")
+            plotting.legend(axis)
     columns = ["setting", "workers", "per_worker", "confidence", "overhead_percent", "measured_ratio", "paper_ratio"]
     columns += plotting.HOST_LOAD_COLUMNS
     return figure, summary[columns]

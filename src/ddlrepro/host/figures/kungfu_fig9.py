@@ -91,12 +91,12 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         plotting.errorbar_lines(axis, rows, "per_worker", "confidence", hue="variant")
         for series, rows_drawn in drawn.groupby("series"):
             axis.plot(rows_drawn["workers"], rows_drawn["value"], label=series, **plotting.REFERENCE_STYLE)
-        axis.set_title(model)
-        axis.set_ylabel("images/s per worker (mean ± 1.96·std)")
+        plotting.panel_title(axis, model)
+        axis.set_ylabel("throughput per worker (images/s)")
         axis.set_ylim(bottom=0)
         plotting.workers_axis(axis, rows["workers"])
-        axis.legend(fontsize="small", title="framework/strategy")
-        plotting.note_disturbed(axis, rows, ["variant", "workers"])
+        plotting.legend(axis, title="framework/strategy")
+        plotting.note_disturbed(axis, rows, ["model", "variant", "workers"])
     ratio_panel(axes[-1], summary)
     return figure, summary
 
@@ -106,12 +106,15 @@ def ratio_panel(axis: Any, summary: pd.DataFrame) -> None:
     largest = summary[summary["workers"] == summary["workers"].max()].dropna(subset=["vs_horovod"])
     if largest.empty:
         axis.text(0.5, 0.5, "no Horovod point configured", ha="center", transform=axis.transAxes)
+        axis.set_xticks([])
+        axis.set_yticks([])
         return
-    import seaborn as sns
+    from ddlrepro.host import plotting
 
-    sns.barplot(largest, x="variant", y="vs_horovod", hue="model", ax=axis)
+    plotting.grouped_bars(axis, largest, x="variant", y="vs_horovod", hue="model")
     axis.axhline(1.0, color="black", linewidth=0.8)
-    axis.set_title(f"{int(summary['workers'].max())} workers: ÷ Horovod (the paper's baseline)")
-    axis.set_ylabel("per-worker img/s ÷ Horovod's")
-    axis.set_xlabel("")
+    plotting.panel_title(axis, f"{int(summary['workers'].max())} workers")
+    axis.set_ylabel("throughput per worker ÷ Horovod's (ratio)")
+    axis.set_xlabel("framework/strategy")
     axis.tick_params(axis="x", rotation=30)
+    plotting.legend(axis, title="model")
