@@ -43,7 +43,7 @@ def verdicts(document: dict[str, Any], targets: list[dict[str, Any]]) -> dict[st
         verdict = check["status"] if check["status"] == "pass" else f"**{check['status']}**"
         if check["status"] == "inconclusive":
             verdict += f": {check['reason']}"
-        found.setdefault(figure, []).append((check["reference"] or "", verdict))
+        found.setdefault(figure, []).append((f"{check['reference'] or ''} {check['unit']}".strip(), verdict))
     return found
 
 
