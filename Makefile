@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make reproduce   create the environment if missing, build every enabled figure at smoke scale + the report
 #   make test        create the environment if missing, run the tests
+#   make benchmarks  every benchmark: results/benchmarks/*.json, results/benchmarks.tsv, README's performance table
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -56,6 +57,8 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/allreduce_strategies.py
 	$(BIN)/python benchmarks/framework_fidelity.py $(if $(HOROVOD_SCRIPT),--horovod-script $(HOROVOD_SCRIPT))
 	$(BIN)/python benchmarks/elastic_resize.py
+	$(BIN)/python benchmarks/report.py
+	$(BIN)/python benchmarks/readme_table.py
 
 clean:
 	rm -rf results .snakemake

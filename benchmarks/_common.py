@@ -1,45 +1,161 @@
-"""Shared by the benchmarks: how busy the host was with other work while a figure was measured, and the verdict.
+"""Shared by the benchmarks: every figure a benchmark measures, the host load it was measured under, its targets.
 
-Every figure is printed with the foreign and steal load the host saw over its measured section
-(`ddlrepro.host.hostload`). Above `DISTURBED_SHARE` of the host's CPU capacity (foreign + steal) a figure with a target
-is marked `disturbed` instead of `met` or `missed`: on a busy machine a timing says nothing about the code.
-Memory is judged whatever the load (other programs do not change it), with the load still printed.
+A benchmark adds each figure to a `BenchmarkRecord` (id, what, value, unit and the host load of its measured
+section, `ddlrepro.host.hostload`). When the script finishes, the record checks the benchmark's targets
+(`benchmarks/targets.yaml`, in the papers' references format) with the checks of the workflow, over a summary table
+of one row per figure, prints the verdicts and writes `results/benchmarks/<script stem>.json` atomically: a script
+that fails writes nothing. Above `DISTURBED_SHARE` of the host's CPU capacity (foreign + steal), a figure is
+`disturbed`, and so is a target with `timing: true` on it: on a busy machine a timing says nothing about the code.
+Memory targets (no `timing`) are judged whatever the load.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import pandas as pd
+
+from ddlrepro.host.checks import BENCHMARK_TARGETS_SCHEMA, COLUMNS, evaluate, load_references, selectors
 from ddlrepro.host.config import schema_default
 from ddlrepro.host.hostload import HostLoad
+from ddlrepro.host.provenance import git_state, host_inventory
+from ddlrepro.host.rundir import write_json_atomic
 
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "results" / "benchmarks"
+TARGETS = Path(__file__).with_name("targets.yaml")
 DISTURBED_SHARE = schema_default("checks", "max_foreign_share")  # the workflow's threshold
+SCALE = "benchmark"  # a benchmark is never at paper scale: a `scale: paper` target is skipped
 
 
-def disturbed(load: HostLoad) -> bool:
-    """Whether foreign plus steal CPU exceeded the workflow's threshold while the figure was measured."""
-    return load.foreign_share + load.steal_share > DISTURBED_SHARE
+def load_targets(path: Path = TARGETS) -> dict[str, list[dict[str, Any]]]:
+    """Every benchmark's targets, validated against their schema."""
+    return load_references(path, BENCHMARK_TARGETS_SCHEMA)
 
 
-def verdict(met: bool | None, load: HostLoad, timed: bool = True) -> str:
-    """`disturbed` for a timing taken on a busy host, else `met` or `missed`, or `inconclusive` (`met` None: the
-    figure's noise exceeds its margin to the target). `timed=False`: a figure, such as memory, that other
-    programs' CPU use does not change."""
-    if timed and disturbed(load):
-        return "disturbed"
-    if met is None:
-        return "inconclusive"
-    return "met" if met else "missed"
+def target_threshold(benchmark: str, target_id: str) -> float:
+    """The constant a benchmark's target compares with (e.g. harness fidelity's, which decides when to stop)."""
+    (target,) = (entry for entry in load_targets()[benchmark] if entry["id"] == target_id)
+    return float(target["against"])
 
 
-def load_note(load: HostLoad) -> str:
-    """The host load written beside a printed figure, in % of the host's CPU capacity."""
-    return f"foreign load {100 * load.foreign_share:.1f} % (steal {100 * load.steal_share:.1f} %)"
+def host_load(load: HostLoad) -> dict[str, Any]:
+    """A figure's host-load fields: foreign and steal shares of the host's CPU, and whether together too high."""
+    disturbed = load.foreign_share + load.steal_share > DISTURBED_SHARE
+    return {"foreign_share": load.foreign_share, "steal_share": load.steal_share, "disturbed": disturbed}
 
 
-def judged(figure: str, met: bool | None, target: str, load: HostLoad, timed: bool = True) -> str:
-    """One figure against its target, e.g. `... 0.951  (target >= 0.9): met  [foreign load 2.0 % (steal 0.0 %)]`."""
-    return f"{figure}  (target {target}): {verdict(met, load, timed)}  [{load_note(load)}]"
+def load_note(figure: dict[str, Any]) -> str:
+    """The host load written beside a figure, in % of the host's CPU capacity."""
+    return f"foreign load {100 * figure['foreign_share']:.1f} % (steal {100 * figure['steal_share']:.1f} %)"
 
 
-def noted(figure: str, load: HostLoad) -> str:
-    """A figure without a target, with the load it was measured under."""
-    return f"{figure}  [{load_note(load)}]"
+def meaningful(value: float, noise: float | None = None) -> str:
+    """A value to its meaningful digits: to two significant digits of its noise where known, else three."""
+    if value is None or not math.isfinite(value):
+        return str(value)
+    if noise is not None and math.isfinite(noise) and noise > 0:
+        decimals = max(0, 1 - math.floor(math.log10(noise)))
+        return f"{value:.{decimals}f} ± {noise:.{decimals}f}"
+    decimals = max(0, 2 - math.floor(math.log10(abs(value)))) if value else 0
+    text = f"{value:.{decimals}f}"
+    return f"{text} ± {noise}" if noise is not None else text
+
+
+def figure_ids(target: dict[str, Any]) -> set[str]:
+    """The figures a target selects by id (measured, against, noise)."""
+    chosen = [*selectors(target), *([target["noise"]] if "noise" in target else [])]
+    return {selector["where"]["id"] for selector in chosen if "id" in selector.get("where", {})}
+
+
+def check_benchmark(name: str, figures: list[dict[str, Any]], targets: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per target, in checks.tsv's columns: evaluated over the figures' summary table, or skipped when
+    the run did not measure a figure it names (a benchmark's options may leave one out)."""
+    summary = pd.DataFrame(figures)
+    measured = set(summary["id"]) if "id" in summary else set()
+    rows = []
+    for target in targets:
+        missing = sorted(figure_ids(target) - measured)
+        if missing:
+            row = evaluate(target, summary, SCALE, name, excluded=True) | {"reason": f"{missing} not measured"}
+        else:
+            row = evaluate(target, summary, SCALE, name)
+        rows.append({"figure": name, **row})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def verdict_line(check: dict[str, Any], noise: float | None = None) -> str:
+    """One target's verdict, e.g. `fidelity 1.025 ± 0.064 (target >= 0.98): inconclusive: noise ...`."""
+    measured = "not measured" if check["measured"] is None else meaningful(check["measured"], noise)
+    reference = f" (target {check['reference']})" if check["reference"] else ""
+    reason = f": {check['reason']}" if check["reason"] else ""
+    return f"{check['check']} {measured}{reference}: {check['status']}{reason}"
+
+
+def command_line(document: dict[str, Any]) -> str:
+    """How a benchmark was run, as a reader would type it."""
+    return " ".join(["python", f"benchmarks/{document['benchmark']}.py", *document["argv"][1:]])
+
+
+class BenchmarkRecord:
+    """A benchmark's figures; leaving its `with` block without an error checks the targets, prints the verdicts and
+    writes `<folder>/<script stem>.json`. An error leaves the previous file as it was."""
+
+    def __init__(self, script: str, options: argparse.Namespace, folder: Path = RESULTS) -> None:
+        self.name = Path(script).stem
+        self.folder = folder
+        self.options = {key: str(value) if isinstance(value, Path) else value for key, value in vars(options).items()}
+        self.started = utc_now()
+        self.figures: list[dict[str, Any]] = []
+
+    def add(self, figure_id: str, what: str, value: float, unit: str, load: HostLoad, **extra: Any) -> None:
+        """One measured figure (`extra`: scalars the targets may select, e.g. `noise`); printed at once."""
+        figure = {"id": figure_id, "what": what, "value": float(value), "unit": unit, **host_load(load), **extra}
+        self.figures.append(figure)
+        measured = f"{meaningful(figure['value'], extra.get('noise'))} {unit}".rstrip()
+        print(f"{what}: {measured}  [{load_note(figure)}]")
+
+    def __enter__(self) -> BenchmarkRecord:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None):
+        if kind is None:
+            self.finish()
+
+    def finish(self) -> Path:
+        targets = load_targets().get(self.name, [])
+        checks = check_benchmark(self.name, self.figures, targets)
+        noise = {figure["id"]: figure.get("noise") for figure in self.figures}
+        for check, target in zip(checks.to_dict("records"), targets, strict=True):
+            print(verdict_line(check, noise.get(target["measured"].get("where", {}).get("id"))))
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{self.name}.json"
+        write_json_atomic(path, self.document(targets))
+        print(f"{path}: {len(self.figures)} figures, {len(targets)} targets")
+        return path
+
+    def document(self, targets: list[dict[str, Any]]) -> dict[str, Any]:
+        """What the JSON file holds: the figures, the targets in force, the run's machine, code, time and command."""
+        return {
+            "benchmark": self.name,
+            "argv": sys.argv,
+            "python": sys.executable,
+            "options": self.options,
+            "started": self.started,
+            "date": utc_now(),
+            "git": git_state(REPO),
+            "host": host_inventory(),
+            "max_foreign_share": DISTURBED_SHARE,
+            "figures": self.figures,
+            "targets": targets,
+        }
+
+
+def utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -2,9 +2,9 @@
 
 One process group; every round times raw `torch.distributed.all_reduce` and then each strategy (strategies.py)
 on the same tensor, one after another, so machine noise hits all alike; the median over rounds is reported.
-busbw = algbw × 2(n−1)/n (nccl-tests). Every strategy is reported against raw all_reduce. The target holds the
-best *point-to-point* strategy (STAR, BINARY_TREE, BINARY_TREE_STAR, CLIQUE) to ≥ 0.9 × raw all_reduce: RING is
-gloo's all_reduce itself, so it is listed as a check of the method, not as a candidate. 4 ranks, because at 2
+busbw = algbw × 2(n−1)/n (nccl-tests). Every strategy is reported against raw all_reduce. The target (targets.yaml)
+holds the best *point-to-point* strategy (STAR, BINARY_TREE, BINARY_TREE_STAR, CLIQUE) to ≥ 0.9 × raw all_reduce:
+RING is gloo's all_reduce itself, so it is listed as a check of the method, not as a candidate. 4 ranks, because at 2
 STAR, BINARY_TREE and BINARY_TREE_STAR send the same messages.
 
     python benchmarks/allreduce_strategies.py [--rounds 7] [--ops 3] [--world 4]
@@ -20,13 +20,12 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _common import judged
+from _common import BenchmarkRecord
 
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers.local import free_loopback_port
 from ddlrepro.rank.strategies import STRATEGIES, Reducer, reducer
 
-TARGET = 0.9
 SIZES_MIB = [16, 32, 64]
 SAME_AS_RAW = "RING"
 
@@ -68,18 +67,21 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=3)
     parser.add_argument("--world", type=int, default=4, help="gloo processes (at 2, STAR and the trees coincide)")
     args = parser.parse_args()
-    with ForeignLoadMeter() as meter, mp.Manager() as manager:
-        out = manager.dict()
-        port = free_loopback_port()
-        mp.spawn(measure, args=(args.world, port, args.rounds, args.ops, out), nprocs=args.world, join=True)
-        medians = dict(out)
-    print(f"{args.world} gloo processes, median of {args.rounds} interleaved rounds of {args.ops} all-reduces")
-    mean_ratio = report_sizes(medians, args.world)
-    best_p2p = max((name for name in mean_ratio if name != SAME_AS_RAW), key=mean_ratio.get)
-    for name, ratio in mean_ratio.items():
-        print(f"{name:17s} 16–64 MiB mean busbw ÷ raw all_reduce: {ratio:.3f}")
-    figure = f"best point-to-point strategy: {best_p2p} {mean_ratio[best_p2p]:.3f} × raw all_reduce"
-    print(judged(figure, mean_ratio[best_p2p] >= TARGET, f">= {TARGET}", meter.load))
+    with BenchmarkRecord(__file__, args) as record:
+        with ForeignLoadMeter() as meter, mp.Manager() as manager:
+            out = manager.dict()
+            port = free_loopback_port()
+            mp.spawn(measure, args=(args.world, port, args.rounds, args.ops, out), nprocs=args.world, join=True)
+            medians = dict(out)
+        print(f"{args.world} gloo processes, median of {args.rounds} interleaved rounds of {args.ops} all-reduces")
+        mean_ratio = report_sizes(medians, args.world)
+        for name, ratio in mean_ratio.items():
+            record.add(
+                f"{name.lower()}-busbw-ratio", f"{name}: 16–64 MiB mean busbw ÷ raw all_reduce's", ratio, "", meter.load
+            )
+        best_p2p = max((name for name in mean_ratio if name != SAME_AS_RAW), key=mean_ratio.get)
+        what = f"best point-to-point strategy ({best_p2p}): busbw ÷ raw all_reduce's"
+        record.add("best-p2p-busbw-ratio", what, mean_ratio[best_p2p], "", meter.load, strategy=best_p2p)
 
 
 def report_sizes(medians: dict[tuple[str, int], float], world: int) -> dict[str, float]:

@@ -15,7 +15,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _common import judged, noted
+from _common import BenchmarkRecord
 
 from ddlrepro.host.config import REPO_ROOT, load_config
 from ddlrepro.host.figures import easyscale_fig10, easyscale_fig12
@@ -23,9 +23,6 @@ from ddlrepro.host.figures.step_timing import peak_memory
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
-
-STEP_TARGET = 1.10
-MEMORY_TARGET = 0.35
 
 
 def measure(points: list, workdir: Path):
@@ -42,27 +39,29 @@ def main() -> None:
     config = load_config(REPO_ROOT / "config" / "config.yaml")
     launcher = config["launcher"]
     timing = {**config["figures"]["easyscale-fig12"], "steps": args.steps, "warmup_steps": 3}
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, BenchmarkRecord(__file__, args) as record:
         with ForeignLoadMeter() as step_meter:
             ratios = step_time_ratios(timing, launcher, args.rounds, Path(scratch))
         memory_section = {**config["figures"]["easyscale-fig10"], "logical_worker_counts": [4], "steps": 6}
         points = sorted(easyscale_fig10.points(memory_section, launcher), key=lambda point: -point.workers)
         with ForeignLoadMeter() as memory_meter:
             memory = peak_memory(measure(points, Path(scratch) / "memory")).set_index("point_id")
-    logical, processes = timing["logical_workers"], timing["workers"]
-    print(f"{timing['model']}, {logical} ESTs of batch {timing['batch_size']} on {processes} processes vs plain DDP")
-    d1, d0 = (statistics.median(ratios[mode]) for mode in ("D1", "D0"))
-    figure = f"D1 step time / plain DDP (median of {args.rounds} rounds): {d1:.3f}"
-    print(judged(figure, d1 <= STEP_TARGET, f"<= {STEP_TARGET}", step_meter.load))
-    print(noted(f"D0 step time / plain DDP (median of {args.rounds} rounds): {d0:.3f}", step_meter.load))
-    packed, ests = (memory.loc[point.id] for point in points)
-    rss = ests["total_rss_mib"] / packed["total_rss_mib"]
-    pss = ests["total_pss_mib"] / packed["total_pss_mib"]
-    figure = (
-        f"memory, 4 ESTs in 1 process / 4 packed: PSS {ests['total_pss_mib']:.0f} / {packed['total_pss_mib']:.0f} MiB"
-        f" = {pss:.3f} (RSS {ests['total_rss_mib']:.0f} / {packed['total_rss_mib']:.0f} MiB = {rss:.3f})"
-    )
-    print(judged(figure, pss <= MEMORY_TARGET, f"<= {MEMORY_TARGET}, PSS", memory_meter.load, timed=False))
+        logical, processes = timing["logical_workers"], timing["workers"]
+        print(
+            f"{timing['model']}, {logical} ESTs of batch {timing['batch_size']} on {processes} processes vs plain DDP"
+        )
+        for mode in ("D1", "D0"):
+            what = f"EasyScale {mode} step time ÷ plain DDP's, median over rounds"
+            record.add(f"{mode.lower()}-step-ratio", what, statistics.median(ratios[mode]), "", step_meter.load)
+        packed, ests = (memory.loc[point.id] for point in points)
+        for measure_name in ("pss", "rss"):
+            column = f"total_{measure_name}_mib"
+            what = f"summed peak {measure_name.upper()}, 4 ESTs in 1 process"
+            record.add(f"ests-{measure_name}", what, ests[column], "MiB", memory_meter.load)
+            what = f"summed peak {measure_name.upper()}, 4 packed processes"
+            record.add(f"packed-{measure_name}", what, packed[column], "MiB", memory_meter.load)
+            what = f"memory, 4 ESTs in 1 process ÷ 4 packed processes, summed peak {measure_name.upper()}"
+            record.add(f"memory-{measure_name}-ratio", what, ests[column] / packed[column], "", memory_meter.load)
 
 
 def step_time_ratios(timing: dict, launcher: dict, rounds: int, scratch: Path) -> dict[str, list[float]]:

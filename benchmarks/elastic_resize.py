@@ -1,5 +1,5 @@
 """Resize latency of the in-place elastic runtime vs torchrun's restart, on this machine, smoke model
-(config/config.yaml's kungfu-fig7 section), every mode on the same schedule in one run:
+(config/config.yaml's kungfu-fig7 section), every mode on the same schedule in one run (targets: targets.yaml):
 
 - grow 1→2 from a warm standby (target ≤ 1 s); grow with a cold spawn (target ≤ 5 s); shrink 2→1 (target ≤ 30 ms);
 - in place ÷ torchrun on the same events (target: torchrun ≥ 10× slower), against the faster of torchrun with
@@ -22,21 +22,17 @@ import threading
 import time
 from pathlib import Path
 
-from _common import judged, noted
+from _common import BenchmarkRecord
 
 from ddlrepro.host.config import REPO_ROOT, load_config
 from ddlrepro.host.figures import kungfu_fig7
-from ddlrepro.host.hostload import ForeignLoadMeter, HostLoad
+from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows, tidy_table
 from ddlrepro.rank.elastic.faults import worker_pid
 
-TARGETS = {("inplace-warm", "grow"): 1.0, ("inplace-cold", "grow"): 5.0, ("inplace-cold", "shrink"): 0.030}
-SPEEDUP_TARGET = 10.0
-FAULT_TARGET_S = 5.0
 
-
-def measure_schedule(section: dict, launcher: dict, scratch: Path) -> None:
+def measure_schedule(section: dict, launcher: dict, scratch: Path, record: BenchmarkRecord) -> None:
     points = kungfu_fig7.points(section, launcher)
     with ForeignLoadMeter() as meter:
         for point in points:
@@ -47,31 +43,27 @@ def measure_schedule(section: dict, launcher: dict, scratch: Path) -> None:
         f"{section['model']} @{section.get('image_size')}px, batch {section['batch_size']}, "
         f"schedule {section['schedule']}; medians over the events of each kind"
     )
-    print(noted(f"  cluster img/s (median per mode @ size): {steady_throughput(table)}", meter.load))
+    for (mode, size), rate in steady_throughput(table).items():
+        what = f"{mode} @{int(size)} workers: cluster img/s, median away from the resizes"
+        record.add(f"{mode}@{int(size)}-img-per-s", what, rate, "img/s", meter.load)
     for row in summary.itertuples():
-        latency, to_sync = row.latency_s * 1000, row.to_sync_s * 1000
-        figure = f"  {row.mode:14s} {row.kind:6s} latency {latency:9.1f} ms, to sync {to_sync:9.1f} ms"
-        print(latency_line(figure, row.latency_s, TARGETS.get((row.mode, row.kind)), meter.load))
+        name, event = f"{row.mode}-{row.kind}", f"{row.mode} {row.kind}"
+        record.add(f"{name}-latency", f"{event}: latency, median", row.latency_s, "s", meter.load)
+        record.add(
+            f"{name}-to-sync", f"{event}: to the new cluster synchronised, median", row.to_sync_s, "s", meter.load
+        )
         if row.mode.startswith("inplace"):
-            speedup = f"  {row.mode:14s} {row.kind:6s} {row.torchrun_baseline} / this = {row.speedup_vs_torchrun:7.1f}x"
-            print(judged(speedup, row.speedup_vs_torchrun >= SPEEDUP_TARGET, f">= {SPEEDUP_TARGET:g}x", meter.load))
+            what = f"{event}: {row.torchrun_baseline}'s latency ÷ this"
+            record.add(f"{name}-speedup", what, row.speedup_vs_torchrun, "×", meter.load)
 
 
-def latency_line(figure: str, latency_s: float, target_s: float | None, load: HostLoad) -> str:
-    if target_s is None:
-        return noted(figure, load)
-    target = f"<= {target_s * 1000:g} ms" if target_s < 1 else f"<= {target_s:g} s"
-    return judged(figure, latency_s <= target_s, target, load)
-
-
-def steady_throughput(table) -> str:
+def steady_throughput(table):
     """Median cluster img/s per mode and cluster size, away from the resizes."""
     steps = table.pivot_table(index=["mode", "step"], columns="metric", values="value").reset_index()
-    medians = steps.groupby(["mode", "cluster_size"])["img_per_sec"].median()
-    return ", ".join(f"{mode} @{int(size)}: {rate:.0f}" for (mode, size), rate in medians.items())
+    return steps.groupby(["mode", "cluster_size"])["img_per_sec"].median()
 
 
-def measure_fault(section: dict, launcher: dict, scratch: Path) -> None:
+def measure_fault(section: dict, launcher: dict, scratch: Path, record: BenchmarkRecord) -> None:
     """Two workers; kill one mid-run; the survivor goes on alone."""
     (point,) = kungfu_fig7.points(
         {**section, "initial_workers": 2, "schedule": "200:0", "modes": ["inplace-cold"]}, launcher
@@ -87,12 +79,8 @@ def measure_fault(section: dict, launcher: dict, scratch: Path) -> None:
     rows = run_rows(run_dir)
     noticed = rows.loc[rows["metric"] == "fault_detected", "value"].min() - killed
     latency = rows.loc[rows["metric"] == "resize_latency_s", "value"].iloc[0]
-    print(
-        judged(
-            f"  kill -9 of 1 of 2 workers: noticed after {noticed * 1000:.1f} ms", noticed <= 5, "<= 5 s", meter.load
-        )
-    )
-    print(noted(f"  training again at 1 worker {latency * 1000:.1f} ms after noticing", meter.load))
+    record.add("kill-noticed", "kill -9 of 1 of 2 workers: noticed after", noticed, "s", meter.load)
+    record.add("kill-retrain", "then training again at 1 worker after", latency, "s", meter.load)
 
 
 def main() -> None:
@@ -103,9 +91,9 @@ def main() -> None:
     section = dict(config["figures"]["kungfu-fig7"])
     if args.schedule:
         section["schedule"] = args.schedule
-    with tempfile.TemporaryDirectory() as scratch:
-        measure_schedule(section, config["launcher"], Path(scratch))
-        measure_fault(section, config["launcher"], Path(scratch))
+    with tempfile.TemporaryDirectory() as scratch, BenchmarkRecord(__file__, args) as record:
+        measure_schedule(section, config["launcher"], Path(scratch), record)
+        measure_fault(section, config["launcher"], Path(scratch), record)
 
 
 if __name__ == "__main__":

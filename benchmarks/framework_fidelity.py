@@ -12,7 +12,8 @@ code, started the framework's own way:
 - TensorFlow: a MultiWorkerMirroredStrategy custom loop (strategy.run of a GradientTape step in a tf.function),
   on its own synthetic data, one worker.
 The workload runs through the project's launcher with its records and resource sampling. Baseline and workload
-runs alternate in fresh processes, so machine noise hits both alike. Target: ≥ 0.97 for every framework.
+runs alternate in fresh processes, so machine noise hits both alike. Target (targets.yaml): ≥ 0.97 for every
+framework.
 
     python benchmarks/framework_fidelity.py [--frameworks torch horovod tensorflow] [--rounds 3]
         [--horovod-workers 2] [--horovod-script PATH]
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from _common import judged
+from _common import BenchmarkRecord
 from harness_fidelity import measure_bare as measure_torch_bare
 from harness_fidelity import measure_harness
 from horovod_shim.torchvision.models import IMAGE_SIZE_ENV
@@ -45,8 +46,6 @@ from ddlrepro.host.hostload import ForeignLoadMeter
 
 if TYPE_CHECKING:
     import tensorflow as tf
-
-TARGET = 0.97
 
 
 def timed(step: Callable[[], Any], finish: Callable[[Any], Any], args: argparse.Namespace) -> float:
@@ -176,16 +175,17 @@ def main() -> None:
         return
     if "horovod" in args.frameworks and not shutil.which("horovodrun", path=str(Path(sys.executable).parent)):
         sys.exit("horovodrun is not in this environment: run `make horovod` first")
-    with tempfile.TemporaryDirectory() as workdir:
+    with tempfile.TemporaryDirectory() as workdir, BenchmarkRecord(__file__, args) as record:
         if "horovod" in args.frameworks:
             args.horovod_script = horovod_script(args, Path(workdir))
             digest = hashlib.sha256(args.horovod_script.read_bytes()).hexdigest()
             print(f"Horovod's benchmark: {args.horovod_script} (sha256 {digest})")
+            record.options["horovod_script_sha256"] = digest
         for framework in args.frameworks:
-            compare(framework, args, Path(workdir))
+            compare(framework, args, Path(workdir), record)
 
 
-def compare(framework: str, args: argparse.Namespace, workdir: Path) -> None:
+def compare(framework: str, args: argparse.Namespace, workdir: Path, record: BenchmarkRecord) -> None:
     """Alternate the framework's baseline and the workload for the rounds; print the ratio of their medians."""
     workers = args.horovod_workers if framework == "horovod" else 1
     bare, workload = [], []
@@ -195,12 +195,13 @@ def compare(framework: str, args: argparse.Namespace, workdir: Path) -> None:
             run_dir = workdir / f"{framework}{round_index}"
             workload.append(measure_harness(args, run_dir, workers=workers, framework=framework))
             print(f"{framework} round {round_index}: baseline {bare[-1]:.1f} img/s, workload {workload[-1]:.1f} img/s")
-    ratio = statistics.median(workload) / statistics.median(bare)
     print(json.dumps({"framework": framework, "workers": workers, "baseline": bare, "workload": workload}))
-    figure = (
-        f"{framework} @{workers}: workload ÷ the framework's own baseline (medians of img/s per worker): {ratio:.3f}"
-    )
-    print(judged(figure, ratio >= TARGET, f">= {TARGET}", meter.load))
+    for name, rates in (("baseline", bare), ("workload", workload)):
+        what = f"{framework} @{workers}: {name}, median img/s per worker"
+        record.add(f"{framework}-{name}", what, statistics.median(rates), "img/s", meter.load, workers=workers)
+    what = f"{framework} @{workers}: workload ÷ the framework's own baseline (medians of img/s per worker)"
+    ratio = statistics.median(workload) / statistics.median(bare)
+    record.add(f"{framework}-fidelity", what, ratio, "", meter.load, workers=workers)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ iterations; only the model itself (`ddlrepro.rank.models`) is shared, as it must
 processes, so machine noise hits both alike; each round's ratio pairs the two runs of that round. Reported: the
 median ratio, its noise (the spread of the round ratios: 1.96 × their standard deviation ÷ √rounds), and the bare
 loop's own round-to-round spread. Rounds are added (up to `--max-rounds`) until the noise is smaller than the
-ratio's margin to the target; if it never is, the verdict is `inconclusive`. Target: ≥ 0.98.
+ratio's margin to the target; if it never is, the verdict is `inconclusive`. Target (targets.yaml): ≥ 0.98.
 
     python benchmarks/harness_fidelity.py [--model resnet20] [--batch-size 32] [--rounds 5] [--max-rounds 8]
 """
@@ -25,13 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import judged, noted
+from _common import BenchmarkRecord, target_threshold
 
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.run import run_point
 from ddlrepro.points import Point
 
-TARGET = 0.98
+TARGET = target_threshold("harness_fidelity", "workload-as-fast-as-a-bare-loop")  # also decides when to stop
 
 
 def bare_loop(model_name: str, batch_size: int, image_size: int | None, warmup: int, iterations: int, batches: int):
@@ -124,19 +124,19 @@ def main() -> None:
     bare: list[float] = []
     harness: list[float] = []
     ratios: list[float] = []
-    with tempfile.TemporaryDirectory() as workdir, ForeignLoadMeter() as meter:
-        while len(ratios) < args.rounds or (len(ratios) < args.max_rounds and not settled(ratios, TARGET)):
-            bare.append(measure_bare(args))
-            harness.append(measure_harness(args, Path(workdir) / f"round{len(ratios)}"))
-            ratios.append(harness[-1] / bare[-1])
-            print(f"round {len(ratios) - 1}: bare {bare[-1]:.1f} img/s, workload {harness[-1]:.1f} img/s")
-    print(f"model {args.model}, batch {args.batch_size}, 1 worker x 1 thread, {len(ratios)} alternating rounds")
-    spread = 100 * statistics.stdev(bare) / statistics.fmean(bare) if len(bare) > 1 else math.nan
-    figure = f"bare loop: median {statistics.median(bare):.1f} img/s, round-to-round spread {spread:.1f} %"
-    print(noted(figure, meter.load))
-    ratio = statistics.median(ratios)
-    figure = f"harness fidelity (median of the rounds' workload ÷ bare img/s): {ratio:.3f} ± {noise(ratios):.3f}"
-    print(judged(figure, ratio >= TARGET if settled(ratios, TARGET) else None, f">= {TARGET}", meter.load))
+    with BenchmarkRecord(__file__, args) as record:
+        with tempfile.TemporaryDirectory() as workdir, ForeignLoadMeter() as meter:
+            while len(ratios) < args.rounds or (len(ratios) < args.max_rounds and not settled(ratios, TARGET)):
+                bare.append(measure_bare(args))
+                harness.append(measure_harness(args, Path(workdir) / f"round{len(ratios)}"))
+                ratios.append(harness[-1] / bare[-1])
+                print(f"round {len(ratios) - 1}: bare {bare[-1]:.1f} img/s, workload {harness[-1]:.1f} img/s")
+        print(f"model {args.model}, batch {args.batch_size}, 1 worker x 1 thread, {len(ratios)} alternating rounds")
+        spread = 100 * statistics.stdev(bare) / statistics.fmean(bare) if len(bare) > 1 else math.nan
+        record.add("bare", "bare loop, median of the rounds", statistics.median(bare), "img/s", meter.load)
+        record.add("bare-spread", "bare loop's round-to-round spread (std ÷ mean)", spread, "%", meter.load)
+        what = "harness fidelity: median of the rounds' workload ÷ bare img/s, ± 1.96 standard errors"
+        record.add("fidelity", what, statistics.median(ratios), "", meter.load, noise=noise(ratios), rounds=len(ratios))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 All settings live in the same two processes (one DDP model each, same weights) and take turns in blocks of
 `--steps` steps for `--rounds` rounds, so machine noise hits them alike. Each round's block rate of a setting is
 divided by plain DDP's in the same round; the overhead is 1 − the median of those ratios (pairing within a round
-cancels the drift between rounds). Targets: noise-scale@1 ≤ 2 %, variance@1 ≤ 10 %, variance@8 ≤ 2 %.
+cancels the drift between rounds). Targets (targets.yaml): noise-scale@1 ≤ 2 %, variance@1 ≤ 10 %, variance@8 ≤ 2 %.
 
     python benchmarks/monitor_overhead.py [--model resnet20] [--batch-size 32] [--image-size N] [--rounds 20]
 """
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _common import judged, noted
+from _common import BenchmarkRecord
 from torch.nn.parallel import DistributedDataParallel
 
 from ddlrepro.host.figures.kungfu_fig8 import parse_setting
@@ -30,7 +30,6 @@ from ddlrepro.rank.monitors import GradientMonitor
 from ddlrepro.rank.workloads.throughput import make_train_step, synthetic_batch
 
 SETTINGS = ["none", "noise-scale@1", "noise-scale@8", "variance@1", "variance@8"]
-TARGETS = {"noise-scale@1": 2.0, "variance@1": 10.0, "variance@8": 2.0}
 WORLD = 2
 
 
@@ -73,17 +72,16 @@ def worker(rank: int, port: int, args: argparse.Namespace, out: dict) -> None:
     dist.destroy_process_group()
 
 
-def report(rates: dict[str, list[float]], args: argparse.Namespace, load: HostLoad) -> None:
+def report(rates: dict[str, list[float]], args: argparse.Namespace, load: HostLoad, record: BenchmarkRecord) -> None:
     print(f"model {args.model}, batch {args.batch_size}, {WORLD} workers x 1 thread, gloo, {args.rounds} rounds")
     for setting in args.settings:
-        rate = statistics.median(rates[setting])
-        ratios = [mine / plain for mine, plain in zip(rates[setting], rates["none"], strict=True)]
-        overhead = 100 * (1 - statistics.median(ratios))
-        figure = f"{setting:>14}: {rate:7.1f} img/s per worker, overhead {overhead:+5.1f} %"
-        if setting in TARGETS:
-            print(judged(figure, overhead <= TARGETS[setting], f"<= {TARGETS[setting]:g} %", load))
-        else:
-            print(noted(figure, load))
+        record.add(
+            f"{setting}-img-per-s", f"{setting}: img/s per worker", statistics.median(rates[setting]), "img/s", load
+        )
+        if setting != "none":
+            ratios = [mine / plain for mine, plain in zip(rates[setting], rates["none"], strict=True)]
+            overhead = 100 * (1 - statistics.median(ratios))
+            record.add(f"{setting}-overhead", f"{setting}: overhead vs no monitor", overhead, "%", load)
 
 
 def main() -> None:
@@ -95,11 +93,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--settings", nargs="+", default=SETTINGS, help="none first: the baseline")
     args = parser.parse_args()
-    with ForeignLoadMeter() as meter, mp.Manager() as manager:
-        out = manager.dict()
-        mp.spawn(worker, args=(free_loopback_port(), args, out), nprocs=WORLD, join=True)
-        rates = dict(out)
-    report(rates, args, meter.load)
+    with BenchmarkRecord(__file__, args) as record:
+        with ForeignLoadMeter() as meter, mp.Manager() as manager:
+            out = manager.dict()
+            mp.spawn(worker, args=(free_loopback_port(), args, out), nprocs=WORLD, join=True)
+            rates = dict(out)
+        report(rates, args, meter.load, record)
 
 
 if __name__ == "__main__":

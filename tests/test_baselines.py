@@ -1,5 +1,5 @@
-"""The baselines and measurements the benchmarks and figures compare against: memory as PSS, a benchmark's verdict
-on a busy host, torchrun's tuned shrink, Horovod's own benchmark with our model."""
+"""The baselines and measurements the benchmarks and figures compare against: memory as PSS, torchrun's tuned
+shrink, Horovod's own benchmark with our model (a benchmark's verdict on a busy host: test_benchmarks.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import torch
 
 from ddlrepro.host.figures import kungfu_fig7
 from ddlrepro.host.figures.step_timing import peak_memory
-from ddlrepro.host.hostload import HostLoad
 from ddlrepro.host.launchers import torchrun
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
@@ -24,10 +23,6 @@ from ddlrepro.points import Point
 from ddlrepro.rank.runtime import RankContext, ResourceSampler
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from _common import judged, verdict  # noqa: E402
-
 SHARED_MIB = 64
 
 
@@ -99,36 +94,6 @@ def test_peak_memory_of_runs_without_pss_names_the_missing_metric() -> None:
     table = pd.DataFrame(memory_rows("rss_bytes", {("packed", 0): [100]}))
     with pytest.raises(ValueError, match="pss_bytes"):
         peak_memory(table)
-
-
-def load(foreign_s: float, steal_s: float = 0.0) -> HostLoad:
-    """A 10 s interval on 2 CPUs (20 CPU-seconds) in which the run itself used 5."""
-    return HostLoad(wall_s=10.0, cpus=2, host_busy_s=5.0 + foreign_s, own_s=5.0, steal_s=steal_s)
-
-
-@pytest.mark.parametrize(
-    ("foreign_s", "steal_s", "met", "expected"),
-    [
-        (0.0, 0.0, True, "met"),
-        (1.0, 0.0, False, "missed"),
-        (2.5, 0.0, True, "disturbed"),
-        (1.0, 1.5, True, "disturbed"),
-        (9.0, 0.0, False, "disturbed"),
-    ],
-)
-def test_a_benchmark_on_a_busy_host_is_disturbed_not_met_or_missed(
-    foreign_s: float, steal_s: float, met: bool, expected: str
-) -> None:
-    assert verdict(met, load(foreign_s, steal_s)) == expected
-
-
-def test_a_judged_figure_shows_the_load_beside_it() -> None:
-    line = judged("fidelity 0.990", True, ">= 0.98", load(4.0, 0.2))
-    assert line == "fidelity 0.990  (target >= 0.98): disturbed  [foreign load 20.0 % (steal 1.0 %)]"
-
-
-def test_memory_is_judged_whatever_the_load() -> None:
-    assert verdict(False, load(9.0), timed=False) == "missed"
 
 
 FIG7_SECTION = {

@@ -3,9 +3,10 @@
 Every reference gives one row of checks.tsv: pass or fail with the measured value and the reference; skipped only
 for a declared reason (a paper-scale number below paper scale, a point this machine cannot run such as NCCL
 without CUDA, a check the config excludes); disturbed for a timing check whose runs shared the host with too much
-foreign CPU load (the summary's `disturbed` column, decided per run from `checks.max_foreign_share`). A failed
-check is a finding. A reference that cannot be evaluated (unknown column, no matching row, ambiguous selection,
-a value that was not measured) is an error naming the figure and the reference, never a skip.
+foreign CPU load (the summary's `disturbed` column, decided per run from `checks.max_foreign_share`); inconclusive
+for a relation whose measured value's declared `noise` reaches its threshold. A failed check is a finding. A
+reference that cannot be evaluated (unknown column, no matching row, ambiguous selection, a value that was not
+measured) is an error naming the figure and the reference, never a skip.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ddlrepro.host.errors import UserError
 from ddlrepro.host.tables import HOST_LOAD_COLUMNS, as_flags
 
 REFERENCES_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "references.schema.yaml"
+BENCHMARK_TARGETS_SCHEMA = REFERENCES_SCHEMA.with_name("benchmark-targets.schema.yaml")  # its entries: references
 COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 COLUMNS = ["figure", "check", "status", "measured", "reference", "unit", "scale", "reason", "claim", "source"]
 
@@ -36,10 +38,11 @@ class DeclaredSkip(LookupError):
     """Every row a reference selects is a point the machine declared it could not run (e.g. needs CUDA)."""
 
 
-def load_references(path: Path) -> dict[str, list[dict[str, Any]]]:
-    """Load references.yaml and validate it against its schema (ConfigError names the offending entry)."""
+def load_references(path: Path, schema: Path = REFERENCES_SCHEMA) -> dict[str, list[dict[str, Any]]]:
+    """Load references.yaml (or the benchmarks' targets, `schema` BENCHMARK_TARGETS_SCHEMA) and validate it against
+    its schema (ConfigError names the offending entry)."""
     references = yaml.safe_load(path.read_text()) or {}
-    validate_against(references, REFERENCES_SCHEMA, path.name)
+    validate_against(references, schema, path.name)
     return references
 
 
@@ -145,17 +148,36 @@ def evaluate(
     except DeclaredSkip as skip:
         return row | {"reason": str(skip)}
     row |= {"status": "pass" if passed else "fail", "measured": measured, "reference": expected}
+    if "noise" in reference:
+        row |= inconclusive(reference, measured, summary, name)
     if reference.get("timing"):
         disturbed, load = host_load(summary, reference, name)
         row |= {"status": "disturbed", "reason": f"{load}: rerun on a quiet machine"} if disturbed else {}
     return row
 
 
+def threshold(reference: dict[str, Any], summary: pd.DataFrame, name: str) -> float:
+    """What a relation compares the measured value with: its constant, or the other measured value."""
+    against = reference["against"]
+    return against if isinstance(against, int | float) else select(summary, against, name)
+
+
+def inconclusive(reference: dict[str, Any], measured: float, summary: pd.DataFrame, name: str) -> dict[str, Any]:
+    """The row's `inconclusive` status and reason when the measured value's noise reaches the threshold, else {}."""
+    noise, other = select(summary, reference["noise"], name), threshold(reference, summary, name)
+    margin = abs(measured - other)
+    if noise < margin:
+        return {}
+    return {
+        "status": "inconclusive",
+        "reason": f"noise ±{noise:.3g} reaches the threshold {other:.4g}, {margin:.3g} away: measure longer",
+    }
+
+
 def compare_value(reference: dict[str, Any], measured: float, summary: pd.DataFrame, name: str) -> tuple[bool, str]:
     """Whether `measured` satisfies the reference, and the reference written out for the table."""
     if "compare" in reference:
-        against = reference["against"]
-        other = against if isinstance(against, int | float) else select(summary, against, name)
+        other = threshold(reference, summary, name)
         return COMPARE[reference["compare"]](measured, other), f"{reference['compare']} {other:.4g}"
     value = reference["value"]
     if "bounds" in reference:

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import referencing
+import referencing.jsonschema
 import yaml
 
 from ddlrepro.host.errors import UserError
@@ -69,11 +71,37 @@ def _property_names(subschema: dict[str, Any], schema: dict[str, Any]) -> set[st
 def validate_against(instance: Any, schema_path: Path, name: str) -> None:
     """Raise ConfigError listing every violation of the schema in `instance` (`name`: the file, for the message)."""
     schema = yaml.safe_load(schema_path.read_text())
-    validator = jsonschema.Draft202012Validator(schema)
+    registry = sibling_schemas(schema_path.parent)
+    validator = jsonschema.Draft202012Validator(schema, registry=registry)
     errors = sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
-        lines = "\n".join(f"  - {describe(leaf, schema)}" for error in errors for leaf in _leaves(error))
+        # errors inside a sibling schema name its `#/$defs/...`: describe them with every file's definitions
+        definitions = {"$defs": {**sibling_definitions(schema, registry), **schema.get("$defs", {})}}
+        lines = "\n".join(f"  - {describe(leaf, definitions)}" for error in errors for leaf in _leaves(error))
         raise ConfigError(f"invalid {name} (schema {schema_path.name}):\n{lines}")
+
+
+def sibling_schemas(folder: Path) -> referencing.Registry:
+    """Resolves a `$ref` to another schema file in `folder`, e.g. `references.schema.yaml#/$defs/reference`."""
+
+    def retrieve(name: str) -> referencing.Resource:
+        contents = yaml.safe_load((folder / name).read_text())
+        return referencing.Resource.from_contents(contents, referencing.jsonschema.DRAFT202012)
+
+    return referencing.Registry(retrieve=retrieve)
+
+
+def sibling_definitions(schema: Any, registry: referencing.Registry) -> dict[str, Any]:
+    """The `$defs` of every sibling schema file that `schema` refers to."""
+    if isinstance(schema, list):
+        return {key: value for item in schema for key, value in sibling_definitions(item, registry).items()}
+    if not isinstance(schema, dict):
+        return {}
+    found = {key: value for item in schema.values() for key, value in sibling_definitions(item, registry).items()}
+    reference = schema.get("$ref", "#")
+    if not reference.startswith("#"):
+        found |= registry.get_or_retrieve(reference.split("#")[0]).value.contents.get("$defs", {})
+    return found
 
 
 @functools.cache
