@@ -310,9 +310,7 @@ def connect(context: str | None = None) -> Apis:
     return Apis(client.CoreV1Api(), client.BatchV1Api(), client.CustomObjectsApi())
 
 
-def execute(
-    spec: JobSpec[KubernetesRequest], options: KubernetesOptions, output: OutputCollector, apis: Apis
-) -> None:
+def execute(spec: JobSpec[KubernetesRequest], options: KubernetesOptions, output: OutputCollector, apis: Apis) -> None:
     """Apply, wait, collect, delete; start again after a start-up race; raise RunFailed naming the failed rank."""
     job = spec.request
     deadline = time.monotonic() + spec.timeout_s

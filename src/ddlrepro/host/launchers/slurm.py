@@ -178,7 +178,9 @@ class SlurmLauncher:
         mpi = options.mpi if mode == "mpirun" else None
         command = srun_command(point, shape, options.gpus_per_node > 0, options.container, mpi)
         # MASTER_ADDR: each task takes the first node of its step.
-        return SlurmRequest(mode, job_id, point.workers, WorkerSpec(None, command, env), port, horovod_port, tensorflow_port)
+        return SlurmRequest(
+            mode, job_id, point.workers, WorkerSpec(None, command, env), port, horovod_port, tensorflow_port
+        )
 
     def execute(self, spec: JobSpec[Any], output: OutputCollector) -> None:
         """Run the srun step (or the elastic job) to completion; raise RunFailed naming the Slurm job and the
