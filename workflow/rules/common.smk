@@ -75,10 +75,12 @@ def lookup_point(wildcards):
 def run_resources():
     """The run rule's resources: what the launcher asks a batch scheduler for per point (Slurm's allocation;
     none for the local and Kubernetes launchers)."""
-    return {
-        name: (lambda wildcards, name=name: LAUNCHER.resources(lookup_point(wildcards))[name])
-        for name in LAUNCHER.resource_names
-    }
+    return {name: allocated(name) for name in LAUNCHER.resource_names}
+
+
+def allocated(name):
+    """One of a run's resources, as a Snakemake resource."""
+    return lambda wildcards: LAUNCHER.resources(lookup_point(wildcards))[name]
 
 
 IMAGES = config["images"]
