@@ -1,5 +1,6 @@
-"""Elastic launcher (in place): runs the config server and the store, and starts, keeps and watches the workers of
-an elastic point on this machine (or on the one node of its Slurm allocation).
+"""In-place elastic runtime (a point's `elastic: inplace`, hosted by the local and Slurm launchers): runs the config
+server and the store, and starts, keeps and watches the workers of an elastic point on this machine (or on the one
+node of its Slurm allocation).
 
 Workers are started cold when the cluster grows, or handed out from a pool of warm standbys (point parameter
 `standby`: processes started up front that imported torch and built the model; in that mode leavers return to

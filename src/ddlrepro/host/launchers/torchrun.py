@@ -1,4 +1,5 @@
-"""torchrun launcher: the elastic baseline. One torchrun agent (an elastic "node" with one worker) per member,
+"""torchrun elastic runtime (a point's `elastic: torchrun`, hosted by the local and Slurm launchers): the elastic
+baseline. One torchrun agent (an elastic "node" with one worker) per member,
 c10d rendezvous on loopback; the launcher starts agents when the cluster grows and stops the newest when it
 shrinks, and torchrun restarts every worker each time membership changes (`rank/elastic/torchrun_worker.py`
 resumes them from the checkpoint).
