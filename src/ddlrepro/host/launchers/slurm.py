@@ -1,10 +1,10 @@
 """Slurm launcher: inside the allocation Snakemake's Slurm executor obtained, one `srun` step starts every worker.
 
 `allocation()` is what a point asks Slurm for (the run rule's resources: nodes, tasks, CPUs per task, memory,
-runtime, GPUs, partition, account); `SlurmLauncher.render()` the exact srun command, with ports derived from the job id. Each
-srun task turns Slurm's task variables into its rank's environment (slurm_task.py): the rendezvous is the first
-node of the step. `--label` prefixes every line with its rank. Every framework of the local launcher runs here
-too: torch, TensorFlow, Horovod over gloo or MPI, and the MPI all-reduce (MPI through Slurm's PMIx plugin).
+runtime, GPUs, partition, account); `SlurmLauncher.render()` the exact srun command, with ports derived from the
+job id. Each srun task turns Slurm's task variables into its rank's environment (slurm_task.py): the rendezvous
+is the first node of the step. `--label` prefixes every line with its rank. Every framework of the local launcher
+runs here too: torch, TensorFlow, Horovod over gloo or MPI, and the MPI all-reduce (MPI through Slurm's PMIx plugin).
 
 Elastic points run under their runtime (hosting.py) on the one node of their allocation, started from the batch
 step as local processes.
