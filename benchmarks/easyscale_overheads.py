@@ -21,13 +21,14 @@ from ddlrepro.host.config import REPO_ROOT, load_config
 from ddlrepro.host.figures import easyscale_fig10, easyscale_fig12
 from ddlrepro.host.figures.step_timing import peak_memory
 from ddlrepro.host.hostload import ForeignLoadMeter
+from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
 
 
 def measure(points: list, workdir: Path):
     for point in points:
-        run_point(point, workdir / point.id, timeout_s=1800)
+        run_point(point, workdir / point.id, local_launcher(1800))
     return tidy_table([workdir / point.id for point in points])
 
 

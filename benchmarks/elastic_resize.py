@@ -27,6 +27,7 @@ from _common import BenchmarkRecord
 from ddlrepro.host.config import REPO_ROOT, load_config
 from ddlrepro.host.figures import kungfu_fig7
 from ddlrepro.host.hostload import ForeignLoadMeter
+from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows, tidy_table
 from ddlrepro.rank.elastic.faults import worker_pid
@@ -36,7 +37,7 @@ def measure_schedule(section: dict, launcher: dict, scratch: Path, record: Bench
     points = kungfu_fig7.points(section, launcher)
     with ForeignLoadMeter() as meter:
         for point in points:
-            run_point(point, scratch / point.id, timeout_s=900)
+            run_point(point, scratch / point.id, local_launcher(900))
     table = tidy_table([scratch / point.id for point in points])
     summary = kungfu_fig7.summarize(kungfu_fig7.events(table))
     print(
@@ -69,7 +70,7 @@ def measure_fault(section: dict, launcher: dict, scratch: Path, record: Benchmar
         {**section, "initial_workers": 2, "schedule": "200:0", "modes": ["inplace-cold"]}, launcher
     )
     run_dir = scratch / "fault"
-    runner = threading.Thread(target=run_point, args=(point, run_dir), kwargs={"timeout_s": 600})
+    runner = threading.Thread(target=run_point, args=(point, run_dir), kwargs={"launcher": local_launcher(600)})
     with ForeignLoadMeter() as meter:
         runner.start()
         pid = worker_pid(run_dir, worker=1, after_steps=30)

@@ -28,6 +28,7 @@ from typing import Any
 from _common import BenchmarkRecord, target_threshold
 
 from ddlrepro.host.hostload import ForeignLoadMeter
+from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.points import Point
 
@@ -89,7 +90,7 @@ def measure_harness(args: argparse.Namespace, run_dir: Path, workers: int = 1, *
     }
     if args.image_size:
         params["image_size"] = args.image_size
-    record = run_point(Point("benchmark", "throughput", workers, 1, params), run_dir, timeout_s=1800)
+    record = run_point(Point("benchmark", "throughput", workers, 1, params), run_dir, local_launcher(1800))
     return record["summary"]["img_per_sec_per_worker"]
 
 

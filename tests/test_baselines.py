@@ -16,7 +16,7 @@ import torch
 
 from ddlrepro.host.figures import kungfu_fig7
 from ddlrepro.host.figures.step_timing import peak_memory
-from ddlrepro.host.launchers import torchrun
+from ddlrepro.host.launchers import local_launcher, torchrun
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
 from ddlrepro.points import Point
@@ -115,17 +115,17 @@ def fig7_point(mode: str) -> Point:
 
 
 def test_the_tuned_torchrun_point_asks_for_a_short_keep_alive_and_the_default_for_torchs() -> None:
-    tuned = torchrun.render(fig7_point("torchrun-tuned"), 60, Path("run"))
-    default = torchrun.render(fig7_point("torchrun"), 60, Path("run"))
-    assert tuned.rendezvous["rdzv_conf"] == "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
-    assert default.rendezvous["rdzv_conf"] == "last_call_timeout=1"
+    tuned = torchrun.request(fig7_point("torchrun-tuned"), Path("run"))
+    default = torchrun.request(fig7_point("torchrun"), Path("run"))
+    assert tuned.rdzv_conf == "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
+    assert default.rdzv_conf == "last_call_timeout=1"
 
 
 def test_an_unknown_keep_alive_is_named() -> None:
     point = fig7_point("torchrun-tuned")
     broken = Point(point.figure, point.workload, point.workers, 1, {**point.params, "torchrun_keep_alive": "fast"})
     with pytest.raises(ValueError, match="torchrun_keep_alive: 'fast'"):
-        torchrun.render(broken, 60, Path("run"))
+        torchrun.request(broken, Path("run"))
 
 
 def test_speedups_are_against_the_faster_torchrun_for_each_kind_of_event() -> None:
@@ -148,7 +148,7 @@ def test_speedups_are_against_the_faster_torchrun_for_each_kind_of_event() -> No
 
 def test_tuned_torchrun_restarts_a_shrunk_job_before_the_default_keep_alive_could(tmp_path: Path) -> None:
     """torch's default notices a departed agent after 5 s x 3 heartbeats; tuned, the restart is well under that."""
-    run_point(fig7_point("torchrun-tuned"), tmp_path / "run", timeout_s=300)
+    run_point(fig7_point("torchrun-tuned"), tmp_path / "run", local_launcher(300))
     events = kungfu_fig7.events(tidy_table([tmp_path / "run"]))
     (shrink,) = events.loc[events["kind"] == "shrink", "restart"]
     assert shrink < 10.0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import copy
+import json
 import re
 from pathlib import Path
 
@@ -12,6 +14,8 @@ from conftest import REPO, snakemake, tiny_point
 
 from ddlrepro.host.config import CONFIG_SCHEMA, ConfigError, load_config, validate_config
 from ddlrepro.host.figures import FIGURES, figure_points
+from ddlrepro.host.launchers import check_points, configured_launcher, launcher_class, launcher_classes
+from ddlrepro.host.run import run_point
 from ddlrepro.points import Point
 from ddlrepro.rank.models import MODELS
 
@@ -72,20 +76,174 @@ def test_schema_model_names_match_the_package() -> None:
     assert set(schema["properties"]["figures"]["properties"]) == set(FIGURES)
 
 
-def test_code_defaults_are_the_schemas(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_code_defaults_are_the_schemas() -> None:
     """The foreign-load threshold and the oversubscription a config leaves out come from the schema alone."""
     from ddlrepro.host import cli, tables
     from ddlrepro.host.checks import checks_settings
-    from ddlrepro.host.launchers import sizes
 
     schema = yaml.safe_load(CONFIG_SCHEMA.read_text())["properties"]
     threshold = schema["checks"]["properties"]["max_foreign_share"]["default"]
     assert tables.DEFAULT_MAX_FOREIGN_SHARE == checks_settings({})["max_foreign_share"] == threshold
     assert cli.parser().parse_args(["tabulate", "r.json", "--out", "t.csv"]).max_foreign_share == threshold
-    factors = []
-    monkeypatch.setattr("ddlrepro.host.launchers.local.check_fits_machine", lambda _, factor: factors.append(factor))
-    sizes.check_sizes({"kungfu-fig9": {"p": tiny_point()}}, {"name": "local"})
-    assert factors == [schema["launcher"]["properties"]["oversubscription"]["default"]]
+    local = schema["launcher"]["properties"]["local"]["properties"]
+    assert configured_launcher().options.oversubscription == local["oversubscription"]["default"]
+
+
+def test_validation_fills_in_every_default_of_the_schema() -> None:
+    """One filled config for every caller: a config naming only its figures gets every other setting."""
+    config = validate_config({"figures": load_config(SMOKE)["figures"]})
+    assert config["scale"] == "smoke" and config["references"] == "config/references.yaml"
+    assert config["launcher"]["name"] == "local" and config["launcher"]["slurm"]["mpi"] == "pmix"
+    assert config["launcher"]["kubernetes"]["port"] == 29500 and config["images"]["build"] is None
+    assert config["checks"] == {"max_foreign_share": 0.1, "exclude": []}
+    again = validate_config({"figures": load_config(SMOKE)["figures"]})
+    again["launcher"]["kubernetes"]["image_pull_secrets"].append("mine")
+    assert validate_config({}, partial=True)["launcher"]["kubernetes"]["image_pull_secrets"] == []
+
+
+LAUNCHER_MODULES = sorted((REPO / "src" / "ddlrepro" / "host" / "launchers").glob("*.py"))
+
+
+def config_keys(schema: dict) -> set[str]:
+    """Every key the config schema names, at any depth."""
+    keys = set()
+    for name, entry in schema.get("properties", {}).items():
+        keys |= {name} | config_keys(entry)
+    return keys
+
+
+@pytest.mark.parametrize("module", LAUNCHER_MODULES, ids=lambda path: path.name)
+def test_no_launcher_module_carries_its_own_default_table(module: Path) -> None:
+    """Defaults live in the schema only: no dict literal giving config keys literal values (as the Kubernetes
+    launcher's DEFAULTS did), no `.get(<config key>, <default>)`."""
+    keys = config_keys(yaml.safe_load(CONFIG_SCHEMA.read_text())["properties"]["launcher"])
+    for node in ast.walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.Dict):
+            literal = (ast.Constant, ast.List, ast.Dict, ast.Tuple)
+            named = {
+                key.value
+                for key, value in zip(node.keys, node.values, strict=True)
+                if isinstance(key, ast.Constant) and key.value in keys and isinstance(value, literal)
+            }
+            assert len(named) < 2, f"{module.name}:{node.lineno}: a table of config defaults {sorted(named)}"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            key = node.args[0] if node.args else None
+            defaulted = len(node.args) == 2 and isinstance(key, ast.Constant) and key.value in keys
+            assert not defaulted, f"{module.name}:{node.lineno}: .get({key.value!r}, ...) of a config key"
+
+
+def differences(config: dict, defaults: dict, path: str = "") -> list[str]:
+    """Key paths whose value in `config` equals the schema's default."""
+    same = []
+    for key, value in config.items():
+        where = f"{path}{key}"
+        if isinstance(value, dict) and isinstance(defaults.get(key), dict):
+            same += differences(value, defaults[key], where + ".")
+        elif key in defaults and defaults[key] == value:
+            same.append(where)
+    return same
+
+
+def test_config_yaml_holds_only_what_differs_from_the_schemas_defaults() -> None:
+    """Outside `figures` (the smoke sizes), every key of config/config.yaml changes its schema default."""
+    written = yaml.safe_load(SMOKE.read_text())
+    defaults = validate_config({}, partial=True)
+    assert differences({key: value for key, value in written.items() if key != "figures"}, defaults) == []
+
+
+TOY_LAUNCHER = """
+import sys
+from dataclasses import dataclass
+
+from ddlrepro.host.launchers.base import JobSpec, WorkerSpec
+from ddlrepro.host.launchers.processes import run_to_completion
+from ddlrepro.records import RECORD_PREFIX
+
+
+@dataclass(frozen=True)
+class ToyOptions:
+    timeout_s: float
+    greeting: str
+
+    @classmethod
+    def from_config(cls, config, image=None):
+        return cls(config["launcher"]["timeout_s"], config["launcher"]["toy"]["greeting"])
+
+
+@dataclass(frozen=True)
+class ToyRequest:
+    step: WorkerSpec
+
+
+class ToyLauncher:
+    name = "toy"
+    elastic_runtimes = frozenset()
+    options_type = ToyOptions
+    resource_names = ()
+
+    def __init__(self, options):
+        self.options = options
+
+    def render(self, point, run_dir):
+        record = '{"kind": "result", "greeting": "%s", "workers": %d}' % (self.options.greeting, point.workers)
+        command = [sys.executable, "-c", f"print({RECORD_PREFIX + record!r})"]
+        return JobSpec(self.name, self.options.timeout_s, ToyRequest(WorkerSpec(None, command, {})))
+
+    def execute(self, spec, output):
+        run_to_completion(spec.request.step, lambda stream, line: output.add_line(0, stream, line), spec.timeout_s)
+
+    def check_fits(self, point):
+        pass
+
+    def host_cores(self, point, workflow_cores):
+        return 1
+
+    def resources(self, point):
+        return {}
+
+    def own_cpu_counter(self, spec):
+        return "unknown: a toy", None
+"""
+
+
+def test_a_toy_launcher_needs_only_its_module_and_schema_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launcher outside the package: its module, its schema section (naming its class) and its name; then a
+    point runs through `run_point`, with the toy's options from its config section, defaults filled in."""
+    from ddlrepro.host import config as config_module
+
+    (tmp_path / "toy_launcher.py").write_text(TOY_LAUNCHER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
+    launcher = schema["properties"]["launcher"]["properties"]
+    launcher["name"]["enum"].append("toy")
+    launcher["toy"] = {
+        "x-launcher": "toy_launcher:ToyLauncher",
+        "type": "object",
+        "additionalProperties": False,
+        "default": {},
+        "properties": {"greeting": {"type": "string", "default": "hello"}},
+    }
+    toy_schema = tmp_path / "config.schema.yaml"
+    toy_schema.write_text(yaml.safe_dump(schema))
+    monkeypatch.setattr(config_module, "CONFIG_SCHEMA", toy_schema)
+    monkeypatch.setattr(config_module.validate_config, "__defaults__", (toy_schema, False))
+    config_module.config_schema.cache_clear()
+    try:
+        toy = configured_launcher({"launcher": {"name": "toy", "timeout_s": 30}})
+        record = run_point(tiny_point(workers=3), tmp_path / "run", toy)
+    finally:
+        config_module.config_schema.cache_clear()
+    assert record["summary"] == {"greeting": "hello", "workers": 3}
+    assert json.loads((tmp_path / "run" / "jobspec.json").read_text())["launcher"] == "toy"
+
+
+def test_the_schemas_launcher_names_are_its_launcher_sections() -> None:
+    launcher = yaml.safe_load(CONFIG_SCHEMA.read_text())["properties"]["launcher"]["properties"]
+    assert set(launcher["name"]["enum"]) == set(launcher_classes()) == {"local", "slurm", "kubernetes"}
+    for name in launcher_classes():
+        assert launcher_class(name).name == name
 
 
 def test_monitor_settings_are_checked(smoke: dict) -> None:
@@ -187,20 +345,27 @@ def test_snakemake_refuses_a_point_that_cannot_fit_this_machine(workflow_copy: P
 
 def test_sizes_are_checked_against_declared_cluster_limits() -> None:
     from ddlrepro.host.launchers.local import check_fits_machine
-    from ddlrepro.host.launchers.sizes import check_sizes
 
     wide = Point("kungfu-fig9", "throughput", 64, 4, {})
-    elastic = Point("kungfu-fig7", "elastic", 1, 1, {"schedule": "10:6,20:0", "initial_workers": 1, "standby": 2})
-    slurm = {"name": "slurm", "slurm": {"tasks_per_node": 16, "max_nodes": 3}}
+    elastic = Point(
+        "kungfu-fig7",
+        "elastic",
+        1,
+        1,
+        {"elastic": "inplace", "schedule": "10:6,20:0", "initial_workers": 1, "standby": 2},
+    )
+
+    def slurm(**limits: int):
+        return configured_launcher({"launcher": {"name": "slurm", "slurm": {"tasks_per_node": 16, **limits}}})
+
     with pytest.raises(ConfigError, match=r"kungfu-fig9 point .*: needs 4 nodes .* over launcher.slurm.max_nodes 3"):
-        check_sizes({"kungfu-fig9": {wide.id: wide}}, slurm)
-    slurm["slurm"] = {"tasks_per_node": 16, "cpus_per_node": 32}
+        check_points({"kungfu-fig9": {wide.id: wide}}, slurm(max_nodes=3))
     with pytest.raises(ConfigError, match=r"16 workers × 4 threads = 64 CPUs on one node, over .*cpus_per_node 32"):
-        check_sizes({"kungfu-fig9": {wide.id: wide}}, slurm)
-    kubernetes = {"name": "kubernetes", "kubernetes": {"max_pods": 7}}
-    with pytest.raises(ConfigError, match=r"kungfu-fig7 point .*: needs 8 pods, over launcher.kubernetes.max_pods 7"):
-        check_sizes({"kungfu-fig7": {elastic.id: elastic}}, kubernetes)
+        check_points({"kungfu-fig9": {wide.id: wide}}, slurm(cpus_per_node=32))
+    kubernetes = configured_launcher({"launcher": {"name": "kubernetes", "kubernetes": {"max_pods": 7}}})
+    with pytest.raises(ConfigError, match=r"kungfu-fig9 point .*: needs 64 pods, over launcher.kubernetes.max_pods 7"):
+        check_points({"kungfu-fig9": {wide.id: wide}}, kubernetes)
     with pytest.raises(ConfigError, match=r"8 workers × 1 threads = 8 threads, more than this machine's 2 usable"):
         check_fits_machine(elastic, oversubscription=2, cores=2)
     check_fits_machine(elastic, oversubscription=4, cores=2)
-    check_sizes({"kungfu-fig9": {wide.id: wide}}, {"name": "slurm", "slurm": {"tasks_per_node": 16}})
+    check_points({"kungfu-fig9": {wide.id: wide}}, slurm())

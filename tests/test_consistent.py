@@ -12,6 +12,7 @@ from conftest import REPO
 
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.figures import figure_points
+from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.points import Point
 from ddlrepro.rank.easyscale import SyntheticImages, est_ranges, fold, load_checkpoint
@@ -71,7 +72,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     plans["resumed"] = consistent([2, 1, 1], steps=2, resume_from=first.id)
     for name, point in plans.items():
-        run_point(point, folder / name, timeout_s=300)
+        run_point(point, folder / name, local_launcher(300))
     return folder
 
 

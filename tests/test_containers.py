@@ -16,8 +16,9 @@ import yaml
 from conftest import REPO, copy_workflow, planned_jobs, snakemake, tiny_point
 from spython.main.parse.parsers import DockerParser, SingularityParser
 
+from ddlrepro.host.config import load_config
 from ddlrepro.host.images import build_command, read_image
-from ddlrepro.host.launchers.local import render
+from ddlrepro.host.launchers import configured_launcher
 
 CONTAINERS = REPO / "containers"
 ENGINE_RUN = ["podman", "--runtime", "runc", "run", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"]
@@ -57,7 +58,7 @@ def test_both_install_with_the_same_script_and_pins() -> None:
 
 
 def test_defaults_agree_with_the_config() -> None:
-    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config = load_config(REPO / "config" / "config.yaml")
     docker, _ = recipes()
     assert docker.fromHeader == config["images"]["base"]
     assert config["images"]["build"] is None  # `make reproduce` builds no image
@@ -94,15 +95,17 @@ def test_local_workers_in_containers_get_only_their_rank_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GITHUB_TOKEN", "canary-token-value-42")
-    spec = render(tiny_point(workers=2), 60, tmp_path / "run", container="abc123", container_run=ENGINE_RUN)
-    for rank, worker in enumerate(spec.workers):
+    images = {"build": "podman", "engine_args": ENGINE_RUN[1:3], "run_args": ENGINE_RUN[4:]}
+    launcher = configured_launcher({"images": images}, {"digest": "sha256:abc123"})
+    job = launcher.render(tiny_point(workers=2), tmp_path / "run").request
+    for rank, worker in enumerate(job.workers):
         command = worker.command
         assert command[: len(ENGINE_RUN)] == ENGINE_RUN
         assert command[command.index("--name") + 1] == f"ddlrepro-{tiny_point(workers=2).id}-{rank}"
         assert f"RANK={rank}" in command and "--network=host" in command
         assert command[command.index("abc123") + 1 :][:3] == ["python", "-m", "ddlrepro.rank.workloads"]
         assert "canary" not in json.dumps(command)
-    assert spec.rendezvous["container_engine"] == ["podman", "--runtime", "runc"]
+    assert job.container_engine == ["podman", "--runtime", "runc"]
 
 
 @pytest.fixture(scope="module")
@@ -194,14 +197,14 @@ def test_images_are_wired_into_the_runs_only_when_asked(workflow_copy: Path) -> 
 
     code, podman = dry_run(workflow_copy, "images={build: podman}")
     assert code == 0 and planned_jobs(podman)["build_image"] == 1
-    assert "--image-file results/images/ddlrepro-cpu.digest --container-run" in podman
+    assert "--image-file results/images/ddlrepro-cpu.digest" in podman and '"build": "podman"' in podman
 
     code, slurm = dry_run(workflow_copy, "images={build: apptainer, variant: cuda}", "launcher={name: slurm}")
     assert code == 0 and planned_jobs(slurm)["build_sif"] == 1
-    assert "--container results/images/ddlrepro-cuda.sif --image-file results/images/ddlrepro-cuda.sif.sha256" in slurm
+    assert "--image-file results/images/ddlrepro-cuda.sif.sha256" in slurm and '"name": "slurm"' in slurm
 
     code, kubernetes = dry_run(workflow_copy, "launcher={name: kubernetes, kubernetes: {image: 'ddlrepro:cuda'}}")
-    assert code == 0 and "--launcher kubernetes" in kubernetes and "--launcher-settings" in kubernetes
+    assert code == 0 and '"name": "kubernetes"' in kubernetes and '"image": "ddlrepro:cuda"' in kubernetes
 
     code, refused = dry_run(workflow_copy, "images={build: apptainer}")
     assert code != 0 and "images.build: apptainer images are not run by the local launcher" in refused

@@ -13,7 +13,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, tiny_point
 
 from ddlrepro.host.checks import check_figure, checks_settings, load_references
 from ddlrepro.host.config import load_config
@@ -121,23 +121,29 @@ def test_slurm_runs_count_the_job_cgroup_as_their_own_cpu(tmp_path: Path) -> Non
     assert own_cpu_counter(proc, tmp_path / "v2") == ("unknown: this process is in no Slurm job cgroup", None)
 
 
-def test_runs_whose_own_cpu_cannot_be_counted_say_so() -> None:
+def test_runs_whose_own_cpu_cannot_be_counted_say_so(tmp_path: Path) -> None:
     from ddlrepro.host.hostload import process_tree_cpu
-    from ddlrepro.host.launchers import get_launcher
-    from ddlrepro.host.run import measured_host_load, own_cpu_counter
+    from ddlrepro.host.launchers import configured_launcher
+    from ddlrepro.host.run import measured_host_load
 
-    local = get_launcher("local")
-    assert own_cpu_counter("local", local, None) == ("this process and its descendants", process_tree_cpu)
-    source, counter = own_cpu_counter("local", local, "localhost/ddlrepro:cpu")
+    local = configured_launcher()
+    point = tiny_point()
+    assert local.own_cpu_counter(local.render(point, tmp_path)) == (
+        "this process and its descendants",
+        process_tree_cpu,
+    )
+    podman = configured_launcher({"images": {"build": "podman"}}, {"digest": "sha256:abc"})
+    source, counter = podman.own_cpu_counter(podman.render(point, tmp_path))
     assert counter is None and source.startswith("unknown: the ranks run in containers")
-    source, counter = own_cpu_counter("kubernetes", get_launcher("kubernetes"), None)
+    pods = configured_launcher({"launcher": {"name": "kubernetes", "kubernetes": {"image": "ddlrepro:cpu"}}})
+    source, counter = pods.own_cpu_counter(pods.render(point, tmp_path))
     assert counter is None and "pods" in source
     assert measured_host_load(None, source) == {"own_cpu": source, "foreign_share": None, "steal_share": None}
 
 
 def test_slurm_runs_in_apptainer_still_count_the_job_cgroup(tmp_path: Path) -> None:
-    from ddlrepro.host.launchers import get_launcher
-    from ddlrepro.host.run import own_cpu_counter
+    from ddlrepro.host.launchers import configured_launcher
 
-    source, _ = own_cpu_counter("slurm", get_launcher("slurm"), "/images/ddlrepro-cpu.sif")
+    slurm = configured_launcher({"launcher": {"name": "slurm", "slurm": {"container": "/images/ddlrepro-cpu.sif"}}})
+    source, _ = slurm.own_cpu_counter(slurm.render(tiny_point(), tmp_path))
     assert "Slurm job" in source  # outside an allocation: "unknown: ... no Slurm job cgroup"

@@ -21,6 +21,10 @@ from torch import nn
 
 from ddlrepro.host.config import ConfigError
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
+from ddlrepro.host.launchers import check_points, configured_launcher, local_launcher
+from ddlrepro.host.launchers.hosting import peak_workers
+from ddlrepro.host.launchers.local import check_fits_machine
+from ddlrepro.host.launchers.slurm import SlurmLauncher
 from ddlrepro.host.ledger import LedgerError, trained_ranges, verify
 from ddlrepro.host.redaction import MARKER
 from ddlrepro.host.run import run_point
@@ -38,7 +42,7 @@ from ddlrepro.records import RECORD_PREFIX
 TOKEN = "test-token-123456"
 
 
-def elastic_point(schedule: str, launcher: str = "elastic", standby: int = 0, initial: int = 1, **extra) -> Point:
+def elastic_point(schedule: str, runtime: str = "inplace", standby: int = 0, initial: int = 1, **extra) -> Point:
     sizes = [entry.size for entry in parse_schedule(schedule)]
     params = {
         "model": "resnet20",
@@ -47,8 +51,8 @@ def elastic_point(schedule: str, launcher: str = "elastic", standby: int = 0, in
         "dataset_size": 64,
         "initial_workers": initial,
         "schedule": schedule,
-        "mode": launcher,
-        "launcher": launcher,
+        "mode": runtime,
+        "elastic": runtime,
         "standby": standby,
         "collective_timeout_s": 30,
         **extra,
@@ -243,7 +247,7 @@ SCHEDULE = "4:2,8:1,12:3,16:2,20:1,24:0"
 @pytest.mark.parametrize("standby", [0, 1], ids=["cold", "warm"])
 def test_several_grows_and_shrinks_in_place(tmp_path: Path, standby: int) -> None:
     point = elastic_point(SCHEDULE, standby=standby)
-    result = run_point(point, tmp_path / "run", timeout_s=240)
+    result = run_point(point, tmp_path / "run", local_launcher(240))
     assert result["summary"]["steps"] == 24
     verify(ledger(tmp_path / "run"), result["summary"]["samples"])
     expected = {step: size for step in range(24) for size in [_size_at(step)]}
@@ -306,7 +310,7 @@ def test_resized_state_is_bitwise_equal_on_every_rank_and_matches_a_fixed_size_r
     the ledger); at the stop the same parameters and momentum; and the parameters are those of one process
     trained on the same global batches, up to the all-reduce's summation order."""
     point = elastic_point("2:2,4:3,6:1,8:2,10:0", record_state=True, model="smallnet")
-    result = run_point(point, tmp_path / "run", timeout_s=240)
+    result = run_point(point, tmp_path / "run", local_launcher(240))
     records = ledger(tmp_path / "run")
     verify(records, result["summary"]["samples"])
     synced = pd.DataFrame([record for record in records if record.get("state") == "synced"])
@@ -339,7 +343,7 @@ def test_survivors_keep_their_processes(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(LEAKY_SITE), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("LEAK_WHEN", TOKEN_ENV)
     monkeypatch.setenv("LEAK_VARIABLES", TOKEN_ENV)
-    run_point(elastic_point("3:2,6:1,9:0"), tmp_path / "run", timeout_s=120)
+    run_point(elastic_point("3:2,6:1,9:0"), tmp_path / "run", local_launcher(120))
     workers = [record for record in live_records(tmp_path / "run") if record["kind"] == "worker"]
     assert sorted(worker["rank"] for worker in workers) == [0, 1]
     provenance = json.loads((tmp_path / "run" / "provenance.json").read_text())
@@ -361,7 +365,7 @@ def test_killed_worker_survivors_continue(tmp_path: Path) -> None:
     point = elastic_point("120:0", initial=3)
     run_dir = tmp_path / "run"
     outcome: dict = {}
-    runner = threading.Thread(target=lambda: outcome.update(run_point(point, run_dir, timeout_s=300)))
+    runner = threading.Thread(target=lambda: outcome.update(run_point(point, run_dir, local_launcher(300))))
     runner.start()
     victim = worker_pid(run_dir, worker=1, after_steps=20)
     killed_at = time.time()
@@ -385,28 +389,46 @@ def test_killed_worker_survivors_continue(tmp_path: Path) -> None:
     assert resumed[0] >= max(committed) - 3 * point.params["batch_size"]
 
 
-def test_slurm_gives_an_elastic_point_one_node() -> None:
-    from ddlrepro.host.launchers.slurm import allocation
+def slurm_launcher(**slurm: int) -> SlurmLauncher:
+    config = {"launcher": {"name": "slurm", "timeout_s": 1800, "slurm": {"mem_mb_per_worker": 1000, **slurm}}}
+    return configured_launcher(config)
 
-    slurm = {"tasks_per_node": 2, "mem_mb_per_worker": 1000, "gpus_per_node": 0, "partition": None, "account": None}
-    settings = allocation(elastic_point("10:4,20:1,30:0"), slurm, runtime_min=30)
+
+def test_slurm_gives_an_elastic_point_one_node() -> None:
+    settings = slurm_launcher(tasks_per_node=2).resources(elastic_point("10:4,20:1,30:0"))
     assert (settings["nodes"], settings["tasks"], settings["tasks_per_node"]) == (1, 4, 4)
+    assert settings["runtime"] == 30
 
 
 def test_slurm_counts_an_elastic_points_standbys_as_the_local_launcher_does() -> None:
     """Slurm sizes an elastic point by its peak processes (largest cluster + standbys), as local and Kubernetes do."""
-    from ddlrepro.host.launchers.local import check_fits_machine, peak_workers
-    from ddlrepro.host.launchers.slurm import allocation, check_cluster_limits
-
-    point = elastic_point("10:4,20:1,30:0", launcher="elastic", standby=2)
-    slurm = {"tasks_per_node": 2, "mem_mb_per_worker": 1000, "gpus_per_node": 0, "partition": None, "account": None}
-    settings = allocation(point, slurm, runtime_min=30)
+    point = elastic_point("10:4,20:1,30:0", standby=2)
+    settings = slurm_launcher(tasks_per_node=2).resources(point)
     assert peak_workers(point) == 6
     assert (settings["nodes"], settings["tasks"], settings["tasks_per_node"]) == (1, 6, 6)
     with pytest.raises(ConfigError, match="6 workers"):
         check_fits_machine(point, oversubscription=1, cores=5)
     with pytest.raises(ConfigError, match="6 workers"):
-        check_cluster_limits(point, slurm | {"cpus_per_node": 5})
+        slurm_launcher(tasks_per_node=2, cpus_per_node=5).check_fits(point)
+
+
+def test_elastic_runs_are_hosted_where_the_launcher_can_and_refused_naming_the_figure_where_not(
+    tmp_path: Path,
+) -> None:
+    """Local and Slurm host both runtimes (the workers run where the launcher runs); Kubernetes refuses at
+    validation, naming the figure. The configured launcher is the one that runs the point: never a parameter."""
+    point = elastic_point("3:2,6:0", runtime="torchrun")
+    assert local_launcher(60).render(point, tmp_path).request.runtime == "torchrun"
+    spec = slurm_launcher().render(point, tmp_path)
+    assert (spec.launcher, spec.request.runtime) == ("slurm", "torchrun")
+    kubernetes = configured_launcher({"launcher": {"name": "kubernetes", "kubernetes": {"image": "x:1"}}})
+    with pytest.raises(
+        ConfigError,
+        match=r"kungfu-fig7 needs elastic runs \(torchrun\); the kubernetes launcher "
+        r"cannot host them: disable it \(figures.kungfu-fig7.enabled: false\) or use local or slurm",
+    ):
+        check_points({"kungfu-fig7": {point.id: point}}, kubernetes)
+    check_points({"kungfu-fig7": {point.id: point}}, slurm_launcher())
 
 
 @pytest.mark.slow
@@ -415,7 +437,7 @@ def test_snakemake_builds_fig7(workflow_copy: Path) -> None:
     figure and the checks."""
     overlay = workflow_copy / "fig7.yaml"
     overlay.write_text(  # exclusive: two runs at once would disturb each other's timings (checks: disturbed)
-        "launcher:\n  exclusive: true\n"
+        "launcher:\n  local: {exclusive: true}\n"
         "figures:\n  kungfu-fig7:\n    enabled: true\n    schedule: '3:2,6:1,9:0'\n    dataset_size: 64\n"
         "    batch_size: 4\n"
     )

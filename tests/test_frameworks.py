@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_point
 
-from ddlrepro.host.launchers import local
+from ddlrepro.host.launchers import local, local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
@@ -33,7 +33,7 @@ def test_framework_runs_the_protocol_on_two_processes(tmp_path: Path, name: str)
     if name == "horovod-mpi" and not shutil.which("mpirun"):
         pytest.fail("mpirun is missing: `make horovod` installs Open MPI (Debian) as root")
     params = FRAMEWORK_POINTS[name]
-    record = run_point(tiny_point(workers=2, iterations=2, **params), tmp_path, timeout_s=300)
+    record = run_point(tiny_point(workers=2, iterations=2, **params), tmp_path, local_launcher(300))
     assert record["status"] == "ok"
     records = metrics(tmp_path)
     rates = [m for m in records if m["metric"] == "img_per_sec"]
@@ -50,13 +50,13 @@ def test_framework_runs_the_protocol_on_two_processes(tmp_path: Path, name: str)
     if params["framework"] == "horovod":
         assert settings["controller"] == params["horovod_controller"]
         expected_mode = "mpirun" if params["horovod_controller"] == "mpi" else "horovod-gloo"
-        assert json.loads((tmp_path / "jobspec.json").read_text())["rendezvous"]["mode"] == expected_mode
+        assert json.loads((tmp_path / "jobspec.json").read_text())["mode"] == expected_mode
 
 
 def test_horovod_ranks_get_horovodrun_environment(tmp_path: Path) -> None:
-    spec = local.render(tiny_point(workers=2, framework="horovod"), 60, tmp_path)
-    port = spec.rendezvous["horovod_port"]
-    for rank, worker in enumerate(spec.workers):
+    job = local_launcher(60).render(tiny_point(workers=2, framework="horovod"), tmp_path).request
+    port = job.horovod_port
+    for rank, worker in enumerate(job.workers):
         assert worker.env["HOROVOD_RANK"] == str(rank)
         assert worker.env["HOROVOD_SIZE"] == "2"
         assert worker.env["HOROVOD_GLOO_RENDEZVOUS_PORT"] == str(port)
@@ -64,8 +64,8 @@ def test_horovod_ranks_get_horovodrun_environment(tmp_path: Path) -> None:
 
 
 def test_tensorflow_ranks_share_one_cluster(tmp_path: Path) -> None:
-    spec = local.render(tiny_point(workers=2, framework="tensorflow"), 60, tmp_path)
-    configs = [json.loads(worker.env["TF_CONFIG"]) for worker in spec.workers]
+    job = local_launcher(60).render(tiny_point(workers=2, framework="tensorflow"), tmp_path).request
+    configs = [json.loads(worker.env["TF_CONFIG"]) for worker in job.workers]
     assert configs[0]["cluster"] == configs[1]["cluster"]
     assert len(set(configs[0]["cluster"]["worker"])) == 2
     assert [c["task"]["index"] for c in configs] == [0, 1]
@@ -84,7 +84,7 @@ def test_mpirun_lines_are_filed_under_their_rank(tmp_path: Path) -> None:
 def test_mpi_allreduce_runs_under_mpirun(tmp_path: Path) -> None:
     params = {"backend": "mpi", "strategy": "MPI_Allreduce", "min_bytes": 1024, "max_bytes": 8192, "warmup": 1}
     params |= {"repetitions": 2, "target_bytes": 8192, "max_ops": 4, "sample_interval_s": 1.0}
-    record = run_point(Point("kungfu-allreduce", "allreduce", 2, 1, params), tmp_path, timeout_s=120)
+    record = run_point(Point("kungfu-allreduce", "allreduce", 2, 1, params), tmp_path, local_launcher(120))
     assert record["status"] == "ok"
     times = [m for m in metrics(tmp_path) if m["metric"] == "allreduce_time_s"]
     assert sorted({m["size_bytes"] for m in times}) == [1024, 2048, 4096, 8192]

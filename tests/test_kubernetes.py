@@ -18,9 +18,10 @@ from conftest import REPO, tiny_point
 from kubernetes import client
 
 from ddlrepro.host.cli import main
-from ddlrepro.host.config import ConfigError, load_config, merge_into, validate_config
-from ddlrepro.host.launchers import kubernetes
-from ddlrepro.host.launchers.base import RunFailed
+from ddlrepro.host.config import ConfigError, load_config, validate_config
+from ddlrepro.host.figures import figure_points
+from ddlrepro.host.launchers import check_points, configured_launcher, kubernetes
+from ddlrepro.host.launchers.base import JobSpec, RunFailed
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.host.tables import tidy_table
@@ -39,22 +40,27 @@ SETTINGS = {
 LOG_LINE = re.compile(r"^\[rank (\d+)(?: stderr)?\] (.*)$")
 
 
-def rendered(kind: str, workers: int = 4, **settings: Any) -> kubernetes.JobSpec:
-    return kubernetes.render(tiny_point(workers=workers), 600, Path("run"), {**SETTINGS, "kind": kind, **settings})
+def launcher(kind: str, timeout_s: float = 600, **settings: Any) -> kubernetes.KubernetesLauncher:
+    section = {**SETTINGS, "kind": kind, **settings}
+    return configured_launcher({"launcher": {"name": "kubernetes", "timeout_s": timeout_s, "kubernetes": section}})
 
 
-def by_kind(spec: kubernetes.JobSpec) -> dict[str, dict[str, Any]]:
-    return {manifest["kind"]: manifest for manifest in spec.manifests}
+def rendered(kind: str, workers: int = 4, **settings: Any) -> JobSpec[kubernetes.KubernetesRequest]:
+    return launcher(kind, **settings).render(tiny_point(workers=workers), Path("run"))
+
+
+def by_kind(spec: JobSpec[kubernetes.KubernetesRequest]) -> dict[str, dict[str, Any]]:
+    return {manifest["kind"]: manifest for manifest in spec.request.manifests}
 
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
     return {item["name"]: item.get("value", item.get("valueFrom")) for item in container["env"]}
 
 
-def validated_objects(spec: kubernetes.JobSpec) -> list[dict[str, Any]]:
+def validated_objects(spec: JobSpec[kubernetes.KubernetesRequest]) -> list[dict[str, Any]]:
     """What the schemas can check: the manifests, and a PyTorchJob's pod templates as PodTemplates."""
     objects = []
-    for manifest in spec.manifests:
+    for manifest in spec.request.manifests:
         if manifest["kind"] != "PyTorchJob":
             objects.append(manifest)
             continue
@@ -94,18 +100,8 @@ def test_kubernetes_validate_command_accepts_the_rendered_files(tmp_path: Path) 
 
 
 def test_render_command_prints_the_manifests(capsys: pytest.CaptureFixture[str]) -> None:
-    settings = json.dumps({**SETTINGS, "kind": "job"})
-    main(
-        [
-            "render",
-            "--point",
-            tiny_point(workers=3).to_json(),
-            "--launcher",
-            "kubernetes",
-            "--launcher-settings",
-            settings,
-        ]
-    )
+    config = json.dumps({"launcher": {"name": "kubernetes", "kubernetes": {**SETTINGS, "kind": "job"}}})
+    main(["render", "--point", tiny_point(workers=3).to_json(), "--config-json", config])
     documents = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [document["kind"] for document in documents] == ["Service", "Job"]
     assert documents[1]["spec"]["completions"] == 3
@@ -135,8 +131,8 @@ def test_indexed_job_semantics() -> None:
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
-    assert sorted(worker.rank for worker in spec.workers) == [0, 1, 2, 3]
-    assert {worker.env["MASTER_ADDR"] for worker in spec.workers} == {env["MASTER_ADDR"]}
+    assert sorted(worker.rank for worker in spec.request.workers) == [0, 1, 2, 3]
+    assert {worker.env["MASTER_ADDR"] for worker in spec.request.workers} == {env["MASTER_ADDR"]}
 
 
 def test_resources_image_and_pull_secret_names() -> None:
@@ -153,11 +149,14 @@ def test_resources_image_and_pull_secret_names() -> None:
 
 
 def test_image_reference_keeps_a_named_registry() -> None:
-    assert kubernetes.image_reference({"image": "ghcr.io/o/i:1", "registry": "r.example"}) == "ghcr.io/o/i:1"
-    assert kubernetes.image_reference({"image": "o/i:1", "registry": "r.example/"}) == "r.example/o/i:1"
-    assert kubernetes.image_reference({"image": "i:1", "registry": None}) == "i:1"
+    def reference(image: str | None, registry: str | None) -> str:
+        return kubernetes.image_reference(launcher("job", image=image, registry=registry).options)
+
+    assert reference("ghcr.io/o/i:1", "r.example") == "ghcr.io/o/i:1"
+    assert reference("o/i:1", "r.example/") == "r.example/o/i:1"
+    assert reference("i:1", None) == "i:1"
     with pytest.raises(ValueError, match=r"launcher\.kubernetes\.image"):
-        kubernetes.image_reference({"image": None})
+        reference(None, None)
 
 
 def test_pytorchjob_semantics() -> None:
@@ -352,7 +351,7 @@ def substituted(lines: list[str], job: str) -> list[str]:
 def run_on(fake: FakeCluster, tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch, **settings: Any) -> Path:
     monkeypatch.setattr(kubernetes, "connect", lambda context=None: fake)
     run_dir = tmp_path / "runs" / "kungfu-fig9" / tiny_point(workers=2).id
-    run_point(tiny_point(workers=2), run_dir, "kubernetes", 60, settings={**SETTINGS, "kind": kind, **settings})
+    run_point(tiny_point(workers=2), run_dir, launcher(kind, 60, **settings))
     return run_dir
 
 
@@ -469,21 +468,25 @@ def test_image_pull_failure_names_image_and_secret_name(tmp_path: Path, monkeypa
 
 def test_timeout_stops_and_deletes_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeCluster("job", [[["pending", "pending"]]], [{}])
-    monkeypatch.setattr(kubernetes, "connect", lambda context=None: fake)
-    spec = kubernetes.render(tiny_point(workers=2), 0.05, tmp_path, {**SETTINGS, "kind": "job"})
+    pods = kubernetes.KubernetesLauncher(launcher("job", 0.05).options, fake)
+    spec = pods.render(tiny_point(workers=2), tmp_path)
     (tmp_path / "run").mkdir()
     with OutputCollector(tmp_path / "run") as output, pytest.raises(RunFailed, match=r"timed out after 0\.05 s"):
-        kubernetes.execute(spec, output, fake)
+        pods.execute(spec, output)
     assert ("delete", "Job") in fake.calls
 
 
 def test_kubernetes_profile_sets_names_and_a_valid_config() -> None:
+    """Read as Snakemake reads it: the profile's config file on top of config/config.yaml, kungfu-fig7 off (the
+    launcher cannot host its elastic runs), and no `config:` entries (Snakemake reads nested values as strings)."""
     profile = yaml.safe_load((REPO / "profiles" / "kubernetes" / "config.yaml").read_text())
-    (override,) = profile["config"]
-    key, _, value = override.partition("=")
-    config = merge_into(load_config(REPO / "config" / "config.yaml"), {key: yaml.safe_load(value)})
-    validate_config(config)
+    assert "config" not in profile
+    config = load_config(REPO / "config" / "config.yaml", REPO / "profiles" / "kubernetes" / profile["configfile"])
     section = config["launcher"]["kubernetes"]
     assert config["launcher"]["name"] == "kubernetes"
     assert section["namespace"] and section["image"] and section["registry"] and section["image_pull_secrets"]
-    assert not re.search("password|token|auth", json.dumps(profile), re.IGNORECASE)
+    assert section["gpus_per_worker"] == 1
+    assert config["figures"]["kungfu-fig7"]["enabled"] is False
+    check_points(figure_points(config), configured_launcher(config))
+    text = json.dumps(profile) + (REPO / "profiles" / "kubernetes" / profile["configfile"]).read_text()
+    assert not re.search("password|token|auth", text, re.IGNORECASE)

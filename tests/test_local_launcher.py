@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_point
 
+from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.launchers.base import RunFailed
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import OutputCollector
@@ -21,7 +22,7 @@ from ddlrepro.host.rundir import OutputCollector
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("run") / "kungfu-fig9" / "point"
-    run_point(tiny_point(workers=2, iterations=3), run_dir, timeout_s=300)
+    run_point(tiny_point(workers=2, iterations=3), run_dir, local_launcher(300))
     return run_dir
 
 
@@ -125,7 +126,7 @@ def test_killed_worker_fails_the_run_fast_and_cleanly(tmp_path: Path) -> None:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
-    record = run_point(tiny_point(workers=2), run_dir, timeout_s=300)
+    record = run_point(tiny_point(workers=2), run_dir, local_launcher(300))
     assert record["status"] == "ok"
     attempts = list((run_dir / "attempts").iterdir())
     assert len(attempts) == 1
@@ -136,7 +137,7 @@ def test_killed_worker_fails_the_run_fast_and_cleanly(tmp_path: Path) -> None:
 def test_failing_worker_reports_rank_and_stderr_tail(tmp_path: Path) -> None:
     point = tiny_point(workers=2, model="no_such_model")
     with pytest.raises(RunFailed) as caught:
-        run_point(point, tmp_path / "run", timeout_s=120)
+        run_point(point, tmp_path / "run", local_launcher(120))
     message = str(caught.value)
     assert caught.value.rank in (0, 1)
     assert f"rank {caught.value.rank} exited with code 1" in message
@@ -148,7 +149,7 @@ def test_timeout_stops_every_worker(tmp_path: Path) -> None:
     point = tiny_point(workers=2, iterations=10_000, batch_size=4)
     started = time.monotonic()
     with pytest.raises(RunFailed, match="timed out after 8 s"):
-        run_point(point, tmp_path / "run", timeout_s=8)
+        run_point(point, tmp_path / "run", local_launcher(8))
     assert time.monotonic() - started < 20
     assert not (tmp_path / "run" / "result.json").exists()
 

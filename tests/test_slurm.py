@@ -15,7 +15,9 @@ from conftest import ONE_WORKER_COUNT_DLAAS, REPO, checks_excluding, copy_workfl
 from test_local_launcher import wait_for, worker_pids
 
 from ddlrepro.host.figures import FIGURES
-from ddlrepro.host.launchers.slurm import allocation, render
+from ddlrepro.host.launchers import configured_launcher
+from ddlrepro.host.launchers.base import WorkerSpec
+from ddlrepro.host.launchers.slurm import SlurmLauncher
 from ddlrepro.rank.slurm_task import layout, task_environment
 
 GPU_CLUSTER = {
@@ -28,9 +30,19 @@ GPU_CLUSTER = {
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 
 
+def slurm(job_id: str = "0", timeout_s: float = 600, **settings) -> SlurmLauncher:
+    """The Slurm launcher with `settings` (config `launcher.slurm`) as inside job `job_id`."""
+    config = {"launcher": {"name": "slurm", "timeout_s": timeout_s, "slurm": settings}}
+    return SlurmLauncher(configured_launcher(config).options, {"SLURM_JOB_ID": job_id})
+
+
+def step(launcher: SlurmLauncher, point, run_dir: Path) -> WorkerSpec:
+    return launcher.render(point, run_dir).request.step
+
+
 def test_allocation_of_32_workers_on_8_nodes_with_4_gpus() -> None:
     point = tiny_point(workers=32)
-    settings = allocation(point, GPU_CLUSTER, runtime_min=120)
+    settings = slurm(timeout_s=7200, **GPU_CLUSTER).resources(point)
     assert settings == {
         "nodes": 8,
         "tasks": 32,
@@ -42,19 +54,20 @@ def test_allocation_of_32_workers_on_8_nodes_with_4_gpus() -> None:
         "slurm_account": "proj42",
         "mpi": "srun",
         "gres": "gpu:4",
+        "slurm_extra": "--ntasks-per-node=4",
     }
 
 
 def test_single_worker_is_not_an_mpi_job() -> None:
-    settings = allocation(tiny_point(workers=1), {**GPU_CLUSTER, "gpus_per_node": 0}, runtime_min=5)
-    assert (settings["nodes"], settings["tasks"], settings["mpi"]) == (1, 1, "")
-    assert "gres" not in settings
+    settings = slurm(timeout_s=270, **{**GPU_CLUSTER, "gpus_per_node": 0}).resources(tiny_point(workers=1))
+    assert (settings["nodes"], settings["tasks"], settings["mpi"], settings["runtime"]) == (1, 1, "", 5)
+    assert settings["gres"] == ""
 
 
 def test_render_takes_the_rendezvous_from_the_allocation(tmp_path: Path) -> None:
     """Snakemake's job step keeps only SLURM_JOB_ID of the allocation's variables: GPUs come from the settings."""
-    spec = render(tiny_point(workers=32), 600, tmp_path, {"SLURM_JOB_ID": "123456"}, settings=GPU_CLUSTER)
-    (step,) = spec.workers
+    spec = slurm("123456", **GPU_CLUSTER).render(tiny_point(workers=32), tmp_path)
+    step = spec.request.step
     assert step.rank is None
     assert step.command[:10] == [
         "srun",
@@ -71,31 +84,31 @@ def test_render_takes_the_rendezvous_from_the_allocation(tmp_path: Path) -> None
     assert step.command[-3:-1] == ["-m", "ddlrepro.rank.slurm_task"]
     assert "MASTER_ADDR" not in step.env  # each task takes the first node of its step
     assert step.env["MASTER_PORT"] == str(15000 + 123456 % 275 * 64)
-    assert spec.rendezvous["job_id"] == "123456"
-    neighbour = render(tiny_point(workers=2, framework="tensorflow"), 600, tmp_path, {"SLURM_JOB_ID": "123457"})
-    assert int(neighbour.workers[0].env["MASTER_PORT"]) == int(step.env["MASTER_PORT"]) + 64
+    assert spec.request.job_id == "123456"
+    neighbour = slurm("123457").render(tiny_point(workers=2, framework="tensorflow"), tmp_path).request.step
+    assert int(neighbour.env["MASTER_PORT"]) == int(step.env["MASTER_PORT"]) + 64
 
 
 def test_workers_run_inside_the_container_image(tmp_path: Path) -> None:
-    gpus = {"tasks_per_node": 4, "gpus_per_node": 4}
-    (step,) = render(tiny_point(workers=2), 600, tmp_path, {"SLURM_JOB_ID": "7"}, "/images/ddlrepro.sif", gpus).workers
-    index = step.command.index("apptainer")
-    assert step.command[index : index + 6] == ["apptainer", "exec", "--nv", "/images/ddlrepro.sif", "python", "-m"]
-    (cpu_step,) = render(tiny_point(workers=2), 600, tmp_path, {"SLURM_JOB_ID": "7"}, container="/i.sif").workers
-    assert "--nv" not in cpu_step.command
+    gpus = slurm("7", tasks_per_node=4, gpus_per_node=4, container="/images/ddlrepro.sif")
+    command = step(gpus, tiny_point(workers=2), tmp_path).command
+    index = command.index("apptainer")
+    assert command[index : index + 6] == ["apptainer", "exec", "--nv", "/images/ddlrepro.sif", "python", "-m"]
+    assert "--nv" not in step(slurm("7", container="/i.sif"), tiny_point(workers=2), tmp_path).command
+    built = configured_launcher({"launcher": {"name": "slurm"}, "images": {"build": "apptainer", "variant": "cuda"}})
+    assert built.options.container == "results/images/ddlrepro-cuda.sif"  # the image the workflow builds
 
 
 def test_mpi_points_start_through_slurms_mpi_plugin(tmp_path: Path) -> None:
     point = tiny_point(workers=4, framework="horovod", horovod_controller="mpi")
-    (step,) = render(point, 600, tmp_path, {"SLURM_JOB_ID": "9"}).workers
-    assert step.command[0] == "srun" and "--mpi=pmix" in step.command
-    (step,) = render(point, 600, tmp_path, {"SLURM_JOB_ID": "9"}, settings={"mpi": "pmi2"}).workers
-    assert "--mpi=pmi2" in step.command
-    (gloo_step,) = render(tiny_point(workers=4, framework="horovod"), 600, tmp_path, {"SLURM_JOB_ID": "9"}).workers
+    command = step(slurm("9"), point, tmp_path).command
+    assert command[0] == "srun" and "--mpi=pmix" in command
+    assert "--mpi=pmi2" in step(slurm("9", mpi="pmi2"), point, tmp_path).command
+    gloo_step = step(slurm("9"), tiny_point(workers=4, framework="horovod"), tmp_path)
     assert not any(flag.startswith("--mpi") for flag in gloo_step.command)
     assert gloo_step.env["DDLREPRO_HOROVOD_PORT"] == str(int(gloo_step.env["MASTER_PORT"]) + 1)
     with pytest.raises(ValueError, match="Horovod or MPI"):
-        render(point, 600, tmp_path, {"SLURM_JOB_ID": "9"}, container="/i.sif")
+        step(slurm("9", container="/i.sif"), point, tmp_path)
 
 
 def test_step_layout_from_slurms_notation() -> None:
@@ -196,9 +209,11 @@ def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, s
     for spec_path in (workdir / "results" / "runs").glob("*/*/jobspec.json"):
         spec = json.loads(spec_path.read_text())
         assert spec["launcher"] == "slurm"
-        command = spec["workers"][0]["command"]
+        if "runtime" in spec:  # an elastic job, started from the batch step on the allocation's node
+            continue
+        command = spec["step"]["command"]
         assert command[0] == "srun"
-        assert ("--mpi=pmix" in command) == (spec["rendezvous"]["mode"] == "mpirun")
+        assert ("--mpi=pmix" in command) == (spec["mode"] == "mpirun")
     checks = pd.read_csv(workdir / "results" / "checks.tsv", sep="\t").set_index(["figure", "check"])
     assert checks.loc[("easyscale-fig9", "d1-exactly-zero"), "status"] == "pass"
 
@@ -233,7 +248,7 @@ def test_failed_slurm_job_names_its_id_and_retries_recover(cluster: dict[str, st
     slow = only(workdir, "slow.yaml", sections, checks_excluding(*ONE_WORKER_COUNT_DLAAS))
     run_dir, code, stderr = kill_one_worker_during(workdir, cluster, "tests/configs/tiny.yaml", slow)
     assert code != 0
-    job_id = json.loads((run_dir / "jobspec.json").read_text())["rendezvous"]["job_id"]
+    job_id = json.loads((run_dir / "jobspec.json").read_text())["job_id"]
     assert f"SLURM jobid {job_id}" in stderr
     assert f"slurm_logs/rule_run_point/dlaas-scaling_{run_dir.name}/{job_id}.log" in stderr
     job_log = (workdir / "results" / "logs" / "run_point" / "dlaas-scaling" / f"{run_dir.name}.log").read_text()

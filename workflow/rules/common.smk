@@ -16,10 +16,9 @@ from ddlrepro.host.checks import check_exclude, checks_settings, load_references
 from ddlrepro.host.config import validate_config
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.bundle import bundle_name, digest_file
-from ddlrepro.host.launchers.slurm import allocation
 from ddlrepro.host.figures import FIGURES, enabled_figures, figure_points, figure_source
 from ddlrepro.host.provenance import git_state, profile_from_command, record_invocation
-from ddlrepro.host.launchers.sizes import check_sizes
+from ddlrepro.host.launchers import check_points, configured_launcher
 from ddlrepro.host.redaction import declare_secret_variables
 
 try:
@@ -32,8 +31,11 @@ try:
         config["references"],
     )
     POINTS = figure_points(config)
-    check_sizes(POINTS, config["launcher"])
-    declare_secret_variables(config.get("redaction", {}).get("variables", []))
+    # The configured launcher, as the workflow sees it: what each run may use and asks for (the image is known
+    # only once built: each run builds its own from the same sections, `run-point --config-json`).
+    LAUNCHER = configured_launcher(config)
+    check_points(POINTS, LAUNCHER)
+    declare_secret_variables(config["redaction"]["variables"])
 except (UserError, OSError) as error:
     raise WorkflowError(str(error)) from None
 
@@ -70,22 +72,18 @@ def lookup_point(wildcards):
         ) from None
 
 
-def run_allocation(wildcards):
-    """What a run asks a Slurm cluster for (ignored by the local launcher)."""
-    runtime = max(1, int(config["launcher"]["timeout_s"] // 60))
-    return allocation(lookup_point(wildcards), config["launcher"]["slurm"], runtime)
+def run_resources():
+    """The run rule's resources: what the launcher asks a batch scheduler for per point (Slurm's allocation;
+    none for the local and Kubernetes launchers)."""
+    return {name: allocated(name) for name in LAUNCHER.resource_names}
+
+
+def allocated(name):
+    """One of a run's resources, as a Snakemake resource."""
+    return lambda wildcards: LAUNCHER.resources(lookup_point(wildcards))[name]
 
 
 IMAGES = config["images"]
-LAUNCHER = config["launcher"]["name"]
-# Which launcher runs workers in which kind of built image (podman/docker: local processes; .sif: Slurm steps).
-IMAGE_RUNNERS = {"podman": {"local", "kubernetes"}, "docker": {"local", "kubernetes"}}
-IMAGE_RUNNERS["apptainer"] = {"slurm"}
-if IMAGES["build"] and LAUNCHER not in IMAGE_RUNNERS[IMAGES["build"]]:
-    raise WorkflowError(
-        f"images.build: {IMAGES['build']} images are not run by the {LAUNCHER} launcher"
-        f" (launcher.name); use {' or '.join(sorted(IMAGE_RUNNERS[IMAGES['build']]))}, or images.build: null"
-    )
 
 
 def image_file():
@@ -116,33 +114,12 @@ def image_sources(wildcards):
 
 
 def launcher_options():
-    """run-point's options for the configured launcher and image (container, image digest, launcher settings)."""
-    options = []
-    sif = config["launcher"]["slurm"]["container"]
-    if IMAGES["build"] == "apptainer" and not sif:
-        sif = image_file()[0].removesuffix(".sha256")
-    if sif and LAUNCHER == "slurm":
-        options += ["--container", sif]
-    if image_file():
-        options += ["--image-file", image_file()[0]]
-    if IMAGES["build"] in ("podman", "docker") and LAUNCHER == "local":
-        engine = [IMAGES["build"], *IMAGES["engine_args"], "run", *IMAGES["run_args"]]
-        options += ["--container-run", json.dumps(engine)]
-    if LAUNCHER == "slurm":
-        slurm = config["launcher"]["slurm"]
-        read_by_render = ("tasks_per_node", "gpus_per_node", "mpi")
-        options += [
-            "--launcher-settings",
-            json.dumps({key: slurm[key] for key in read_by_render}),
-        ]
-    if LAUNCHER == "kubernetes":
-        options += ["--launcher-settings", json.dumps(config["launcher"]["kubernetes"])]
+    """run-point's options: the config's launcher and images sections (the launcher builds its own options from
+    them), and the built image's record, if any."""
+    sections = {key: config[key] for key in ("launcher", "images")}
+    options = ["--config-json", json.dumps(sections, sort_keys=True)]
+    options += ["--image-file", *image_file()] if image_file() else []
     return " ".join(shlex.quote(option) for option in options)
-
-
-def allocated(name):
-    """One setting of a run's Slurm allocation, as a Snakemake resource."""
-    return lambda wildcards: run_allocation(wildcards).get(name, "")
 
 
 def resumed_point_result(wildcards):
@@ -166,19 +143,10 @@ def all_point_results(figures):
 
 
 def run_threads(wildcards):
-    """Cores a run reserves: its workers' threads, or every core of this machine when local runs must not share it
-    (on a cluster each run has its own allocation)."""
-    # Kubernetes: the pods run on the cluster; here only the launcher that watches them.
-    if LAUNCHER == "kubernetes":
-        return 1
-    point = lookup_point(wildcards)
-    needed = point.workers * point.threads_per_worker
-    sharing_this_machine = config["launcher"]["name"] == "local"
-    return (
-        max(needed, workflow.cores)
-        if config["launcher"]["exclusive"] and sharing_this_machine
-        else needed
-    )
+    """Cores a run takes where Snakemake runs its job, as its launcher says: local processes take their workers'
+    threads (every core when runs must not share the machine), a Slurm run its allocation, a Kubernetes run only
+    the launcher that watches its pods."""
+    return LAUNCHER.host_cores(lookup_point(wildcards), workflow.cores)
 
 
 def point_results(wildcards):

@@ -1,5 +1,5 @@
 # One distributed run per point. The point (JSON) is a param: a changed parameter gives a new point id anyway.
-# The resources are the point's Slurm allocation (launchers/slurm.py); the local launcher ignores them.
+# The resources are what the launcher asks a batch scheduler for (Slurm: the point's allocation, launchers/slurm.py).
 # With images.build set, every run depends on the built image's digest: a changed image reruns the runs.
 
 
@@ -17,20 +17,10 @@ rule run_point:
         SOFTWARE
     threads: run_threads
     resources:
-        runtime=allocated("runtime"),
-        nodes=allocated("nodes"),
-        tasks=allocated("tasks"),
-        cpus_per_task=allocated("cpus_per_task"),
-        mem_mb=allocated("mem_mb"),
-        slurm_partition=allocated("slurm_partition"),
-        slurm_account=allocated("slurm_account"),
-        gres=allocated("gres"),
-        slurm_extra=lambda wildcards: f"--ntasks-per-node={run_allocation(wildcards)['tasks_per_node']}",
-        mpi=allocated("mpi"),
+        **run_resources(),
     params:
         point=lambda wildcards: shlex.quote(lookup_point(wildcards).to_json()),
-        launcher=config["launcher"]["name"],
         options=launcher_options(),
     shell:
-        "python -m ddlrepro run-point --point {params.point} --launcher {params.launcher}"
-        " --run-dir $(dirname {output}) --timeout $(({resources.runtime} * 60)) {params.options} > {log} 2>&1"
+        "python -m ddlrepro run-point --point {params.point} --run-dir $(dirname {output}) {params.options}"
+        " > {log} 2>&1"

@@ -22,44 +22,32 @@ def _exit_on_sigterm() -> None:
 
 
 def cmd_run_point(args: argparse.Namespace) -> None:
+    from ddlrepro.host.images import read_image
+    from ddlrepro.host.launchers import configured_launcher
     from ddlrepro.host.run import run_point
 
     _exit_on_sigterm()
     point = Point.from_json(args.point)
-    image, container = run_image(args)
-    options = {
-        "container_run": json.loads(args.container_run) if args.container_run else None,
-        "settings": json.loads(args.launcher_settings) if args.launcher_settings else None,
-    }
+    image = read_image(Path(args.image_file)) if args.image_file else None
+    launcher = configured_launcher(json.loads(args.config_json), image)
     try:
-        record = run_point(point, Path(args.run_dir), args.launcher, args.timeout, container, image, **options)
+        record = run_point(point, Path(args.run_dir), launcher, image)
     except RunFailed as failure:
         sys.exit(redact(f"run {point.figure}/{point.id} failed: {failure}\nlogs kept in {args.run_dir}"))
     outcome = record.get("reason") or record["summary"]
     print(f"run {point.figure}/{point.id} {record['status']} in {record['duration_s']:.1f} s: {outcome}")
 
 
-def run_image(args: argparse.Namespace) -> tuple[dict | None, str | None]:
-    """The built image the workers run in (from its digest file) and the container reference to start."""
-    from ddlrepro.host.images import read_image
-
-    image = read_image(Path(args.image_file)) if args.image_file else None
-    if image and args.container_run:
-        return image, image["digest"].removeprefix("sha256:")
-    return image, args.container
-
-
 def cmd_render(args: argparse.Namespace) -> None:
     """Print the job a launcher would start (Kubernetes: its manifests as YAML, ready for `kubectl apply -f -`)."""
     import yaml
 
-    from ddlrepro.host.launchers import get_launcher
+    from ddlrepro.host.launchers import configured_launcher
 
-    settings = {"settings": json.loads(args.launcher_settings)} if args.launcher_settings else {}
-    spec = get_launcher(args.launcher).render(Point.from_json(args.point), args.timeout, Path(args.run_dir), **settings)
-    print(
-        yaml.safe_dump_all(spec.manifests, sort_keys=False) if spec.manifests else json.dumps(spec.to_dict(), indent=2)
-    )
+    launcher = configured_launcher(json.loads(args.config_json))
+    spec = launcher.render(Point.from_json(args.point), Path(args.run_dir))
+    manifests = getattr(spec.request, "manifests", None)
+    print(yaml.safe_dump_all(manifests, sort_keys=False) if manifests else json.dumps(spec.to_dict(), indent=2))
 
 
 def cmd_build_image(args: argparse.Namespace) -> None:
@@ -171,23 +159,21 @@ def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="ddlrepro", description=__doc__)
     commands = top.add_subparsers(dest="command", required=True)
 
+    config_help = (
+        "JSON: the config's `launcher` and `images` sections (what is left out takes the schema's default; "
+        "launcher.name picks the launcher)"
+    )
     run = commands.add_parser("run-point", help="run one point into its run folder")
     run.add_argument("--point", required=True, help="the point as JSON")
     run.add_argument("--run-dir", required=True)
-    run.add_argument("--launcher", default="local")
-    run.add_argument("--timeout", type=float, default=3600, help="seconds before the run is stopped")
-    run.add_argument("--container", help="image every worker runs inside (Slurm: an Apptainer .sif)")
+    run.add_argument("--config-json", default="{}", help=config_help)
     run.add_argument("--image-file", help="the built image's digest file (or .sif.sha256), recorded in provenance")
-    run.add_argument("--container-run", help="JSON list: the command that runs a worker in the built image")
-    run.add_argument("--launcher-settings", help="JSON: the launcher's settings (slurm, kubernetes)")
     run.set_defaults(handler=cmd_run_point)
 
     render = commands.add_parser("render", help="print the job a launcher would start, without starting it")
     render.add_argument("--point", required=True, help="the point as JSON")
-    render.add_argument("--launcher", default="local")
     render.add_argument("--run-dir", default="results/runs/render")
-    render.add_argument("--timeout", type=float, default=3600)
-    render.add_argument("--launcher-settings", help="JSON: the launcher's settings (slurm, kubernetes)")
+    render.add_argument("--config-json", default="{}", help=config_help)
     render.set_defaults(handler=cmd_render)
 
     build = commands.add_parser("build-image", help="build the training image (containers/) and write its digest")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +70,12 @@ def _property_names(subschema: dict[str, Any], schema: dict[str, Any]) -> set[st
     return names
 
 
-def validate_against(instance: Any, schema_path: Path, name: str) -> None:
-    """Raise ConfigError listing every violation of the schema in `instance` (`name`: the file, for the message)."""
-    schema = yaml.safe_load(schema_path.read_text())
+def validate_against(instance: Any, schema_path: Path, name: str, schema: dict[str, Any] | None = None) -> None:
+    """Fill in the schema's defaults, then raise ConfigError listing every violation of the schema in `instance`
+    (`name`: the file, for the message)."""
+    schema = schema or yaml.safe_load(schema_path.read_text())
     registry = sibling_schemas(schema_path.parent)
-    validator = jsonschema.Draft202012Validator(schema, registry=registry)
+    validator = DefaultFillingValidator(schema, registry=registry)
     errors = sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         # errors inside a sibling schema name its `#/$defs/...`: describe them with every file's definitions
@@ -104,6 +107,27 @@ def sibling_definitions(schema: Any, registry: referencing.Registry) -> dict[str
     return found
 
 
+def _fill_defaults(validator_class: type[jsonschema.protocols.Validator]) -> type[jsonschema.protocols.Validator]:
+    """`validator_class` whose `properties` first sets every missing property that has a `default` (a copy of it),
+    then validates: jsonschema's documented way to have the schema's defaults filled in while validating. A
+    section's `default: {}` lets its own keys' defaults be filled in too."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(
+        validator: jsonschema.protocols.Validator, properties: dict[str, Any], instance: Any, schema: dict[str, Any]
+    ) -> Iterator[jsonschema.ValidationError]:
+        if isinstance(instance, dict):
+            for key, subschema in properties.items():
+                if "default" in subschema:
+                    instance.setdefault(key, copy.deepcopy(subschema["default"]))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+DefaultFillingValidator = _fill_defaults(jsonschema.Draft202012Validator)
+
+
 @functools.cache
 def config_schema() -> dict[str, Any]:
     """The config schema, read once."""
@@ -129,9 +153,15 @@ def schema_defaults(*section: str) -> dict[str, Any]:
     return {key: entry["default"] for key, entry in properties.items() if "default" in entry}
 
 
-def validate_config(config: dict[str, Any], schema_path: Path = CONFIG_SCHEMA) -> None:
-    """Raise ConfigError listing every schema violation in `config`, each with its key path."""
-    validate_against(config, schema_path, "configuration")
+def validate_config(config: dict[str, Any], schema_path: Path = CONFIG_SCHEMA, partial: bool = False) -> dict[str, Any]:
+    """Fill in the schema's defaults (in place, so every caller sees the same filled config) and raise ConfigError
+    listing every schema violation in `config`, each with its key path. `partial`: only the sections given need
+    be there (e.g. a command's `launcher` and `images`). Returns `config`."""
+    schema = yaml.safe_load(schema_path.read_text())
+    if partial:
+        schema.pop("required", None)
+    validate_against(config, schema_path, "configuration", schema)
+    return config
 
 
 def _leaves(error: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from ddlrepro.host.hostload import ForeignLoadMeter, process_tree_cpu
-from ddlrepro.host.launchers import get_launcher
-from ddlrepro.host.launchers.base import RunFailed
+from ddlrepro.host.hostload import ForeignLoadMeter
+from ddlrepro.host.launchers import configured_launcher
+from ddlrepro.host.launchers.base import Launcher, RunFailed
 from ddlrepro.host.provenance import run_provenance
 from ddlrepro.host.rundir import (
     RESULT,
@@ -36,24 +34,6 @@ def unmet_requirement(point: Point) -> str | None:
     return None
 
 
-REMOTE_RANKS = {"kubernetes": "unknown: the ranks run in pods on the cluster's nodes, not on this host"}
-
-
-def own_cpu_counter(name: str, launcher: ModuleType, container: str | None) -> tuple[str, Callable[[], float] | None]:
-    """How this run's own CPU time on the host is counted, and the counter (None: cannot be known here).
-
-    Local ranks are this process's descendants; a launcher whose ranks are not (a Slurm step, Apptainer inside it
-    included) offers `own_cpu_counter()`; podman/docker ranks run under the engine, outside this process's tree."""
-    if name in REMOTE_RANKS:
-        return REMOTE_RANKS[name], None
-    offered = getattr(launcher, "own_cpu_counter", None)
-    if offered:
-        return offered()
-    if container:
-        return "unknown: the ranks run in containers, outside this process's tree", None
-    return "this process and its descendants", process_tree_cpu
-
-
 def measured_host_load(meter: ForeignLoadMeter | None, source: str) -> dict[str, Any]:
     """The `host_load` entry of result.json: foreign and steal CPU shares while the run measured."""
     if meter is None or meter.load is None:
@@ -72,33 +52,20 @@ def skip_point(point: Point, run_dir: Path, reason: str) -> dict:
 
 
 def run_point(
-    point: Point,
-    run_dir: Path,
-    launcher_name: str = "local",
-    timeout_s: float = 3600,
-    container: str | None = None,
-    image: dict[str, Any] | None = None,
-    **options: Any,
+    point: Point, run_dir: Path, launcher: Launcher | None = None, image: dict[str, Any] | None = None
 ) -> dict:
-    """Run `point` into `run_dir` and return its result record; raise RunFailed if any rank fails.
-
-    `container`: an image every worker runs inside (Slurm launcher: an Apptainer `.sif`; local launcher: a
-    podman/docker image); `image`: the built image's reference and digest, recorded in the provenance;
-    `options`: further keyword arguments of the launcher's `render` (Slurm, Kubernetes: `settings`). A point that names
-    its own launcher (elastic points: `elastic` or `torchrun`) runs under it, on this machine or the allocation's
-    node, without a container or launcher options."""
-    own_launcher = point.params.get("launcher")
-    launcher = get_launcher(own_launcher or launcher_name)
+    """Run `point` into `run_dir` with `launcher` (default: the local launcher as the schema configures it) and
+    return its result record; raise RunFailed if any rank fails. `image`: the built image's reference and digest,
+    recorded in the provenance."""
+    launcher = launcher or configured_launcher()
     run_dir.mkdir(parents=True, exist_ok=True)
     set_aside_previous_attempt(run_dir)
     reason = unmet_requirement(point)
     if reason:
         return skip_point(point, run_dir, reason)
-    given = {"container": container, **options}
-    options = {} if own_launcher else {key: value for key, value in given.items() if value is not None}
-    spec = launcher.render(point, timeout_s, run_dir, **options)
+    spec = launcher.render(point, run_dir)
     write_json_atomic(run_dir / "jobspec.json", spec.to_dict())
-    source, own_cpu = own_cpu_counter(own_launcher or launcher_name, launcher, options.get("container"))
+    source, own_cpu = launcher.own_cpu_counter(spec)
     meter = ForeignLoadMeter(own_cpu) if own_cpu else None
     started = time.time()
     with OutputCollector(run_dir) as output:

@@ -1,20 +1,68 @@
-"""Launchers turn a point into a job: `render(point, timeout_s, run_dir) -> JobSpec` and `execute(spec, output)`."""
+"""Launchers turn a point into a job (`render(point, run_dir) -> JobSpec`) and run it (`execute(spec, output)`).
+
+The registry is the config schema: each launcher's section `launcher.<name>` names its class in `x-launcher`
+(`module:Class`), so adding a launcher is its module and its schema section, nothing else. A launcher is built
+once from the config's `launcher` and `images` sections, its defaults filled in by the schema.
+"""
 
 from __future__ import annotations
 
+import copy
 import importlib
-from types import ModuleType
+from typing import Any
 
-LAUNCHERS = {
-    "local": "ddlrepro.host.launchers.local",
-    "slurm": "ddlrepro.host.launchers.slurm",
-    "kubernetes": "ddlrepro.host.launchers.kubernetes",
-    "elastic": "ddlrepro.host.launchers.inplace",
-    "torchrun": "ddlrepro.host.launchers.torchrun",
-}
+from ddlrepro.host.config import ConfigError, config_schema, validate_config
+from ddlrepro.host.launchers.base import Launcher
+from ddlrepro.host.launchers.hosting import elastic_runtime
+from ddlrepro.points import Point
+
+SECTIONS = ("launcher", "images")
 
 
-def get_launcher(name: str) -> ModuleType:
-    if name not in LAUNCHERS:
-        raise KeyError(f"unknown launcher {name!r}; valid launchers: {', '.join(sorted(LAUNCHERS))}")
-    return importlib.import_module(LAUNCHERS[name])
+def launcher_classes() -> dict[str, str]:
+    """Every launcher's name and its class (`module:Class`), as the schema declares them."""
+    sections = config_schema()["properties"]["launcher"]["properties"]
+    return {name: section["x-launcher"] for name, section in sections.items() if "x-launcher" in section}
+
+
+def launcher_class(name: str) -> type[Launcher]:
+    classes = launcher_classes()
+    if name not in classes:
+        raise ConfigError(f"launcher.name: {name!r} is not valid; valid values: {', '.join(sorted(classes))}")
+    module, _, attribute = classes[name].partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def configured_launcher(config: dict[str, Any] | None = None, image: dict[str, Any] | None = None) -> Launcher:
+    """The launcher the config's `launcher.name` picks, built from its `launcher` and `images` sections (what is
+    left out takes the schema's default: `configured_launcher()` is the local launcher as shipped). `image`: the
+    record of the image the workflow built, if any."""
+    given = {key: copy.deepcopy(value) for key, value in (config or {}).items() if key in SECTIONS}
+    sections = validate_config(given, partial=True)
+    launcher = launcher_class(sections["launcher"]["name"])
+    return launcher(launcher.options_type.from_config(sections, image))
+
+
+def check_points(points: dict[str, dict[str, Point]], launcher: Launcher) -> None:
+    """Raise ConfigError for the first point the launcher cannot run: an elastic run it cannot host (naming the
+    figure and the launchers that can), or one that cannot fit where it would start."""
+    for figure, figure_points in points.items():
+        for point in figure_points.values():
+            check_hostable(figure, point, launcher)
+            launcher.check_fits(point)
+
+
+def check_hostable(figure: str, point: Point, launcher: Launcher) -> None:
+    runtime = elastic_runtime(point)
+    if runtime is None or runtime in launcher.elastic_runtimes:
+        return
+    hosts = [name for name in launcher_classes() if runtime in launcher_class(name).elastic_runtimes]
+    raise ConfigError(
+        f"{figure} needs elastic runs ({runtime}); the {launcher.name} launcher cannot host them: disable it "
+        f"(figures.{figure}.enabled: false) or use {' or '.join(hosts) or 'another launcher'}"
+    )
+
+
+def local_launcher(timeout_s: float) -> Launcher:
+    """The local launcher as shipped, stopping a run after `timeout_s` (tests and benchmarks)."""
+    return configured_launcher({"launcher": {"name": "local", "timeout_s": timeout_s}})

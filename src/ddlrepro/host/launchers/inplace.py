@@ -1,5 +1,6 @@
-"""Elastic launcher (in place): runs the config server and the store, and starts, keeps and watches the workers of
-an elastic point on this machine (or on the one node of its Slurm allocation).
+"""In-place elastic runtime (a point's `elastic: inplace`, hosted by the local and Slurm launchers): runs the config
+server and the store, and starts, keeps and watches the workers of an elastic point on this machine (or on the one
+node of its Slurm allocation).
 
 Workers are started cold when the cluster grows, or handed out from a pool of warm standbys (point parameter
 `standby`: processes started up front that imported torch and built the model; in that mode leavers return to
@@ -15,15 +16,15 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddlrepro.host.configserver import LISTEN_BACKLOG, ClusterConfig, ConfigServer, RequestError
-from ddlrepro.host.launchers.base import JobSpec, RunFailed, WorkerSpec
-from ddlrepro.host.launchers.local import free_loopback_port
-from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, start, stop
+from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
+from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, free_loopback_port, start, stop
 from ddlrepro.host.ledger import LedgerError, verify
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
@@ -36,8 +37,24 @@ if TYPE_CHECKING:
 WORKER_MODULE = "ddlrepro.rank.elastic.inplace_worker"
 
 
-def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
-    """The worker command and environment (without the token, made at start), the initial members and the pool."""
+@dataclass(frozen=True)
+class InplaceRequest:
+    """An in-place elastic job: the worker command and environment every worker gets (its id and the token are
+    added at start), the config server's and the store's addresses, the schedule, the initial members and the
+    warm standby pool."""
+
+    runtime: str
+    worker: WorkerSpec
+    config_server: str
+    store: str
+    schedule: str
+    initial_workers: int
+    standby: int
+    max_size: int
+
+
+def request(point: Point, run_dir: Path) -> InplaceRequest:
+    """What the job will start (no process is started; the token is made at start)."""
     env = {
         "OMP_NUM_THREADS": str(point.threads_per_worker),
         "PYTHONUNBUFFERED": "1",
@@ -45,27 +62,27 @@ def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
         membership.SERVER_ENV: f"127.0.0.1:{free_loopback_port()}",
         membership.STORE_ENV: f"127.0.0.1:{free_loopback_port()}",
     }
-    command = [sys.executable, "-m", WORKER_MODULE, point.to_json()]
-    rendezvous = {
-        "config_server": env[membership.SERVER_ENV],
-        "store": env[membership.STORE_ENV],
-        "schedule": point.params["schedule"],
-        "initial_workers": point.params["initial_workers"],
-        "standby": point.params.get("standby", 0),
-        "max_size": largest_size(parse_schedule(point.params["schedule"]), point.params["initial_workers"]),
-    }
-    return JobSpec("elastic", [WorkerSpec(None, command, env)], timeout_s, rendezvous)
+    return InplaceRequest(
+        runtime="inplace",
+        worker=WorkerSpec(None, [sys.executable, "-m", WORKER_MODULE, point.to_json()], env),
+        config_server=env[membership.SERVER_ENV],
+        store=env[membership.STORE_ENV],
+        schedule=point.params["schedule"],
+        initial_workers=point.params["initial_workers"],
+        standby=point.params["standby"],
+        max_size=largest_size(parse_schedule(point.params["schedule"]), point.params["initial_workers"]),
+    )
 
 
 class WorkerPool:
     """The job's worker processes by worker id; hands out ids for new members (idle warm standbys first). The
     config server's thread adds workers while the supervisor reads them: both go through the lock."""
 
-    def __init__(self, spec: JobSpec, output: OutputCollector, token: str) -> None:
-        (self.template,) = spec.workers
+    def __init__(self, job: InplaceRequest, output: OutputCollector, token: str) -> None:
+        self.template = job.worker
         self.output = output
         self.token = token
-        self.warm = spec.rendezvous["standby"] > 0
+        self.warm = job.standby > 0
         self.processes: dict[int, Started] = {}
         self.lock = threading.Lock()
         self.removed: set[int] = set()
@@ -100,21 +117,20 @@ class WorkerPool:
             return list(self.processes.items())
 
 
-def execute(spec: JobSpec, output: OutputCollector) -> None:
+def execute(job: InplaceRequest, timeout_s: float, output: OutputCollector) -> None:
     """Run the elastic job until the schedule stops it; raise RunFailed on a timeout or if every member died."""
     token = secrets.token_urlsafe(24)
-    store = host_store(spec.workers[0].env[membership.STORE_ENV], spec.timeout_s)
-    pool = WorkerPool(spec, output, token)
-    initial = spec.rendezvous["initial_workers"]
-    config = ClusterConfig(list(range(initial)), pool.new_workers, max_size=spec.rendezvous["max_size"])
-    server_host, _, server_port = spec.workers[0].env[membership.SERVER_ENV].rpartition(":")
+    store = host_store(job.store, timeout_s)
+    pool = WorkerPool(job, output, token)
+    config = ClusterConfig(list(range(job.initial_workers)), pool.new_workers, max_size=job.max_size)
+    server_host, _, server_port = job.config_server.rpartition(":")
     try:
         with ConfigServer(config, token, server_host, int(server_port)):
-            for _ in range(initial + spec.rendezvous["standby"]):
+            for _ in range(job.initial_workers + job.standby):
                 pool.spawn()
-            _await_ready(store, list(pool.processes), pool, spec.timeout_s)
+            _await_ready(store, list(pool.processes), pool, timeout_s)
             membership.publish_agreed(store, 1)
-            _supervise(pool, config, time.monotonic() + spec.timeout_s, output)
+            _supervise(pool, config, time.monotonic() + timeout_s, output)
         verify_continuity(output)
     finally:
         workers = [one for _, one in pool.started()]

@@ -6,6 +6,7 @@ headless Service, so that pod 0 is reachable as `<job>-0.<service>` before it is
 `execute` applies the manifests, waits for every pod with a timeout, starts the job again when a pod failed in a
 known start-up race (a worker that starts before the master's DNS name resolves), files every pod's log into the
 run folder, and deletes what it created. Registry credentials appear only as pull-secret *names*.
+Elastic runs cannot be hosted here yet (no runtime starts workers as pods on a resize).
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from kubernetes import client
 
 from ddlrepro.host.config import ConfigError
-from ddlrepro.host.launchers.base import JobSpec, RunFailed, WorkerSpec
-from ddlrepro.host.launchers.local import peak_workers
+from ddlrepro.host.launchers.base import CpuCounter, JobSpec, RunFailed, WorkerSpec
+from ddlrepro.host.launchers.hosting import peak_workers
 from ddlrepro.host.redaction import redact
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
@@ -39,21 +40,88 @@ STARTUP_RACES = re.compile(
     r"|gai error|Connection refused"
 )
 IMAGE_PROBLEMS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
-DEFAULTS: dict[str, Any] = {
-    "namespace": "default",
-    "kind": "job",
-    "image": None,
-    "registry": None,
-    "image_pull_secrets": [],
-    "service_account": None,
-    "cpu_per_worker": None,
-    "memory_mb_per_worker": 3000,
-    "gpus_per_worker": 0,
-    "port": 29500,
-    "startup_retries": 2,
-    "poll_interval_s": 2.0,
-    "context": None,
-}
+
+
+@dataclass(frozen=True)
+class KubernetesOptions:
+    """`launcher` (timeout) and `launcher.kubernetes`."""
+
+    timeout_s: float
+    namespace: str
+    context: str | None
+    kind: str
+    image: str | None
+    registry: str | None
+    image_pull_secrets: list[str]
+    service_account: str | None
+    cpu_per_worker: float | None
+    memory_mb_per_worker: int
+    gpus_per_worker: int
+    max_pods: int | None
+    port: int
+    startup_retries: int
+    poll_interval_s: float
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], image: dict[str, Any] | None = None) -> Self:
+        """The pods run `launcher.kubernetes.image` (pushed by you), not an image the workflow builds."""
+        if config["images"]["build"] == "apptainer":
+            raise ConfigError(
+                "images.build: apptainer images are not run by the kubernetes launcher (launcher.name); use slurm, "
+                "or images.build: podman, docker or null"
+            )
+        return cls(timeout_s=config["launcher"]["timeout_s"], **config["launcher"]["kubernetes"])
+
+
+@dataclass(frozen=True)
+class KubernetesRequest:
+    """What a run applies: the manifests (in the namespace, through the context), the job's name and kind, the
+    image its pods run, and the environment each rank gets (for the record: the manifests set it)."""
+
+    namespace: str
+    context: str | None
+    kind: str
+    name: str
+    image: str
+    master_addr: str
+    master_port: int
+    manifests: list[dict[str, Any]]
+    workers: list[WorkerSpec]
+
+
+class KubernetesLauncher:
+    """A point's N workers as N pods of one job (see the module's docstring)."""
+
+    name: ClassVar[str] = "kubernetes"
+    elastic_runtimes: ClassVar[frozenset[str]] = frozenset()
+    options_type: ClassVar[type[KubernetesOptions]] = KubernetesOptions
+    resource_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, options: KubernetesOptions, apis: Apis | None = None) -> None:
+        """`apis`: the cluster's client APIs (connected on first use unless given)."""
+        self.options = options
+        self.apis = apis
+
+    def render(self, point: Point, run_dir: Path) -> JobSpec[KubernetesRequest]:
+        """The manifests this run applies and the environment each rank gets (nothing is contacted)."""
+        return JobSpec(self.name, self.options.timeout_s, request(point, self.options))
+
+    def execute(self, spec: JobSpec[KubernetesRequest], output: OutputCollector) -> None:
+        self.apis = self.apis or connect(self.options.context)
+        execute(spec, self.options, output, self.apis)
+
+    def check_fits(self, point: Point) -> None:
+        check_cluster_limits(point, self.options)
+
+    def host_cores(self, point: Point, workflow_cores: int) -> int:
+        """The pods run on the cluster; here only the launcher that watches them."""
+        return 1
+
+    def resources(self, point: Point) -> dict[str, Any]:
+        return {}
+
+    def own_cpu_counter(self, spec: JobSpec[Any]) -> CpuCounter:
+        return "unknown: the ranks run in pods on the cluster's nodes, not on this host", None
 
 
 def job_name(point: Point) -> str:
@@ -62,52 +130,46 @@ def job_name(point: Point) -> str:
     return name[:52].rstrip("-")
 
 
-def image_reference(settings: dict[str, Any]) -> str:
+def image_reference(options: KubernetesOptions) -> str:
     """`image`, prefixed with `registry` unless it names its own registry."""
-    image = settings.get("image")
-    if not image:
+    if not options.image:
         raise ValueError("launcher.kubernetes.image is not set: name the training image the pods run")
-    registry = settings.get("registry")
-    first = image.split("/", 1)[0]
-    has_registry = "/" in image and ("." in first or ":" in first or first == "localhost")
-    return image if not registry or has_registry else f"{registry.rstrip('/')}/{image}"
+    first = options.image.split("/", 1)[0]
+    has_registry = "/" in options.image and ("." in first or ":" in first or first == "localhost")
+    if not options.registry or has_registry:
+        return options.image
+    return f"{options.registry.rstrip('/')}/{options.image}"
 
 
-def render(point: Point, timeout_s: float, run_dir: Path, settings: dict[str, Any] | None = None, **_: Any) -> JobSpec:
-    """The manifests this run applies and the environment each rank gets (nothing is contacted)."""
-    settings = {**DEFAULTS, **(settings or {})}
+def request(point: Point, options: KubernetesOptions) -> KubernetesRequest:
     name = job_name(point)
     master = f"{name}-0.{name}"
-    rendezvous = {
-        "master_addr": master,
-        "master_port": settings["port"],
-        "namespace": settings["namespace"],
-        "kind": settings["kind"],
-        "name": name,
-        "image": image_reference(settings),
-        "startup_retries": settings["startup_retries"],
-        "poll_interval_s": settings["poll_interval_s"],
-        "context": settings["context"],
-        "image_pull_secrets": list(settings["image_pull_secrets"]),
-    }
-    if settings["kind"] == "pytorchjob":
-        manifests = [pytorchjob_manifest(point, settings, name, timeout_s)]
-    elif settings["kind"] == "job":
-        manifests = [service_manifest(settings, name), indexed_job_manifest(point, settings, name, timeout_s)]
+    if options.kind == "pytorchjob":
+        manifests = [pytorchjob_manifest(point, options, name)]
     else:
-        raise ValueError(f"launcher.kubernetes.kind: {settings['kind']!r} is not valid; valid values: job, pytorchjob")
+        manifests = [service_manifest(options, name), indexed_job_manifest(point, options, name)]
     workers = [
-        WorkerSpec(rank, worker_command(point), {**rank_env(point, settings, master, rank), "RANK": str(rank)})
+        WorkerSpec(rank, worker_command(point), {**rank_env(point, options, master), "RANK": str(rank)})
         for rank in range(point.workers)
     ]
-    return JobSpec("kubernetes", workers, timeout_s, rendezvous, manifests)
+    return KubernetesRequest(
+        namespace=options.namespace,
+        context=options.context,
+        kind=options.kind,
+        name=name,
+        image=image_reference(options),
+        master_addr=master,
+        master_port=options.port,
+        manifests=manifests,
+        workers=workers,
+    )
 
 
 def worker_command(point: Point) -> list[str]:
     return ["python", "-m", "ddlrepro.rank.workloads", point.to_json()]
 
 
-def rank_env(point: Point, settings: dict[str, Any], master: str, rank: int | None = None) -> dict[str, str]:
+def rank_env(point: Point, options: KubernetesOptions, master: str) -> dict[str, str]:
     """What every rank's container gets beside its RANK (the PyTorchJob operator sets the rendezvous itself)."""
     env = {
         "WORLD_SIZE": str(point.workers),
@@ -117,106 +179,106 @@ def rank_env(point: Point, settings: dict[str, Any], master: str, rank: int | No
         "PYTHONUNBUFFERED": "1",
         "DDLREPRO_RUN_DIR": POD_RUN_DIR,
     }
-    if settings["kind"] == "job":
-        env = {"MASTER_ADDR": master, "MASTER_PORT": str(settings["port"]), **env}
+    if options.kind == "job":
+        env = {"MASTER_ADDR": master, "MASTER_PORT": str(options.port), **env}
     return env
 
 
-def resources(point: Point, settings: dict[str, Any]) -> client.V1ResourceRequirements:
+def resources(point: Point, options: KubernetesOptions) -> client.V1ResourceRequirements:
     """The same requests and limits (CPU, memory, GPUs) for every worker: a Guaranteed pod, stable timings."""
     amounts = {
-        "cpu": str(settings["cpu_per_worker"] or point.threads_per_worker),
-        "memory": f"{settings['memory_mb_per_worker']}Mi",
+        "cpu": str(options.cpu_per_worker or point.threads_per_worker),
+        "memory": f"{options.memory_mb_per_worker}Mi",
     }
-    if settings["gpus_per_worker"]:
-        amounts["nvidia.com/gpu"] = str(settings["gpus_per_worker"])
+    if options.gpus_per_worker:
+        amounts["nvidia.com/gpu"] = str(options.gpus_per_worker)
     return client.V1ResourceRequirements(requests=dict(amounts), limits=dict(amounts))
 
 
-def container(point: Point, settings: dict[str, Any], name: str, container_name: str) -> client.V1Container:
+def container(point: Point, options: KubernetesOptions, name: str, container_name: str) -> client.V1Container:
     env = [
-        client.V1EnvVar(name=key, value=value) for key, value in rank_env(point, settings, f"{name}-0.{name}").items()
+        client.V1EnvVar(name=key, value=value) for key, value in rank_env(point, options, f"{name}-0.{name}").items()
     ]
-    if settings["kind"] == "job":
+    if options.kind == "job":
         index = client.V1ObjectFieldSelector(field_path=f"metadata.annotations['{INDEX_ANNOTATION}']")
         env.append(client.V1EnvVar(name="RANK", value_from=client.V1EnvVarSource(field_ref=index)))
     return client.V1Container(
         name=container_name,
-        image=image_reference(settings),
+        image=image_reference(options),
         image_pull_policy="IfNotPresent",
         command=worker_command(point),
         env=env,
-        ports=[client.V1ContainerPort(name="rendezvous", container_port=settings["port"])],
-        resources=resources(point, settings),
+        ports=[client.V1ContainerPort(name="rendezvous", container_port=options.port)],
+        resources=resources(point, options),
     )
 
 
-def pod_template(point: Point, settings: dict[str, Any], name: str, container_name: str) -> client.V1PodTemplateSpec:
+def pod_template(point: Point, options: KubernetesOptions, name: str, container_name: str) -> client.V1PodTemplateSpec:
     spec = client.V1PodSpec(
         restart_policy="Never",
-        containers=[container(point, settings, name, container_name)],
-        image_pull_secrets=[client.V1LocalObjectReference(name=s) for s in settings["image_pull_secrets"]] or None,
-        service_account_name=settings["service_account"],
-        subdomain=name if settings["kind"] == "job" else None,
+        containers=[container(point, options, name, container_name)],
+        image_pull_secrets=[client.V1LocalObjectReference(name=s) for s in options.image_pull_secrets] or None,
+        service_account_name=options.service_account,
+        subdomain=name if options.kind == "job" else None,
         enable_service_links=False,
     )
     return client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels={RUN_LABEL: name}), spec=spec)
 
 
-def metadata(settings: dict[str, Any], name: str) -> client.V1ObjectMeta:
+def metadata(options: KubernetesOptions, name: str) -> client.V1ObjectMeta:
     labels = {RUN_LABEL: name, "app.kubernetes.io/name": "ddlrepro"}
-    return client.V1ObjectMeta(name=name, namespace=settings["namespace"], labels=labels)
+    return client.V1ObjectMeta(name=name, namespace=options.namespace, labels=labels)
 
 
-def service_manifest(settings: dict[str, Any], name: str) -> dict[str, Any]:
+def service_manifest(options: KubernetesOptions, name: str) -> dict[str, Any]:
     """Headless Service giving each pod of the job a DNS name, published before the pods are ready."""
     service = client.V1Service(
         api_version="v1",
         kind="Service",
-        metadata=metadata(settings, name),
+        metadata=metadata(options, name),
         spec=client.V1ServiceSpec(
             cluster_ip="None",
             selector={RUN_LABEL: name},
             publish_not_ready_addresses=True,
-            ports=[client.V1ServicePort(name="rendezvous", port=settings["port"], target_port=settings["port"])],
+            ports=[client.V1ServicePort(name="rendezvous", port=options.port, target_port=options.port)],
         ),
     )
     return serialize(service)
 
 
-def indexed_job_manifest(point: Point, settings: dict[str, Any], name: str, timeout_s: float) -> dict[str, Any]:
+def indexed_job_manifest(point: Point, options: KubernetesOptions, name: str) -> dict[str, Any]:
     """N pods, indices 0..N-1 as ranks; no Kubernetes retries (a lost rank cannot rejoin a gloo/NCCL group)."""
     job = client.V1Job(
         api_version="batch/v1",
         kind="Job",
-        metadata=metadata(settings, name),
+        metadata=metadata(options, name),
         spec=client.V1JobSpec(
             completion_mode="Indexed",
             completions=point.workers,
             parallelism=point.workers,
             backoff_limit=0,
-            active_deadline_seconds=max(1, int(timeout_s)),
-            template=pod_template(point, settings, name, "worker"),
+            active_deadline_seconds=max(1, int(options.timeout_s)),
+            template=pod_template(point, options, name, "worker"),
         ),
     )
     return serialize(job)
 
 
-def pytorchjob_manifest(point: Point, settings: dict[str, Any], name: str, timeout_s: float) -> dict[str, Any]:
+def pytorchjob_manifest(point: Point, options: KubernetesOptions, name: str) -> dict[str, Any]:
     """Kubeflow training operator job: Master is rank 0, Workers ranks 1..N-1."""
-    template = serialize(pod_template(point, settings, name, "pytorch"))
+    template = serialize(pod_template(point, options, name, "pytorch"))
     replicas = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
     if point.workers > 1:
         replicas["Worker"] = {"replicas": point.workers - 1, "restartPolicy": "Never", "template": template}
     return {
         "apiVersion": f"{PYTORCHJOB['group']}/{PYTORCHJOB['version']}",
         "kind": "PyTorchJob",
-        "metadata": serialize(metadata(settings, name)),
+        "metadata": serialize(metadata(options, name)),
         "spec": {
             "runPolicy": {
                 "cleanPodPolicy": "None",
                 "backoffLimit": 0,
-                "activeDeadlineSeconds": max(1, int(timeout_s)),
+                "activeDeadlineSeconds": max(1, int(options.timeout_s)),
             },
             "pytorchReplicaSpecs": replicas,
         },
@@ -248,24 +310,24 @@ def connect(context: str | None = None) -> Apis:
     return Apis(client.CoreV1Api(), client.BatchV1Api(), client.CustomObjectsApi())
 
 
-def execute(spec: JobSpec, output: OutputCollector, apis: Apis | None = None) -> None:
+def execute(spec: JobSpec[KubernetesRequest], options: KubernetesOptions, output: OutputCollector, apis: Apis) -> None:
     """Apply, wait, collect, delete; start again after a start-up race; raise RunFailed naming the failed rank."""
-    apis = apis or connect(spec.rendezvous.get("context"))
-    retries = spec.rendezvous["startup_retries"]
+    job = spec.request
     deadline = time.monotonic() + spec.timeout_s
-    for attempt in range(retries + 1):
-        apply(apis, spec)
+    for attempt in range(options.startup_retries + 1):
+        last = attempt == options.startup_retries
+        apply(apis, job, options)
         try:
-            outcome = wait(apis, spec, deadline)
-            pods = collect_logs(apis, spec, output, attempt, file_lines=outcome.raced is None or attempt == retries)
+            outcome = wait(apis, spec, options, deadline)
+            pods = collect_logs(apis, job, output, attempt, file_lines=outcome.raced is None or last)
         finally:
-            left = delete(apis, spec)
+            left = delete(apis, job, options)
             if left:
                 output.add_line(-1, "stderr", f"could not delete {', '.join(left)}: delete them with kubectl")
-        if outcome.raced is None or attempt == retries:
+        if outcome.raced is None or last:
             break
         output.add_line(-1, "stderr", f"pod {outcome.raced} failed in a start-up race; starting the job again")
-    finish(spec, outcome, pods)
+    finish(job, outcome, pods)
 
 
 @dataclass
@@ -278,25 +340,25 @@ class Outcome:
     raced: str | None = None
 
 
-def apply(apis: Apis, spec: JobSpec) -> None:
+def apply(apis: Apis, job: KubernetesRequest, options: KubernetesOptions) -> None:
     """Create the objects; objects of the same name (left by a killed launcher, or still terminating) are deleted
     first, and creation waits until they are gone: the API server refuses a name that still exists (409)."""
     try:
-        create(apis, spec)
+        create(apis, job)
     except client.ApiException as error:
         if error.status != 409:
             raise
-        left = delete(apis, spec)
+        left = delete(apis, job, options)
         if left:
             raise RunFailed(
                 None, f"cannot start: objects of an earlier run are still there: {', '.join(left)}", []
             ) from None
-        create(apis, spec)
+        create(apis, job)
 
 
-def create(apis: Apis, spec: JobSpec) -> None:
-    namespace = spec.rendezvous["namespace"]
-    for manifest in spec.manifests:
+def create(apis: Apis, job: KubernetesRequest) -> None:
+    namespace = job.namespace
+    for manifest in job.manifests:
         if manifest["kind"] == "Service":
             apis.core.create_namespaced_service(namespace, manifest)
         elif manifest["kind"] == "Job":
@@ -305,9 +367,9 @@ def create(apis: Apis, spec: JobSpec) -> None:
             apis.custom.create_namespaced_custom_object(**PYTORCHJOB, namespace=namespace, body=manifest)
 
 
-def list_pods(apis: Apis, spec: JobSpec) -> list[client.V1Pod]:
-    selector = f"{RUN_LABEL}={spec.rendezvous['name']}"
-    return list(apis.core.list_namespaced_pod(spec.rendezvous["namespace"], label_selector=selector).items)
+def list_pods(apis: Apis, job: KubernetesRequest) -> list[client.V1Pod]:
+    selector = f"{RUN_LABEL}={job.name}"
+    return list(apis.core.list_namespaced_pod(job.namespace, label_selector=selector).items)
 
 
 def pod_rank(pod: client.V1Pod) -> int:
@@ -323,32 +385,34 @@ def pod_rank(pod: client.V1Pod) -> int:
     raise RunFailed(None, f"cannot tell the rank of pod {pod.metadata.name}", [])
 
 
-def wait(apis: Apis, spec: JobSpec, deadline: float) -> Outcome:
+def wait(apis: Apis, spec: JobSpec[KubernetesRequest], options: KubernetesOptions, deadline: float) -> Outcome:
     """Poll the pods until all N succeeded, one failed, or the deadline passed."""
-    workers = len(spec.workers)
+    job = spec.request
     while True:
-        pods = list_pods(apis, spec)
-        outcome = pods_outcome(apis, spec, pods, workers)
+        pods = list_pods(apis, job)
+        outcome = pods_outcome(apis, job, options, pods)
         if outcome is not None:
             return outcome
         if time.monotonic() > deadline:
             phases = ", ".join(f"{pod.metadata.name} {pod.status.phase}" for pod in pods) or "no pods"
             return Outcome(False, reason=f"timed out after {spec.timeout_s:g} s ({phases})")
-        time.sleep(spec.rendezvous["poll_interval_s"])
+        time.sleep(options.poll_interval_s)
 
 
-def pods_outcome(apis: Apis, spec: JobSpec, pods: list[client.V1Pod], workers: int) -> Outcome | None:
+def pods_outcome(
+    apis: Apis, job: KubernetesRequest, options: KubernetesOptions, pods: list[client.V1Pod]
+) -> Outcome | None:
     for pod in pods:
         if pod.status.phase == "Failed":
-            log = read_log(apis, spec, pod)
+            log = read_log(apis, job, pod)
             raced = pod.metadata.name if STARTUP_RACES.search(log) else None
             return Outcome(False, pod.metadata.name, describe_failure(pod), raced)
         waiting = image_problem(pod)
         if waiting:
-            secrets = ", ".join(spec.rendezvous["image_pull_secrets"]) or "none"
+            secrets = ", ".join(options.image_pull_secrets) or "none"
             return Outcome(False, pod.metadata.name, f"cannot start: {waiting} (pull secrets: {secrets})")
     succeeded = [pod for pod in pods if pod.status.phase == "Succeeded"]
-    return Outcome(True) if len(succeeded) >= workers else None
+    return Outcome(True) if len(succeeded) >= len(job.workers) else None
 
 
 def image_problem(pod: client.V1Pod) -> str | None:
@@ -368,20 +432,20 @@ def describe_failure(pod: client.V1Pod) -> str:
     return f"failed ({pod.status.reason or 'no reason given'})"
 
 
-def read_log(apis: Apis, spec: JobSpec, pod: client.V1Pod) -> str:
+def read_log(apis: Apis, job: KubernetesRequest, pod: client.V1Pod) -> str:
     container = pod.spec.containers[0].name if pod.spec and pod.spec.containers else None
-    return apis.core.read_namespaced_pod_log(pod.metadata.name, spec.rendezvous["namespace"], container=container)
+    return apis.core.read_namespaced_pod_log(pod.metadata.name, job.namespace, container=container)
 
 
 def collect_logs(
-    apis: Apis, spec: JobSpec, output: OutputCollector, attempt: int, file_lines: bool
+    apis: Apis, job: KubernetesRequest, output: OutputCollector, attempt: int, file_lines: bool
 ) -> dict[str, tuple[int, list[str]]]:
     """Save every pod's log under `pods/` (secrets redacted); file its lines under its rank when `file_lines`."""
     folder = output.run_dir / "pods" / f"attempt-{attempt}"
     folder.mkdir(parents=True, exist_ok=True)
     pods: dict[str, tuple[int, list[str]]] = {}
-    for pod in sorted(list_pods(apis, spec), key=pod_rank):
-        rank, text = pod_rank(pod), redact(read_log(apis, spec, pod))
+    for pod in sorted(list_pods(apis, job), key=pod_rank):
+        rank, text = pod_rank(pod), redact(read_log(apis, job, pod))
         (folder / f"{pod.metadata.name}.log").write_text(text)
         lines = text.splitlines()
         pods[pod.metadata.name] = (rank, lines)
@@ -390,12 +454,12 @@ def collect_logs(
     return pods
 
 
-def delete(apis: Apis, spec: JobSpec) -> list[str]:
+def delete(apis: Apis, job: KubernetesRequest, options: KubernetesOptions) -> list[str]:
     """Delete the job (its pods with it, in the foreground) and the service, and wait until they are gone (they
     linger while terminating); return what is still there after DELETE_GRACE_S (e.g. held by a finalizer)."""
-    namespace, name = spec.rendezvous["namespace"], spec.rendezvous["name"]
+    namespace, name = job.namespace, job.name
     body = client.V1DeleteOptions(propagation_policy="Foreground")
-    for manifest in spec.manifests:
+    for manifest in job.manifests:
         if manifest["kind"] == "Service":
             _ignore_missing(apis.core.delete_namespaced_service, name, namespace)
         elif manifest["kind"] == "Job":
@@ -403,23 +467,23 @@ def delete(apis: Apis, spec: JobSpec) -> list[str]:
         else:
             _ignore_missing(apis.custom.delete_namespaced_custom_object, **PYTORCHJOB, namespace=namespace, name=name)
     until = time.monotonic() + DELETE_GRACE_S
-    while (left := remaining(apis, spec)) and time.monotonic() < until:
-        time.sleep(spec.rendezvous["poll_interval_s"])
+    while (left := remaining(apis, job)) and time.monotonic() < until:
+        time.sleep(options.poll_interval_s)
     return left
 
 
-def remaining(apis: Apis, spec: JobSpec) -> list[str]:
+def remaining(apis: Apis, job: KubernetesRequest) -> list[str]:
     """The run's objects and pods that still exist (terminating ones included), as 'Kind namespace/name'."""
-    namespace, name = spec.rendezvous["namespace"], spec.rendezvous["name"]
+    namespace, name = job.namespace, job.name
     readers = {
         "Service": lambda: apis.core.read_namespaced_service(name, namespace),
         "Job": lambda: apis.batch.read_namespaced_job(name, namespace),
         "PyTorchJob": lambda: apis.custom.get_namespaced_custom_object(**PYTORCHJOB, namespace=namespace, name=name),
     }
     left = [
-        f"{manifest['kind']} {namespace}/{name}" for manifest in spec.manifests if _exists(readers[manifest["kind"]])
+        f"{manifest['kind']} {namespace}/{name}" for manifest in job.manifests if _exists(readers[manifest["kind"]])
     ]
-    return left + [f"Pod {namespace}/{pod.metadata.name}" for pod in list_pods(apis, spec)]
+    return left + [f"Pod {namespace}/{pod.metadata.name}" for pod in list_pods(apis, job)]
 
 
 def _exists(read: Any) -> bool:
@@ -440,11 +504,11 @@ def _ignore_missing(call: Any, *args: Any, **kwargs: Any) -> None:
             raise
 
 
-def finish(spec: JobSpec, outcome: Outcome, pods: dict[str, tuple[int, list[str]]]) -> None:
+def finish(request: KubernetesRequest, outcome: Outcome, pods: dict[str, tuple[int, list[str]]]) -> None:
     """Raise RunFailed for a job that did not succeed, naming the pod, its rank and the tail of its log."""
     if outcome.succeeded:
         return
-    job = f"Kubernetes {spec.rendezvous['kind']} {spec.rendezvous['namespace']}/{spec.rendezvous['name']}"
+    job = f"Kubernetes {request.kind} {request.namespace}/{request.name}"
     if outcome.failed_pod is None:
         raise RunFailed(None, f"{job} {outcome.reason}", [])
     rank, lines = pods.get(outcome.failed_pod, (None, []))
@@ -452,11 +516,10 @@ def finish(spec: JobSpec, outcome: Outcome, pods: dict[str, tuple[int, list[str]
     raise RunFailed(rank, f"pod {outcome.failed_pod} of {job} {outcome.reason}{raced}", lines[-LOG_TAIL_LINES:])
 
 
-def check_cluster_limits(point: Point, kubernetes: dict[str, Any]) -> None:
+def check_cluster_limits(point: Point, options: KubernetesOptions) -> None:
     """Refuse a point needing more pods than the declared `max_pods` (checked only if set)."""
     pods = peak_workers(point)
-    if pods > kubernetes.get("max_pods", pods):
+    if options.max_pods is not None and pods > options.max_pods:
         raise ConfigError(
-            f"{point.figure} point {point.id}: needs {pods} pods, over launcher.kubernetes.max_pods "
-            f"{kubernetes['max_pods']}"
+            f"{point.figure} point {point.id}: needs {pods} pods, over launcher.kubernetes.max_pods {options.max_pods}"
         )

@@ -9,6 +9,9 @@ Three ways to start the ranks, by what the point runs (`launch_mode`):
   (rank/taskenv.py) instead of horovodrun, so failures and output are handled as for any other rank;
 - `mpirun`: one `mpirun --tag-output` starting every rank (Horovod over MPI, the MPI all-reduce benchmark); its
   output lines are filed under the rank their tag names.
+
+With `images.build` podman or docker, every rank runs in the built image (its own container on the host's network).
+Elastic points run under their runtime (hosting.py), as processes on this machine.
 """
 
 from __future__ import annotations
@@ -16,20 +19,25 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any, ClassVar, Self
 
 from ddlrepro.host.config import ConfigError
-from ddlrepro.host.launchers.base import JobSpec, RunFailed, WorkerSpec
+from ddlrepro.host.hostload import process_tree_cpu
+from ddlrepro.host.launchers import hosting
+from ddlrepro.host.launchers.base import CpuCounter, JobSpec, RunFailed, WorkerSpec
+from ddlrepro.host.launchers.hosting import peak_workers
 from ddlrepro.host.launchers.processes import (
     POLL_INTERVAL_S,
     Started,
     describe_exit,
     drain,
+    free_loopback_port,
     run_to_completion,
     start,
     stop,
@@ -38,21 +46,52 @@ from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
 from ddlrepro.rank import taskenv
 
-
-def free_loopback_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+CONTAINER_ENGINES = ("podman", "docker")
 
 
-def peak_workers(point: Point) -> int:
-    """Worker processes the point runs at once at most: an elastic schedule's largest cluster plus its standbys."""
-    if "schedule" not in point.params:
-        return point.workers
-    from ddlrepro.rank.elastic.schedule import largest_size, parse_schedule
+@dataclass(frozen=True)
+class LocalOptions:
+    """`launcher` (timeout), `launcher.local` and, with a podman/docker image, how to run a rank in it: `container`
+    is the built image (its digest, known once built), `container_run` the engine's run command."""
 
-    largest = largest_size(parse_schedule(point.params["schedule"]), point.params["initial_workers"])
-    return largest + point.params.get("standby", 0)
+    timeout_s: float
+    exclusive: bool
+    oversubscription: float
+    container_run: list[str] | None
+    container: str | None
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], image: dict[str, Any] | None = None) -> Self:
+        launcher, images = config["launcher"], config["images"]
+        if images["build"] not in (None, *CONTAINER_ENGINES):
+            raise ConfigError(
+                f"images.build: {images['build']} images are not run by the local launcher (launcher.name); use "
+                f"slurm, or images.build: {' or '.join(CONTAINER_ENGINES)} or null"
+            )
+        in_image = images["build"] in CONTAINER_ENGINES
+        return cls(
+            timeout_s=launcher["timeout_s"],
+            exclusive=launcher["local"]["exclusive"],
+            oversubscription=launcher["local"]["oversubscription"],
+            container_run=[images["build"], *images["engine_args"], "run", *images["run_args"]] if in_image else None,
+            container=image["digest"].removeprefix("sha256:") if in_image and image else None,
+        )
+
+
+@dataclass(frozen=True)
+class LocalRequest:
+    """The processes of a job on this machine: one per rank (or the one mpirun line, rank None) and the rendezvous
+    they share (loopback ports; Horovod's, TensorFlow's), and the containers they run in, if any."""
+
+    mode: str
+    ranks: int
+    workers: list[WorkerSpec]
+    master_addr: str
+    master_port: int
+    horovod_port: int | None = None
+    tensorflow_workers: list[str] = field(default_factory=list)
+    containers: list[str] = field(default_factory=list)
+    container_engine: list[str] = field(default_factory=list)
 
 
 def check_fits_machine(point: Point, oversubscription: float, cores: int | None = None) -> None:
@@ -63,7 +102,8 @@ def check_fits_machine(point: Point, oversubscription: float, cores: int | None 
     if needed > cores * oversubscription:
         raise ConfigError(
             f"{point.figure} point {point.id}: {workers} workers × {point.threads_per_worker} threads = {needed} "
-            f"threads, more than this machine's {cores} usable cores × launcher.oversubscription {oversubscription}"
+            f"threads, more than this machine's {cores} usable cores × launcher.local.oversubscription "
+            f"{oversubscription}"
         )
 
 
@@ -81,58 +121,96 @@ def check_image_can_run(point: Point) -> None:
         raise ValueError(f"point {point.id} needs Horovod or MPI, which the training image does not carry")
 
 
-def render(
-    point: Point, timeout_s: float, run_dir: Path, container: str | None = None, container_run: list[str] | None = None
-) -> JobSpec:
-    """The exact commands and environment each worker will get (no process is started).
+class LocalLauncher:
+    """Workers as processes on this machine (see the module's docstring)."""
 
-    With `container` (an image) and `container_run` (e.g. `podman run`), every worker runs in its own container
-    on the host's network, with the figure's run folders mounted at the same path (torch and TensorFlow points:
-    the training image carries neither Horovod nor MPI)."""
-    in_image = bool(container and container_run)
-    if in_image:
-        check_image_can_run(point)
-    port = free_loopback_port()
-    mode = launch_mode(point)
-    common = {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "OMP_NUM_THREADS": str(point.threads_per_worker),
-        "PYTHONUNBUFFERED": "1",
-        "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
-    }
-    rendezvous = {"master_addr": "127.0.0.1", "master_port": port, "mode": mode}
-    worker_command = [sys.executable, "-m", "ddlrepro.rank.workloads", point.to_json()]
-    if mode == "mpirun":
-        rendezvous["ranks"] = point.workers
-        return JobSpec(
-            "local", [WorkerSpec(None, mpirun_command(point.workers, worker_command), common)], timeout_s, rendezvous
-        )
-    if mode == "horovod-gloo":
-        rendezvous["horovod_port"] = free_loopback_port()
-    if point.params.get("framework") == "tensorflow":
-        rendezvous["tensorflow_workers"] = [f"127.0.0.1:{free_loopback_port()}" for _ in range(point.workers)]
-    workers = []
-    for rank in range(point.workers):
-        env = {
-            **common,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(point.workers),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(point.workers),
-        }
-        if mode == "horovod-gloo":
-            env.update(taskenv.local_rank_env(rank, point.workers, rendezvous["horovod_port"]))
-        if "tensorflow_workers" in rendezvous:
-            env["TF_CONFIG"] = taskenv.tf_config(rendezvous["tensorflow_workers"], rank)
-        command = worker_command
+    name: ClassVar[str] = "local"
+    elastic_runtimes: ClassVar[frozenset[str]] = frozenset(hosting.RUNTIMES)
+    options_type: ClassVar[type[LocalOptions]] = LocalOptions
+    resource_names: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, options: LocalOptions) -> None:
+        self.options = options
+
+    def render(self, point: Point, run_dir: Path) -> JobSpec[Any]:
+        """The exact commands and environment each worker will get (no process is started)."""
+        if hosting.elastic_runtime(point):
+            return hosting.render_elastic(point, run_dir, self.name, self.options.timeout_s)
+        return JobSpec(self.name, self.options.timeout_s, self.request(point, run_dir))
+
+    def request(self, point: Point, run_dir: Path) -> LocalRequest:
+        container, container_run = self.options.container, self.options.container_run
+        in_image = bool(container and container_run)
         if in_image:
-            command = in_container(container_run, container, container_name(point, rank), env, run_dir, command)
-        workers.append(WorkerSpec(rank, command, env))
-    if in_image:
-        rendezvous["containers"] = [container_name(point, rank) for rank in range(point.workers)]
-        rendezvous["container_engine"] = container_run[: container_run.index("run")]
-    return JobSpec("local", workers, timeout_s, rendezvous)
+            check_image_can_run(point)
+        port = free_loopback_port()
+        mode = launch_mode(point)
+        common = {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": str(point.threads_per_worker),
+            "PYTHONUNBUFFERED": "1",
+            "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
+        }
+        rendezvous = {"mode": mode, "ranks": point.workers, "master_addr": "127.0.0.1", "master_port": port}
+        worker_command = [sys.executable, "-m", "ddlrepro.rank.workloads", point.to_json()]
+        if mode == "mpirun":
+            step = WorkerSpec(None, mpirun_command(point.workers, worker_command), common)
+            return LocalRequest(**rendezvous, workers=[step])
+        horovod_port = free_loopback_port() if mode == "horovod-gloo" else None
+        tensorflow = point.params.get("framework") == "tensorflow"
+        tensorflow_workers = [f"127.0.0.1:{free_loopback_port()}" for _ in range(point.workers)] if tensorflow else []
+        workers = []
+        for rank in range(point.workers):
+            env = {
+                **common,
+                "RANK": str(rank),
+                "WORLD_SIZE": str(point.workers),
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(point.workers),
+            }
+            if horovod_port:
+                env.update(taskenv.local_rank_env(rank, point.workers, horovod_port))
+            if tensorflow_workers:
+                env["TF_CONFIG"] = taskenv.tf_config(tensorflow_workers, rank)
+            command = worker_command
+            if in_image:
+                command = in_container(container_run, container, container_name(point, rank), env, run_dir, command)
+            workers.append(WorkerSpec(rank, command, env))
+        return LocalRequest(
+            **rendezvous,
+            workers=workers,
+            horovod_port=horovod_port,
+            tensorflow_workers=tensorflow_workers,
+            containers=[container_name(point, rank) for rank in range(point.workers)] if in_image else [],
+            container_engine=container_run[: container_run.index("run")] if in_image else [],
+        )
+
+    def execute(self, spec: JobSpec[Any], output: OutputCollector) -> None:
+        """Run every worker to completion; raise RunFailed naming the first rank that failed."""
+        if hosting.is_elastic(spec):
+            hosting.execute_elastic(spec, output)
+        elif spec.request.mode == "mpirun":
+            _execute_mpirun(spec, output)
+        else:
+            _execute_ranks(spec, output)
+
+    def check_fits(self, point: Point) -> None:
+        check_fits_machine(point, self.options.oversubscription)
+
+    def host_cores(self, point: Point, workflow_cores: int) -> int:
+        """Every process runs here: its workers' threads, or every core when runs must not share the machine."""
+        needed = peak_workers(point) * point.threads_per_worker
+        return max(needed, workflow_cores) if self.options.exclusive else needed
+
+    def resources(self, point: Point) -> dict[str, Any]:
+        return {}
+
+    def own_cpu_counter(self, spec: JobSpec[Any]) -> CpuCounter:
+        """Local ranks are this process's descendants; podman/docker ranks run under the engine, outside its tree."""
+        if getattr(spec.request, "containers", None):
+            return "unknown: the ranks run in containers, outside this process's tree", None
+        return "this process and its descendants", process_tree_cpu
 
 
 def container_name(point: Point, rank: int) -> str:
@@ -155,36 +233,32 @@ def mpirun_command(workers: int, command: list[str]) -> list[str]:
     return ["mpirun", *as_root, "-np", str(workers), "--bind-to", "none", "--tag-output", *command]
 
 
-def execute(spec: JobSpec, output: OutputCollector) -> None:
-    """Run every worker to completion; raise RunFailed naming the first rank that failed."""
-    if spec.rendezvous.get("mode") == "mpirun":
-        _execute_mpirun(spec, output)
-        return
+def _execute_ranks(spec: JobSpec[LocalRequest], output: OutputCollector) -> None:
+    job = spec.request
     workers: list[Started] = []
-    size = len(spec.workers)
-    port = spec.rendezvous.get("horovod_port")
-    server = taskenv.rendezvous_server([(taskenv.LOCALHOST, size)], port) if port else contextlib.nullcontext()
+    port = job.horovod_port
+    server = taskenv.rendezvous_server([(taskenv.LOCALHOST, job.ranks)], port) if port else contextlib.nullcontext()
     with server:
         try:
-            for worker in spec.workers:
+            for worker in job.workers:
                 workers.append(start(worker, partial(output.add_line, worker.rank)))
             _wait(workers, spec.timeout_s, output)
         finally:
             stop(workers)
-            remove_containers(spec)
+            remove_containers(job)
 
 
 MPIRUN_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$")
 
 
-def _execute_mpirun(spec: JobSpec, output: OutputCollector) -> None:
+def _execute_mpirun(spec: JobSpec[LocalRequest], output: OutputCollector) -> None:
     """Run the one mpirun command; its tagged lines are filed under their rank, its own messages under rank -1."""
-    (step,) = spec.workers
+    (step,) = spec.request.workers
     code = run_to_completion(step, partial(_file_tagged_line, output), spec.timeout_s)
     if code is None:
         raise RunFailed(None, f"timed out after {spec.timeout_s:g} s", output.stderr_tail(-1))
     if code != 0:
-        ranks = [-1, *range(spec.rendezvous["ranks"])]
+        ranks = [-1, *range(spec.request.ranks)]
         tails = [f"[rank {rank}] {line}" for rank in ranks for line in output.stderr_tail(rank)]
         raise RunFailed(None, f"failed (mpirun {describe_exit(code)})", tails)
 
@@ -197,11 +271,10 @@ def _file_tagged_line(output: OutputCollector, stream: str, line: str) -> None:
         output.add_line(-1, stream, line)
 
 
-def remove_containers(spec: JobSpec) -> None:
+def remove_containers(job: LocalRequest) -> None:
     """Containers outlive a killed `podman run`/`docker run` client: remove them by name (gone already is fine)."""
-    names = spec.rendezvous.get("containers")
-    if names:
-        subprocess.run([*spec.rendezvous["container_engine"], "rm", "--force", *names], capture_output=True)
+    if job.containers:
+        subprocess.run([*job.container_engine, "rm", "--force", *job.containers], capture_output=True)
 
 
 def _wait(workers: list[Started], timeout_s: float, output: OutputCollector) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -15,6 +16,12 @@ from ddlrepro.host.launchers.base import WorkerSpec
 
 POLL_INTERVAL_S = 0.05
 STOP_GRACE_S = 3.0
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 @dataclass

@@ -1,10 +1,13 @@
 """Slurm launcher: inside the allocation Snakemake's Slurm executor obtained, one `srun` step starts every worker.
 
 `allocation()` is what a point asks Slurm for (the run rule's resources: nodes, tasks, CPUs per task, memory,
-runtime, GPUs, partition, account); `render()` the exact srun command, with ports derived from the job id. Each
-srun task turns Slurm's task variables into its rank's environment (slurm_task.py): the rendezvous is the first
-node of the step. `--label` prefixes every line with its rank. Every framework of the local launcher runs here
-too: torch, TensorFlow, Horovod over gloo or MPI, and the MPI all-reduce (MPI through Slurm's PMIx plugin).
+runtime, GPUs, partition, account); `SlurmLauncher.render()` the exact srun command, with ports derived from the
+job id. Each srun task turns Slurm's task variables into its rank's environment (slurm_task.py): the rendezvous
+is the first node of the step. `--label` prefixes every line with its rank. Every framework of the local launcher
+runs here too: torch, TensorFlow, Horovod over gloo or MPI, and the MPI all-reduce (MPI through Slurm's PMIx plugin).
+
+Elastic points run under their runtime (hosting.py) on the one node of their allocation, started from the batch
+step as local processes.
 
 Snakemake's Slurm job-step executor removes the allocation's SLURM_* variables (node list, tasks per node, GPUs)
 from the job's environment, so this launcher relies only on the job id and its settings; the tasks srun starts
@@ -17,14 +20,17 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 from ddlrepro.host.config import ConfigError
-from ddlrepro.host.launchers.base import JobSpec, RunFailed, WorkerSpec
-from ddlrepro.host.launchers.local import check_image_can_run, launch_mode, peak_workers
+from ddlrepro.host.launchers import hosting
+from ddlrepro.host.launchers.base import CpuCounter, JobSpec, RunFailed, WorkerSpec
+from ddlrepro.host.launchers.hosting import peak_workers
+from ddlrepro.host.launchers.local import check_image_can_run, launch_mode
 from ddlrepro.host.launchers.processes import run_to_completion
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
@@ -35,8 +41,21 @@ FAILED_TASK = re.compile(r"task (\d+)")
 # its node. Blocks repeat every PORT_BLOCKS job ids (jobs that far apart rarely share a node at the same time), and
 # stay below Linux's ephemeral ports (32768 on).
 PORT_BASE, PORTS_PER_JOB, PORT_BLOCKS = 15000, 64, 275
-SINGLE_NODE_LAUNCHERS = {"elastic", "torchrun"}
 JOB_CGROUP = re.compile(r"^job_\d+$")
+# The run rule's resources (Snakemake's Slurm executor reads them), from `allocation()`.
+RESOURCES = (
+    "nodes",
+    "tasks",
+    "tasks_per_node",
+    "cpus_per_task",
+    "mem_mb",
+    "runtime",
+    "slurm_partition",
+    "slurm_account",
+    "mpi",
+    "gres",
+    "slurm_extra",
+)
 
 
 def job_cgroup_cpu(proc_cgroup: Path, cgroup_root: Path) -> Callable[[], float] | None:
@@ -68,9 +87,126 @@ def _cpuacct_seconds(usage: Path) -> float:
     return int(usage.read_text()) / 1e9
 
 
+@dataclass(frozen=True)
+class SlurmOptions:
+    """`launcher` (timeout) and `launcher.slurm`; `container`: the Apptainer image every task runs in (the
+    configured one, else the one the workflow builds with `images.build: apptainer`)."""
+
+    timeout_s: float
+    partition: str | None
+    account: str | None
+    tasks_per_node: int
+    gpus_per_node: int
+    mem_mb_per_worker: int
+    max_nodes: int | None
+    cpus_per_node: int | None
+    mpi: str
+    container: str | None
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], image: dict[str, Any] | None = None) -> Self:
+        slurm, images = config["launcher"]["slurm"], config["images"]
+        if images["build"] not in (None, "apptainer"):
+            raise ConfigError(
+                f"images.build: {images['build']} images are not run by the slurm launcher (launcher.name); use "
+                "local or kubernetes, or images.build: apptainer or null"
+            )
+        built = f"results/images/ddlrepro-{images['variant']}.sif" if images["build"] else None
+        return cls(timeout_s=config["launcher"]["timeout_s"], **{**slurm, "container": slurm["container"] or built})
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    """The one srun step of a job (the exact command and the environment it sets) and its rendezvous: ports
+    derived from the job id, the first node of the step as the master."""
+
+    mode: str
+    job_id: str
+    ranks: int
+    step: WorkerSpec
+    master_port: int
+    horovod_port: int | None
+    tensorflow_port: int | None
+
+
+class SlurmLauncher:
+    """Inside the allocation Snakemake's Slurm executor obtained, one srun step starts every worker."""
+
+    name: ClassVar[str] = "slurm"
+    elastic_runtimes: ClassVar[frozenset[str]] = frozenset(hosting.RUNTIMES)
+    options_type: ClassVar[type[SlurmOptions]] = SlurmOptions
+    resource_names: ClassVar[tuple[str, ...]] = RESOURCES
+
+    def __init__(self, options: SlurmOptions, environ: Mapping[str, str] | None = None) -> None:
+        """`environ`: where the job id is read (this job's environment unless given)."""
+        self.options = options
+        self.environ = os.environ if environ is None else environ
+
+    def render(self, point: Point, run_dir: Path) -> JobSpec[Any]:
+        """The srun step this job will run, or an elastic point's job on the allocation's node (nothing starts)."""
+        if hosting.elastic_runtime(point):
+            return hosting.render_elastic(point, run_dir, self.name, self.options.timeout_s)
+        return JobSpec(self.name, self.options.timeout_s, self.request(point, run_dir))
+
+    def request(self, point: Point, run_dir: Path) -> SlurmRequest:
+        """Every point is one srun step shaped as its allocation, a task per worker, ranks in block order; each task
+        turns Slurm's step variables into its rank's environment (slurm_task.py). MPI points (Horovod over MPI, the
+        MPI all-reduce) are started by srun directly through Slurm's MPI plugin (`--mpi=pmix`). With a container
+        image (`.sif`), every task runs inside it through `apptainer exec` (`--nv` with GPUs)."""
+        options = self.options
+        mode = launch_mode(point)
+        if options.container:
+            check_image_can_run(point)
+        job_id = self.environ.get("SLURM_JOB_ID", "0")  # outside a job (`ddlrepro render`): job 0
+        port = PORT_BASE + int(job_id) % PORT_BLOCKS * PORTS_PER_JOB
+        env = {
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": str(point.threads_per_worker),
+            "PYTHONUNBUFFERED": "1",
+            "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
+        }
+        shape = node_shape(point, options.tasks_per_node)
+        horovod_port = tensorflow_port = None
+        if mode == "horovod-gloo":
+            horovod_port = port + 1  # Horovod's rendezvous server, run by rank 0's task
+            env["DDLREPRO_HOROVOD_PORT"] = str(horovod_port)
+        if point.params.get("framework") == "tensorflow":
+            if 2 + shape[1] > PORTS_PER_JOB:
+                raise ValueError(f"{shape[1]} TensorFlow tasks per node need more than the job's {PORTS_PER_JOB} ports")
+            tensorflow_port = port + 2  # the first of each node's ports, one per task on it
+            env["DDLREPRO_TENSORFLOW_PORT"] = str(tensorflow_port)
+        mpi = options.mpi if mode == "mpirun" else None
+        command = srun_command(point, shape, options.gpus_per_node > 0, options.container, mpi)
+        # MASTER_ADDR: each task takes the first node of its step.
+        return SlurmRequest(
+            mode, job_id, point.workers, WorkerSpec(None, command, env), port, horovod_port, tensorflow_port
+        )
+
+    def execute(self, spec: JobSpec[Any], output: OutputCollector) -> None:
+        """Run the srun step (or the elastic job) to completion; raise RunFailed naming the Slurm job and the
+        failed task."""
+        if hosting.is_elastic(spec):
+            hosting.execute_elastic(spec, output)
+        else:
+            execute_step(spec, output)
+
+    def check_fits(self, point: Point) -> None:
+        check_cluster_limits(point, self.options)
+
+    def host_cores(self, point: Point, workflow_cores: int) -> int:
+        """The run's allocation is its own: every worker's threads on its node(s)."""
+        return peak_workers(point) * point.threads_per_worker
+
+    def resources(self, point: Point) -> dict[str, Any]:
+        return allocation(point, self.options)
+
+    def own_cpu_counter(self, spec: JobSpec[Any]) -> CpuCounter:
+        return own_cpu_counter()
+
+
 def own_cpu_counter(
     proc_cgroup: Path = Path("/proc/self/cgroup"), cgroup_root: Path = Path("/sys/fs/cgroup")
-) -> tuple[str, Callable[[], float] | None]:
+) -> CpuCounter:
     """How a run's own CPU is counted inside the allocation: the job's cgroup, whose processes are the run's
     (srun's tasks are children of slurmstepd, not of this process); unknown without one."""
     counter = job_cgroup_cpu(proc_cgroup, cgroup_root) if proc_cgroup.exists() else None
@@ -83,96 +219,49 @@ def own_cpu_counter(
     return "the Slurm job's cgroup on this node", counter
 
 
-def allocation(point: Point, slurm: dict[str, Any], runtime_min: int) -> dict[str, Any]:
-    """The sbatch settings of a point: one task per worker, packed `tasks_per_node` to a node. Elastic points
-    (their own launcher starts and stops the workers) get one node with room for their largest cluster."""
-    nodes, per_node = node_shape(point, slurm)
-    settings = {
+def allocation(point: Point, options: SlurmOptions) -> dict[str, Any]:
+    """The sbatch settings of a point (every name of RESOURCES): one task per worker, packed `tasks_per_node` to a
+    node, for the launcher's timeout (whole minutes, rounded up). Elastic points (their runtime starts and stops
+    the workers) get one node with room for their largest cluster."""
+    nodes, per_node = node_shape(point, options.tasks_per_node)
+    return {
         "nodes": nodes,
         "tasks": peak_workers(point),
         "tasks_per_node": per_node,
         "cpus_per_task": point.threads_per_worker,
-        "mem_mb": slurm["mem_mb_per_worker"] * per_node,
-        "runtime": runtime_min,
-        "slurm_partition": slurm.get("partition") or "",
-        "slurm_account": slurm.get("account") or "",
+        "mem_mb": options.mem_mb_per_worker * per_node,
+        "runtime": max(1, math.ceil(options.timeout_s / 60)),
+        "slurm_partition": options.partition or "",
+        "slurm_account": options.account or "",
         # The plugin leaves srun to a multi-task job's command (ours); it wraps a single-task one in srun itself.
         "mpi": "srun" if point.workers > 1 else "",
+        "gres": f"gpu:{min(options.gpus_per_node, per_node)}" if options.gpus_per_node else "",
+        "slurm_extra": f"--ntasks-per-node={per_node}",
     }
-    if slurm["gpus_per_node"]:
-        settings["gres"] = f"gpu:{min(slurm['gpus_per_node'], per_node)}"
-    return settings
 
 
-def check_cluster_limits(point: Point, slurm: dict[str, Any]) -> None:
+def check_cluster_limits(point: Point, options: SlurmOptions) -> None:
     """Refuse a point over the cluster's declared `max_nodes` or `cpus_per_node` (each checked only if set)."""
-    nodes, per_node = node_shape(point, slurm)
+    nodes, per_node = node_shape(point, options.tasks_per_node)
     cpus = per_node * point.threads_per_worker
-    if nodes > slurm.get("max_nodes", nodes):
+    if options.max_nodes is not None and nodes > options.max_nodes:
         raise ConfigError(
             f"{point.figure} point {point.id}: needs {nodes} nodes ({peak_workers(point)} workers, {per_node} per"
-            f" node), over launcher.slurm.max_nodes {slurm['max_nodes']}"
+            f" node), over launcher.slurm.max_nodes {options.max_nodes}"
         )
-    if cpus > slurm.get("cpus_per_node", cpus):
+    if options.cpus_per_node is not None and cpus > options.cpus_per_node:
         raise ConfigError(
             f"{point.figure} point {point.id}: {per_node} workers × {point.threads_per_worker} threads = {cpus} CPUs "
-            f"on one node, over launcher.slurm.cpus_per_node {slurm['cpus_per_node']}"
+            f"on one node, over launcher.slurm.cpus_per_node {options.cpus_per_node}"
         )
 
 
-def node_shape(point: Point, slurm: dict[str, Any]) -> tuple[int, int]:
+def node_shape(point: Point, tasks_per_node: int) -> tuple[int, int]:
     """(nodes, tasks per node): one task per worker, `tasks_per_node` to a node; elastic points on one node, with
     room for their peak (largest cluster plus standbys, counted as the local and Kubernetes launchers do)."""
     workers = peak_workers(point)
-    single_node = point.params.get("launcher") in SINGLE_NODE_LAUNCHERS
-    per_node = workers if single_node else min(workers, slurm["tasks_per_node"])
+    per_node = workers if hosting.elastic_runtime(point) else min(workers, tasks_per_node)
     return math.ceil(workers / per_node), per_node
-
-
-def render(
-    point: Point,
-    timeout_s: float,
-    run_dir: Path,
-    environ: dict[str, str] | None = None,
-    container: str | None = None,
-    settings: dict[str, Any] | None = None,
-) -> JobSpec:
-    """The srun step this job will run (nothing is started); `environ` defaults to this job's environment,
-    `settings` are the config's `launcher.slurm` (tasks and GPUs per node, the srun MPI plugin; without them:
-    one node, no GPUs).
-
-    Every point is one srun step shaped as its allocation, a task per worker, ranks in block order; each task turns
-    Slurm's step variables into its rank's environment (slurm_task.py). MPI points (Horovod over MPI, the MPI
-    all-reduce) are started by srun directly through Slurm's MPI plugin (`--mpi=pmix`). With a container image
-    (`.sif`), every task runs inside it through `apptainer exec` (`--nv` with GPUs).
-    """
-    settings = settings or {}
-    mode = launch_mode(point)
-    if container:
-        check_image_can_run(point)
-    nodes, per_node = node_shape(point, {"tasks_per_node": point.workers, **settings})
-    job_id = (os.environ if environ is None else environ).get("SLURM_JOB_ID", "0")
-    port = PORT_BASE + int(job_id) % PORT_BLOCKS * PORTS_PER_JOB
-    env = {
-        "MASTER_PORT": str(port),
-        "OMP_NUM_THREADS": str(point.threads_per_worker),
-        "PYTHONUNBUFFERED": "1",
-        "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
-    }
-    # MASTER_ADDR: each task takes the first node of its step.
-    rendezvous = {"master_addr": None, "master_port": port, "job_id": job_id, "mode": mode}
-    if mode == "horovod-gloo":
-        rendezvous["horovod_port"] = port + 1  # Horovod's rendezvous server, run by rank 0's task
-        env["DDLREPRO_HOROVOD_PORT"] = str(port + 1)
-    if point.params.get("framework") == "tensorflow":
-        if 2 + per_node > PORTS_PER_JOB:
-            raise ValueError(f"{per_node} TensorFlow tasks per node need more than the job's {PORTS_PER_JOB} ports")
-        rendezvous["tensorflow_port"] = port + 2  # the first of each node's ports, one per task on it
-        env["DDLREPRO_TENSORFLOW_PORT"] = str(port + 2)
-    with_gpus = int(settings.get("gpus_per_node") or 0) > 0
-    mpi = settings.get("mpi", "pmix") if mode == "mpirun" else None
-    step = WorkerSpec(None, srun_command(point, (nodes, per_node), with_gpus, container, mpi), env)
-    return JobSpec("slurm", [step], timeout_s, rendezvous)
 
 
 def srun_command(
@@ -202,12 +291,11 @@ def srun_command(
     ]
 
 
-def execute(spec: JobSpec, output: OutputCollector) -> None:
+def execute_step(spec: JobSpec[SlurmRequest], output: OutputCollector) -> None:
     """Run the srun step to completion; raise RunFailed naming the Slurm job and the failed task."""
-    (step,) = spec.workers
     failed_tasks: list[int] = []
-    code = run_to_completion(step, partial(_file_line, output, failed_tasks), spec.timeout_s)
-    job = f"in Slurm job {spec.rendezvous.get('job_id')}"
+    code = run_to_completion(spec.request.step, partial(_file_line, output, failed_tasks), spec.timeout_s)
+    job = f"in Slurm job {spec.request.job_id}"
     if code is None:
         raise RunFailed(None, f"timed out after {spec.timeout_s:g} s {job}", output.stderr_tail(-1))
     if code != 0:

@@ -1,4 +1,5 @@
-"""torchrun launcher: the elastic baseline. One torchrun agent (an elastic "node" with one worker) per member,
+"""torchrun elastic runtime (a point's `elastic: torchrun`, hosted by the local and Slurm launchers): the elastic
+baseline. One torchrun agent (an elastic "node" with one worker) per member,
 c10d rendezvous on loopback; the launcher starts agents when the cluster grows and stops the newest when it
 shrinks, and torchrun restarts every worker each time membership changes (`rank/elastic/torchrun_worker.py`
 resumes them from the checkpoint).
@@ -19,14 +20,14 @@ import secrets
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
-from ddlrepro.host.launchers.base import JobSpec, RunFailed, WorkerSpec
+from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
 from ddlrepro.host.launchers.inplace import verify_continuity
-from ddlrepro.host.launchers.local import free_loopback_port
-from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, start, stop
+from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, free_loopback_port, start, stop
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic.cluster import Cluster
@@ -49,10 +50,24 @@ def rdzv_conf(params: dict) -> str:
     return BASE_RDZV_CONF + KEEP_ALIVE[keep_alive]
 
 
-def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
-    """The agent command (agent i adds `is_host` for the first) and environment; no process is started."""
-    schedule = parse_schedule(point.params["schedule"])
-    most = largest_size(schedule, point.params["initial_workers"])
+@dataclass(frozen=True)
+class TorchrunRequest:
+    """A torchrun elastic job: the agent command and environment (agent i adds its `--rdzv-conf`, the first with
+    `is_host`), the c10d rendezvous endpoint, the config server, the schedule and the initial members."""
+
+    runtime: str
+    agent: WorkerSpec
+    endpoint: str
+    config_server: str
+    schedule: str
+    initial_workers: int
+    max_size: int
+    rdzv_conf: str
+
+
+def request(point: Point, run_dir: Path) -> TorchrunRequest:
+    """What the job will start; no process is started."""
+    most = largest_size(parse_schedule(point.params["schedule"]), point.params["initial_workers"])
     port = free_loopback_port()
     command = [
         sys.executable,
@@ -76,22 +91,24 @@ def render(point: Point, timeout_s: float, run_dir: Path) -> JobSpec:
         "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
         SERVER_ENV: f"127.0.0.1:{free_loopback_port()}",
     }
-    rendezvous = {
-        "endpoint": f"127.0.0.1:{port}",
-        "config_server": env[SERVER_ENV],
-        "schedule": point.params["schedule"],
-        "initial_workers": point.params["initial_workers"],
-        "rdzv_conf": rdzv_conf(point.params),
-    }
-    return JobSpec("torchrun", [WorkerSpec(None, command, env)], timeout_s, rendezvous)
+    return TorchrunRequest(
+        runtime="torchrun",
+        agent=WorkerSpec(None, command, env),
+        endpoint=f"127.0.0.1:{port}",
+        config_server=env[SERVER_ENV],
+        schedule=point.params["schedule"],
+        initial_workers=point.params["initial_workers"],
+        max_size=most,
+        rdzv_conf=rdzv_conf(point.params),
+    )
 
 
 class Agents:
     """The job's torchrun agents by member id; started and stopped as the cluster changes."""
 
-    def __init__(self, spec: JobSpec, output: OutputCollector, token: str) -> None:
-        (self.template,) = spec.workers
-        self.rdzv_conf = spec.rendezvous["rdzv_conf"]
+    def __init__(self, job: TorchrunRequest, output: OutputCollector, token: str) -> None:
+        self.template = job.agent
+        self.rdzv_conf = job.rdzv_conf
         self.output = output
         self.token = token
         self.running: dict[int, Started] = {}
@@ -126,25 +143,23 @@ class Agents:
         return all(one.process.poll() is not None for one in self.running.values())
 
 
-def execute(spec: JobSpec, output: OutputCollector) -> None:
+def execute(job: TorchrunRequest, timeout_s: float, output: OutputCollector) -> None:
     """Run the agents until the schedule stops the job; raise RunFailed if an agent fails or on a timeout."""
     token = secrets.token_urlsafe(24)
-    agents = Agents(spec, output, token)
-    initial = spec.rendezvous["initial_workers"]
-    most = largest_size(parse_schedule(spec.rendezvous["schedule"]), initial)
-    config = ClusterConfig(list(range(initial)), agents.new_agents, agents.follow, max_size=most)
-    host, _, port = spec.rendezvous["config_server"].rpartition(":")
-    deadline = time.monotonic() + spec.timeout_s
+    agents = Agents(job, output, token)
+    config = ClusterConfig(list(range(job.initial_workers)), agents.new_agents, agents.follow, max_size=job.max_size)
+    host, _, port = job.config_server.rpartition(":")
+    deadline = time.monotonic() + timeout_s
     try:
         with ConfigServer(config, token, host, int(port)):
-            for agent in range(initial):
+            for agent in range(job.initial_workers):
                 agents.start(agent)
             while not (agents.all_exited() and not config.latest.members):
                 failed = agents.failed()
                 if failed:
                     raise RunFailed(failed[0], "(torchrun agent) failed", output.stderr_tail(failed[0]))
                 if time.monotonic() > deadline:
-                    raise RunFailed(None, f"timed out after {spec.timeout_s:g} s", output.stderr_tail(0))
+                    raise RunFailed(None, f"timed out after {timeout_s:g} s", output.stderr_tail(0))
                 time.sleep(POLL_INTERVAL_S)
         verify_continuity(output)
     finally:

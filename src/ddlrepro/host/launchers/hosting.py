@@ -1,0 +1,43 @@
+"""Elastic runs a launcher hosts on the machine it runs on (this one, or the one node of a Slurm allocation): a
+point's `elastic` parameter names the runtime it needs, in place (inplace.py) or torchrun's (torchrun.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ddlrepro.host.launchers import inplace, torchrun
+from ddlrepro.host.launchers.base import JobSpec
+from ddlrepro.host.rundir import OutputCollector
+from ddlrepro.points import Point
+from ddlrepro.rank.elastic.schedule import largest_size, parse_schedule
+
+RUNTIMES = {"inplace": inplace, "torchrun": torchrun}
+HOSTED_REQUESTS = (inplace.InplaceRequest, torchrun.TorchrunRequest)
+
+
+def elastic_runtime(point: Point) -> str | None:
+    """The elastic runtime `point` needs (a point parameter), or None for a fixed-size run."""
+    return point.params.get("elastic")
+
+
+def peak_workers(point: Point) -> int:
+    """Worker processes the point runs at once at most: an elastic schedule's largest cluster plus its standbys."""
+    if elastic_runtime(point) is None:
+        return point.workers
+    largest = largest_size(parse_schedule(point.params["schedule"]), point.params["initial_workers"])
+    return largest + point.params["standby"]
+
+
+def render_elastic(point: Point, run_dir: Path, launcher: str, timeout_s: float) -> JobSpec[Any]:
+    """The elastic job of `point` under its runtime, started by `launcher` on the machine it runs on."""
+    return JobSpec(launcher, timeout_s, RUNTIMES[elastic_runtime(point)].request(point, run_dir))
+
+
+def is_elastic(spec: JobSpec[Any]) -> bool:
+    return isinstance(spec.request, HOSTED_REQUESTS)
+
+
+def execute_elastic(spec: JobSpec[Any], output: OutputCollector) -> None:
+    runtime = inplace if isinstance(spec.request, inplace.InplaceRequest) else torchrun
+    runtime.execute(spec.request, spec.timeout_s, output)
