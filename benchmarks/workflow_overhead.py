@@ -6,6 +6,7 @@ at smoke scale (target ≤ 3 s), each timed in this run on a private copy of the
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,12 @@ def copy_workflow(target: Path) -> None:
 
 def timed(workdir: Path, *args: str) -> tuple[float, str]:
     started = time.perf_counter()
-    done = subprocess.run([SNAKEMAKE, "--cores", "2", *args], cwd=workdir, capture_output=True, text=True, check=True)
+    # The workflow edits no environment: its jobs run this venv's python, with the copy's package.
+    environment = {**os.environ, "PATH": f"{Path(SNAKEMAKE).parent}{os.pathsep}{os.environ['PATH']}"}
+    environment["PYTHONPATH"] = str(workdir / "src")
+    done = subprocess.run(
+        [SNAKEMAKE, "--cores", "2", *args], cwd=workdir, env=environment, capture_output=True, text=True, check=True
+    )
     return time.perf_counter() - started, done.stdout + done.stderr
 
 

@@ -5,21 +5,13 @@ rule plot:
     input:
         table="results/tables/{figure}.csv",
         references=config["references"],
-        code=lambda wildcards: figure_source(wildcards.figure),
+        code=lambda wildcards: [
+            checkout_relative(path) for path in figure_source(wildcards.figure)
+        ],
     output:
-        png=report(
-            "results/figures/{figure}.png",
-            caption="../report/figure.rst",
-            category="Figures",
-            labels={"figure": "{figure}"},
-        ),
+        png="results/figures/{figure}.png",
         pdf="results/figures/{figure}.pdf",
-        summary=report(
-            "results/tables/{figure}.summary.csv",
-            caption="../report/summary.rst",
-            category="Summary tables",
-            labels={"figure": "{figure}"},
-        ),
+        summary="results/tables/{figure}.summary.csv",
     log:
         "results/logs/plot/{figure}.log",
     conda:

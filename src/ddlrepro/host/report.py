@@ -11,22 +11,19 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from ddlrepro.host.config import REPO_ROOT
 from ddlrepro.host.figures import FIGURES, figure_module
 from ddlrepro.host.provenance import git_state, host_inventory
 from ddlrepro.host.redaction import redact
 from ddlrepro.host.tables import as_flags
 
-CAPTIONS = REPO_ROOT / "workflow" / "report"
-
-
 CHECK_COLUMNS = ["check", "status", "measured", "reference", "unit", "reason", "claim"]
 
 
-def figure_entry(figure: str, results: Path, checks: pd.DataFrame) -> dict[str, Any]:
+def figure_entry(figure: str, results: Path, checks: pd.DataFrame, captions: Path) -> dict[str, Any]:
+    """One figure's section; its caption is `<captions>/<figure>.rst`, the workflow's (none when it has none)."""
     summary = pd.read_csv(results / "tables" / f"{figure}.summary.csv")
     own_checks = checks[checks["figure"] == figure]
-    caption = CAPTIONS / f"{figure}.rst"
+    caption = captions / f"{figure}.rst"
     return {
         "id": figure,
         "title": figure_module(figure).TITLE,
@@ -61,16 +58,25 @@ def rerun_advice(runs: pd.DataFrame, results: Path, options: str = "") -> dict[s
 
 
 def write_report(
-    out: Path, figures: list[str], scale: str, launcher: str, results: Path = Path("results"), rerun_options: str = ""
+    out: Path,
+    figures: list[str],
+    scale: str,
+    launcher: str,
+    captions: Path,
+    results: Path = Path("results"),
+    rerun_options: str = "",
+    repository: Path = Path("."),
 ) -> None:
+    """The report of `figures` built under `results`, captions from the folder `captions`, code version from the
+    checkout `repository`."""
     environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("ddlrepro", "templates"),
+        loader=jinja2.PackageLoader("ddlrepro.host", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
     )
     meta = {
         "scale": scale,
         "launcher": launcher,
-        "git": git_state(),
+        "git": git_state(repository),
         "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "host": host_inventory(),
     }
@@ -80,7 +86,7 @@ def write_report(
         counts=checks["status"].value_counts().to_dict(),
         failed=checks[checks["status"] == "fail"].to_dict("records"),
         rerun=rerun_advice(disturbed_runs(figures, results, checks), results, rerun_options),
-        figures=[figure_entry(figure, results, checks) for figure in figures],
+        figures=[figure_entry(figure, results, checks, captions) for figure in figures],
         disabled=[figure for figure in FIGURES if figure not in figures],
     )
     out.write_text(redact(html))
