@@ -16,7 +16,10 @@ def jobs_package_problem() -> str | None:
     if python is None:
         return "no `python` on PATH, and every job runs `python -m ddlrepro`"
     found = subprocess.run(
-        [python, "-c", "import ddlrepro.host.cli; print(ddlrepro.__file__)"], capture_output=True, text=True, timeout=120
+        [python, "-c", "import ddlrepro.host.cli; print(ddlrepro.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     if found.returncode != 0:
         problem = (found.stderr.strip().splitlines() or ["no output"])[-1]
