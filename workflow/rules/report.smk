@@ -53,11 +53,10 @@ rule report:
         launcher=config["launcher"]["name"],
         figures=" ".join(ENABLED),
         rerun_options=shlex.quote(RERUN_OPTIONS),
-        captions=CAPTIONS,
         repository=CHECKOUT,
     shell:
         "python -m ddlrepro report {params.figures} --out {output} --scale {params.scale}"
-        " --launcher {params.launcher} --rerun-options {params.rerun_options} --captions {params.captions}"
+        " --launcher {params.launcher} --rerun-options {params.rerun_options} --captions {input.captions}"
         " --repository {params.repository} > {log} 2>&1"
 
 

@@ -113,7 +113,7 @@ def cmd_report(args: argparse.Namespace) -> None:
         args.figures,
         args.scale,
         args.launcher,
-        Path(args.captions),
+        [Path(path) for path in args.captions],
         Path(args.results),
         args.rerun_options,
         Path(args.repository),
@@ -246,7 +246,7 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--scale", default="smoke")
     report.add_argument("--launcher", default="local")
     report.add_argument("--rerun-options", default="", help="Snakemake options the rerun command repeats (config)")
-    report.add_argument("--captions", required=True, help="folder of the figures' captions, <figure>.rst")
+    report.add_argument("--captions", nargs="*", default=[], help="the figures' captions, each <figure>.rst")
     report.add_argument("--repository", default=".", help="the checkout the figures were built with (git state)")
     report.add_argument("figures", nargs="+", help="ids of the built figures")
     report.set_defaults(handler=cmd_report)

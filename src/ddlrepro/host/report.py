@@ -19,15 +19,14 @@ from ddlrepro.host.tables import as_flags
 CHECK_COLUMNS = ["check", "status", "measured", "reference", "unit", "reason", "claim"]
 
 
-def figure_entry(figure: str, results: Path, checks: pd.DataFrame, captions: Path) -> dict[str, Any]:
-    """One figure's section; its caption is `<captions>/<figure>.rst`, the workflow's (none when it has none)."""
+def figure_entry(figure: str, results: Path, checks: pd.DataFrame, caption: Path | None) -> dict[str, Any]:
+    """One figure's section, with the text of its caption file (the workflow's `<figure>.rst`) when it has one."""
     summary = pd.read_csv(results / "tables" / f"{figure}.summary.csv")
     own_checks = checks[checks["figure"] == figure]
-    caption = captions / f"{figure}.rst"
     return {
         "id": figure,
         "title": figure_module(figure).TITLE,
-        "caption": caption.read_text().strip() if caption.exists() else "",
+        "caption": caption.read_text().strip() if caption else "",
         "png": base64.b64encode((results / "figures" / f"{figure}.png").read_bytes()).decode(),
         "summary": summary.to_html(index=False, float_format=lambda v: f"{v:.3g}", border=0),
         "checks": own_checks[CHECK_COLUMNS].to_dict("records"),
@@ -62,13 +61,13 @@ def write_report(
     figures: list[str],
     scale: str,
     launcher: str,
-    captions: Path,
+    captions: list[Path],
     results: Path = Path("results"),
     rerun_options: str = "",
     repository: Path = Path("."),
 ) -> None:
-    """The report of `figures` built under `results`, captions from the folder `captions`, code version from the
-    checkout `repository`."""
+    """The report of `figures` built under `results`, each captioned by the file of `captions` named after it
+    (`<figure>.rst`), code version from the checkout `repository`."""
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("ddlrepro.host", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
@@ -80,13 +79,14 @@ def write_report(
         "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "host": host_inventory(),
     }
+    caption_files = {path.stem: path for path in captions}
     checks = pd.read_csv(results / "checks.tsv", sep="\t", dtype=str, keep_default_na=False)
     html = environment.get_template("report.html.j2").render(
         meta=meta,
         counts=checks["status"].value_counts().to_dict(),
         failed=checks[checks["status"] == "fail"].to_dict("records"),
         rerun=rerun_advice(disturbed_runs(figures, results, checks), results, rerun_options),
-        figures=[figure_entry(figure, results, checks, captions) for figure in figures],
+        figures=[figure_entry(figure, results, checks, caption_files.get(figure)) for figure in figures],
         disabled=[figure for figure in FIGURES if figure not in figures],
     )
     out.write_text(redact(html))
