@@ -162,6 +162,8 @@ def test_a_finished_checkout_copied_elsewhere_reruns_nothing(tmp_path: Path) -> 
     options = ["--configfile", "tests/configs/tiny.yaml", "one.yaml"]
     built = snakemake(first, *options)
     assert built.returncode == 0, built.stderr[-3000:]
+    caption_start = " ".join((first / "workflow" / "report" / "dlaas-scaling.rst").read_text().split()[:3])
+    assert caption_start in (first / "results" / "report.html").read_text()
 
     moved = tmp_path / "elsewhere" / "moved"
     shutil.copytree(first, moved, symlinks=True)
