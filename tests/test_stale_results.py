@@ -9,14 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import (
-    ONE_WORKER_COUNT_DLAAS,
-    SNAKEMAKE,
-    checks_excluding,
-    planned_jobs,
-    snakemake,
-    workflow_environment,
-)
+from conftest import ONE_WORKER_COUNT_DLAAS, SNAKEMAKE, checks_excluding, planned_jobs, snakemake, workflow_environment
 
 ONE_POINT = "figures:\n  dlaas-scaling:\n    workers: [1]\n" + checks_excluding(*ONE_WORKER_COUNT_DLAAS)
 TARGET = ["--configfile", "tests/configs/tiny.yaml", "one.yaml", "--", "dlaas_scaling"]

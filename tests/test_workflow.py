@@ -12,14 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import (
-    ONE_WORKER_COUNT_DLAAS,
-    SNAKEMAKE,
-    checks_excluding,
-    planned_jobs,
-    snakemake,
-    workflow_environment,
-)
+from conftest import ONE_WORKER_COUNT_DLAAS, SNAKEMAKE, checks_excluding, planned_jobs, snakemake, workflow_environment
 from test_local_launcher import wait_for, worker_pids
 
 from ddlrepro.host.figures import FIGURES
