@@ -25,9 +25,11 @@ $(STAMP): envs/requirements.txt pyproject.toml
 horovod: env
 	scripts/horovod install $(BIN)/python
 
+# The workflow's jobs run `python` from PATH: this environment's, put first here (the workflow never edits PATH).
+WITH_ENV := PATH="$(abspath $(BIN)):$$PATH"
+
 reproduce: env
-	$(BIN)/snakemake --profile profiles/local --cores $(CORES)
-	$(BIN)/snakemake --profile profiles/local --report results/snakemake-report.html
+	$(WITH_ENV) $(BIN)/snakemake --profile profiles/local --cores $(CORES)
 
 test: env horovod
 	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
@@ -41,7 +43,7 @@ lint: env
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/snakefmt --check Snakefile workflow/rules
-	$(BIN)/snakemake --lint
+	$(WITH_ENV) $(BIN)/snakemake --lint
 	$(BIN)/lint-imports
 
 format: env

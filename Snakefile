@@ -10,9 +10,6 @@ include: "workflow/rules/configfiles.smk"
 configfile: "config/config.yaml"
 
 
-report: "workflow/report/workflow.rst"
-
-
 include: "workflow/rules/common.smk"
 include: "workflow/rules/images.smk"
 include: "workflow/rules/software.smk"
@@ -45,4 +42,4 @@ rule all:
 
 
 onstart:
-    record_invocation(config, Path("results/provenance"))
+    record_invocation(config, Path("results/provenance"), Path(CHECKOUT))

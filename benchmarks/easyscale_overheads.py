@@ -17,13 +17,15 @@ from pathlib import Path
 
 from _common import BenchmarkRecord
 
-from ddlrepro.host.config import REPO_ROOT, load_config
+from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import easyscale_fig10, easyscale_fig12
 from ddlrepro.host.figures.step_timing import peak_memory
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def measure(points: list, workdir: Path):
@@ -37,7 +39,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
-    config = load_config(REPO_ROOT / "config" / "config.yaml")
+    config = load_config(REPO / "config" / "config.yaml")
     launcher = config["launcher"]
     timing = {**config["figures"]["easyscale-fig12"], "steps": args.steps, "warmup_steps": 3}
     with tempfile.TemporaryDirectory() as scratch, BenchmarkRecord(__file__, args) as record:

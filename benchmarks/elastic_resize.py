@@ -24,13 +24,15 @@ from pathlib import Path
 
 from _common import BenchmarkRecord
 
-from ddlrepro.host.config import REPO_ROOT, load_config
+from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import kungfu_fig7
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows, tidy_table
 from ddlrepro.rank.elastic.faults import worker_pid
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def measure_schedule(section: dict, launcher: dict, scratch: Path, record: BenchmarkRecord) -> None:
@@ -88,7 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--schedule", default=None, help="resize schedule (default: config.yaml's)")
     args = parser.parse_args()
-    config = load_config(REPO_ROOT / "config" / "config.yaml")
+    config = load_config(REPO / "config" / "config.yaml")
     section = dict(config["figures"]["kungfu-fig7"])
     if args.schedule:
         section["schedule"] = args.schedule

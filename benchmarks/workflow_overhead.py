@@ -41,8 +41,12 @@ def copy_workflow(target: Path) -> None:
 
 def timed(workdir: Path, *args: str) -> tuple[float, str]:
     started = time.perf_counter()
-    env = {**os.environ, "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")])}  # the jobs' python: ours
-    done = subprocess.run([SNAKEMAKE, "--cores", "2", *args], cwd=workdir, capture_output=True, text=True, env=env)
+    # The workflow edits no environment: its jobs run this venv's python, with the copy's package.
+    environment = {**os.environ, "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")])}
+    environment["PYTHONPATH"] = str(workdir / "src")
+    done = subprocess.run(
+        [SNAKEMAKE, "--cores", "2", *args], cwd=workdir, capture_output=True, text=True, env=environment
+    )
     if done.returncode:
         sys.exit(f"snakemake {' '.join(args)} failed (exit {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
     return time.perf_counter() - started, done.stdout + done.stderr

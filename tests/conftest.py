@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -19,7 +20,8 @@ from ddlrepro.host.redaction import forget_registered
 from ddlrepro.points import Point
 
 REPO = Path(__file__).resolve().parents[1]
-SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+BIN = Path(sys.executable).parent
+SNAKEMAKE = str(BIN / "snakemake")
 LEAKY_SITE = REPO / "tests" / "leaky"  # a sitecustomize that prints credentials from inside the ranks
 WORKFLOW_PARTS = [
     "Snakefile",
@@ -104,11 +106,23 @@ def workflow_copy(tmp_path: Path) -> Path:
     return copy_workflow(tmp_path)
 
 
+def workflow_environment(workdir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a test starts Snakemake in (the workflow edits none): this venv's `python` first on PATH for
+    the jobs, and `workdir`'s own src/ first on PYTHONPATH, so that the workflow and its jobs run the copy's code."""
+    base = dict(os.environ if base is None else base)
+    return {
+        **base,
+        "PATH": os.pathsep.join(filter(None, [str(BIN), base.get("PATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(workdir / "src"), base.get("PYTHONPATH")])),
+    }
+
+
 def snakemake(workdir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run Snakemake in `workdir` (its own Snakefile) and return the finished process, output captured."""
     return subprocess.run(
         [SNAKEMAKE, "--cores", "2", *args],
         cwd=workdir,
+        env=workflow_environment(workdir),
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -17,7 +17,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import LEAKY_SITE, copy_workflow, planned_jobs, snakemake, tiny_point, written_forms
+from conftest import (
+    LEAKY_SITE,
+    REPO,
+    SNAKEMAKE,
+    copy_workflow,
+    planned_jobs,
+    snakemake,
+    tiny_point,
+    workflow_environment,
+    written_forms,
+)
 
 import ddlrepro.host.bundle
 from ddlrepro.host.bundle import (
@@ -37,7 +47,7 @@ from ddlrepro.host.bundle import (
     verify_bundle,
     write_tarball,
 )
-from ddlrepro.host.config import REPO_ROOT, load_config
+from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.redaction import MARKER, redact, secret_values
 from ddlrepro.host.rundir import OutputCollector
@@ -81,17 +91,16 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Every rank prints the canaries (dict repr, JSON, URL, shell) as a careless library would.
     environment.update(LEAK_WHEN="RANK", LEAK_VARIABLES=" ".join(CANARY))
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LEAKY_SITE), os.environ.get("PYTHONPATH")]))
-    for target in (["bundle"], ["--report", "results/snakemake-report.html"]):
-        done = subprocess.run(
-            [str(Path(sys.executable).parent / "snakemake"), "--cores", "2", *target, *TINY],
-            cwd=workdir,
-            env=environment,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        (workdir / f"snakemake-{target[0].lstrip('-')}.out").write_text(done.stdout + done.stderr)
+    done = subprocess.run(
+        [SNAKEMAKE, "--cores", "2", "bundle", *TINY],
+        cwd=workdir,
+        env=workflow_environment(workdir, environment),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (workdir / "snakemake-bundle.out").write_text(done.stdout + done.stderr)
     return workdir
 
 
@@ -418,10 +427,10 @@ def test_sign_key_may_start_with_home(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def figureless_members(**config_changes: object) -> dict[str, bytes]:
     """What a bundle of no figure holds besides its manifest: the default config (with changes), references, checks."""
-    config = load_config(REPO_ROOT / "config" / "config.yaml") | config_changes
+    config = load_config(REPO / "config" / "config.yaml") | config_changes
     return {
         "config-used.yaml": yaml.safe_dump(config).encode(),
-        "references.yaml": (REPO_ROOT / "config" / "references.yaml").read_bytes(),
+        "references.yaml": (REPO / "config" / "references.yaml").read_bytes(),
         "results/checks.tsv": b"figure\tcheck\tstatus\n",
     }
 

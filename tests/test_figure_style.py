@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from conftest import REPO
 from matplotlib.axes import Axes
 from matplotlib.axis import Axis
 from matplotlib.collections import Collection
@@ -26,7 +27,6 @@ from matplotlib.transforms import Bbox
 
 from ddlrepro.host import plotting
 from ddlrepro.host.checks import load_references
-from ddlrepro.host.config import REPO_ROOT
 from ddlrepro.host.figures import FIGURES, draw_figure
 from ddlrepro.host.tables import read_table
 
@@ -40,7 +40,7 @@ TIMING_FIGURES = [figure for figure in FIGURES if figure != "easyscale-fig9"]
 
 
 def drawn(figure: str, table=None) -> Figure:
-    references = load_references(REPO_ROOT / "config" / "references.yaml").get(figure, [])
+    references = load_references(REPO / "config" / "references.yaml").get(figure, [])
     table = read_table(TABLES / f"{figure}.csv") if table is None else table
     drawing, _ = draw_figure(figure, table, "smoke", references, MACHINE)
     drawing.canvas.draw()

@@ -6,13 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, SNAKEMAKE
+from conftest import REPO, SNAKEMAKE, workflow_environment
 
 BIN = Path(sys.executable).parent
 
 
 def run(*command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        command, cwd=REPO, env=workflow_environment(REPO), capture_output=True, text=True, timeout=120
+    )
 
 
 def test_snakemake_lint_is_clean() -> None:

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from conftest import REPO
 
 from ddlrepro.host import plotting
 from ddlrepro.host.checks import check_figure, load_references
-from ddlrepro.host.config import REPO_ROOT
 from ddlrepro.host.figures import FIGURES as ALL_FIGURES
 from ddlrepro.host.figures import draw_figure
 from ddlrepro.host.report import caption_html, write_report
@@ -39,8 +39,8 @@ def report(tmp_path_factory) -> Path:
     results = tmp_path_factory.mktemp("results")
     (results / "tables").mkdir()
     (results / "figures").mkdir()
-    references = load_references(REPO_ROOT / "config" / "references.yaml")
-    exclude = yaml.safe_load((REPO_ROOT / "tests" / "configs" / "tiny.yaml").read_text())["checks"]["exclude"]
+    references = load_references(REPO / "config" / "references.yaml")
+    exclude = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text())["checks"]["exclude"]
     checks = []
     for figure in FIGURES:
         shutil.copy(TABLES / f"{figure}.csv", results / "tables" / f"{figure}.csv")
@@ -76,7 +76,7 @@ def test_captions_rendered_from_restructuredtext(report: Path) -> None:
 
 @pytest.mark.parametrize("figure", list(ALL_FIGURES))
 def test_every_caption_is_valid_restructuredtext(figure: str) -> None:
-    assert caption_html(REPO_ROOT / "workflow" / "report" / f"{figure}.rst").startswith("<p>")
+    assert caption_html(REPO / "workflow" / "report" / f"{figure}.rst").startswith("<p>")
 
 
 def test_caption_cannot_bring_a_script(tmp_path: Path) -> None:
@@ -101,7 +101,7 @@ def test_every_table_scrolls_inside_its_box(report: Path) -> None:
 def test_page_in_a_real_browser_stays_inside_the_window(report: Path, tmp_path: Path) -> None:
     """Nothing runs past the page's right margin: the widest table and the rerun command scroll inside their box."""
     screenshot = tmp_path / "report.png"
-    script = REPO_ROOT / "scripts" / "report-screenshot"
+    script = REPO / "scripts" / "report-screenshot"
     done = subprocess.run(
         [str(script), str(report), str(screenshot), "1280,2000"], capture_output=True, text=True, timeout=120
     )

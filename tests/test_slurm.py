@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ONE_WORKER_COUNT_DLAAS, REPO, checks_excluding, copy_workflow, tiny_point
+from conftest import ONE_WORKER_COUNT_DLAAS, REPO, checks_excluding, copy_workflow, tiny_point, workflow_environment
 from test_local_launcher import wait_for, worker_pids
 
 from ddlrepro.host.figures import FIGURES
@@ -173,7 +173,7 @@ def only(workdir: Path, name: str, sections: dict[str, str], checks: str = "") -
 def slurm_snakemake(workdir: Path, env: dict[str, str], *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """Snakemake with the Slurm profile, killed hard on a hang (a wrong status setting hangs it for good)."""
     command = ["timeout", "-s", "KILL", str(timeout), SNAKEMAKE, "--profile", "profiles/slurm", *args]
-    return subprocess.run(command, cwd=workdir, env=env, capture_output=True, text=True)
+    return subprocess.run(command, cwd=workdir, env=workflow_environment(workdir, env), capture_output=True, text=True)
 
 
 @pytest.mark.slow
@@ -223,7 +223,12 @@ def kill_one_worker_during(workdir: Path, cluster: dict[str, str], *configs: str
     return the run folder, Snakemake's exit code and its stderr."""
     command = ["timeout", "-s", "KILL", "600", SNAKEMAKE, "--profile", "profiles/slurm", "--configfile", *configs]
     workflow = subprocess.Popen(
-        command, cwd=workdir, env=cluster, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command,
+        cwd=workdir,
+        env=workflow_environment(workdir, cluster),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     runs = workdir / "results" / "runs" / "dlaas-scaling"
     run_dir = wait_for(lambda: runs.exists() and next(runs.iterdir(), None), 120, "the run folder")

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import ONE_WORKER_COUNT_DLAAS, SNAKEMAKE, checks_excluding, planned_jobs, snakemake
+from conftest import ONE_WORKER_COUNT_DLAAS, SNAKEMAKE, checks_excluding, planned_jobs, snakemake, workflow_environment
 
 ONE_POINT = "figures:\n  dlaas-scaling:\n    workers: [1]\n" + checks_excluding(*ONE_WORKER_COUNT_DLAAS)
 TARGET = ["--configfile", "tests/configs/tiny.yaml", "one.yaml", "--", "dlaas_scaling"]
@@ -20,6 +20,7 @@ def interrupt_when_result_deleted(workdir: Path, result: Path, timeout_s: float 
     forced = subprocess.Popen(
         [SNAKEMAKE, "--cores", "2", "--forceall", *TARGET],
         cwd=workdir,
+        env=workflow_environment(workdir),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -3,14 +3,9 @@ import json
 import os
 import shlex
 import sys
+from importlib.resources import files as package_files
 
 from snakemake.exceptions import WorkflowError
-
-sys.path.insert(0, str(Path(workflow.basedir) / "src"))
-
-from ddlrepro.host.jobenv import expose_to_jobs
-
-expose_to_jobs(Path(workflow.basedir) / "src")
 
 from ddlrepro.host.checks import check_exclude, checks_settings, load_references
 from ddlrepro.host.config import validate_config
@@ -22,9 +17,7 @@ from ddlrepro.host.launchers import check_points, configured_launcher
 from ddlrepro.host.redaction import declare_secret_variables
 
 try:
-    validate_config(
-        config, Path(workflow.basedir) / "workflow" / "schemas" / "config.schema.yaml"
-    )
+    validate_config(config)
     check_exclude(
         checks_settings(config)["exclude"],
         load_references(Path(config["references"])),
@@ -55,7 +48,19 @@ RERUN_OPTIONS = " ".join(
     * bool(workflow.overwrite_configfiles)
 )
 ENABLED = enabled_figures(config)
-BUNDLE = f"results/bundle/{bundle_name(git_state(Path(workflow.basedir)))}.tar.gz"
+# Every path a rule names is relative to the working directory, so that a finished checkout moved or copied
+# elsewhere (with results/ and .snakemake/) plans nothing: Snakemake reruns a job whose input list or params change.
+CHECKOUT = os.path.relpath(workflow.basedir)
+CAPTIONS = str(Path(CHECKOUT) / "workflow" / "report")
+BUNDLE = f"results/bundle/{bundle_name(git_state(Path(CHECKOUT)))}.tar.gz"
+
+
+def checkout_relative(path):
+    """`path` relative to the working directory when it lies inside it (the package of an editable install); a
+    package installed elsewhere stays where it is, whatever the checkout's path."""
+    path = Path(path).resolve()
+    here = Path.cwd().resolve()
+    return str(path.relative_to(here)) if path.is_relative_to(here) else str(path)
 
 
 wildcard_constraints:
@@ -96,7 +101,7 @@ def image_file():
 
 def image_sources(wildcards):
     """Every file the image is built from."""
-    base = Path(workflow.basedir)
+    base = Path(CHECKOUT)
     files = [base / "envs" / "requirements.txt", base / "pyproject.toml"]
     files += [
         path

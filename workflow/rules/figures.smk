@@ -6,21 +6,13 @@ rule plot:
         table="results/tables/{figure}.csv",
         references=config["references"],
         runs=point_results,
-        code=lambda wildcards: figure_source(wildcards.figure),
+        code=lambda wildcards: [
+            checkout_relative(path) for path in figure_source(wildcards.figure)
+        ],
     output:
-        png=report(
-            "results/figures/{figure}.png",
-            caption="../report/figure.rst",
-            category="Figures",
-            labels={"figure": "{figure}"},
-        ),
+        png="results/figures/{figure}.png",
         pdf="results/figures/{figure}.pdf",
-        summary=report(
-            "results/tables/{figure}.summary.csv",
-            caption="../report/summary.rst",
-            category="Summary tables",
-            labels={"figure": "{figure}"},
-        ),
+        summary="results/tables/{figure}.summary.csv",
     log:
         "results/logs/plot/{figure}.log",
     conda:

@@ -1,5 +1,6 @@
 # The training image (containers/), built only when config `images.build` asks for it; the runs depend on its
-# digest (common.smk: image_file). Plotting code (src/ddlrepro/figures) is not an input: it never runs in the image.
+# digest (common.smk: image_file). Plotting code (src/ddlrepro/host/figures) is not an input: it never runs in the
+# image.
 
 
 rule build_image:
@@ -16,9 +17,10 @@ rule build_image:
     params:
         engine=IMAGES["build"],
         settings=shlex.quote(json.dumps(IMAGES)),
+        repository=CHECKOUT,
     shell:
         "python -m ddlrepro build-image --engine {params.engine} --variant {wildcards.variant}"
-        " --settings {params.settings} --out {output} > {log} 2>&1"
+        " --settings {params.settings} --repository {params.repository} --out {output} > {log} 2>&1"
 
 
 rule build_sif:
@@ -35,6 +37,7 @@ rule build_sif:
         SOFTWARE
     params:
         settings=shlex.quote(json.dumps(IMAGES)),
+        repository=CHECKOUT,
     shell:
         "python -m ddlrepro build-image --engine apptainer --variant {wildcards.variant}"
-        " --settings {params.settings} --out {output.sif} > {log} 2>&1"
+        " --settings {params.settings} --repository {params.repository} --out {output.sif} > {log} 2>&1"

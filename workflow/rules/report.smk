@@ -23,7 +23,7 @@ rule collect_checks:
     input:
         figure_checks(ENABLED),
     output:
-        report("results/checks.tsv", caption="../report/checks.rst", category="Checks"),
+        "results/checks.tsv",
     log:
         "results/logs/collect_checks.log",
     conda:
@@ -32,10 +32,16 @@ rule collect_checks:
         "python -m ddlrepro collect-checks {input} --out {output} > {log} 2>&1"
 
 
+# Our one HTML report (Snakemake's --report is not built: this one holds the provenance, checks and rerun command).
+# Its captions and template are inputs, so editing either rebuilds it.
 rule report:
     input:
         figure_outputs(ENABLED),
         checks="results/checks.tsv",
+        captions=[f"{CAPTIONS}/{figure}.rst" for figure in ENABLED],
+        template=checkout_relative(
+            package_files("ddlrepro.host") / "templates" / "report.html.j2"
+        ),
     output:
         "results/report.html",
     log:
@@ -47,9 +53,11 @@ rule report:
         launcher=config["launcher"]["name"],
         figures=" ".join(ENABLED),
         rerun_options=shlex.quote(RERUN_OPTIONS),
+        repository=CHECKOUT,
     shell:
         "python -m ddlrepro report {params.figures} --out {output} --scale {params.scale}"
-        " --launcher {params.launcher} --rerun-options {params.rerun_options} > {log} 2>&1"
+        " --launcher {params.launcher} --rerun-options {params.rerun_options} --captions {input.captions}"
+        " --repository {params.repository} > {log} 2>&1"
 
 
 rule bundle:
@@ -70,8 +78,10 @@ rule bundle:
     params:
         figures=" ".join(ENABLED),
         config=shlex.quote(json.dumps(config)),
+        repository=CHECKOUT,
     shell:
         "python -m ddlrepro bundle --out {output.bundle} --figures {params.figures} --runs {input.runs}"
-        " --config-json {params.config} --references {input.references} > {log} 2>&1"
+        " --config-json {params.config} --references {input.references} --repository {params.repository}"
+        " > {log} 2>&1"
         # Printed where the user sees it: the digest is the anchor to publish outside the bundle.
         " && echo '{output.bundle}: manifest sha256' $(cat {output.digest})"

@@ -20,12 +20,12 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from ddlrepro.host.config import REPO_ROOT, schema_defaults, validate_against
+from ddlrepro.host.config import SCHEMAS, schema_defaults, validate_against
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.tables import HOST_LOAD_COLUMNS, as_flags
 
-REFERENCES_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "references.schema.yaml"
-BENCHMARK_TARGETS_SCHEMA = REFERENCES_SCHEMA.with_name("benchmark-targets.schema.yaml")  # its entries: references
+REFERENCES_SCHEMA = SCHEMAS / "references.schema.yaml"
+BENCHMARK_TARGETS_SCHEMA = SCHEMAS / "benchmark-targets.schema.yaml"  # its entries: references
 COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 COLUMNS = ["figure", "check", "status", "measured", "reference", "unit", "scale", "reason", "claim", "source"]
 

@@ -51,11 +51,10 @@ def cmd_render(args: argparse.Namespace) -> None:
 
 
 def cmd_build_image(args: argparse.Namespace) -> None:
-    from ddlrepro.host.config import REPO_ROOT
     from ddlrepro.host.images import build_image
 
     settings = {**json.loads(args.settings), "variant": args.variant}
-    record = build_image(args.engine, settings, REPO_ROOT, Path(args.out))
+    record = build_image(args.engine, settings, Path(args.repository), Path(args.out))
     print(f"{args.out}: {record['engine']} image {record['reference']} {record['digest']}")
 
 
@@ -97,17 +96,25 @@ def cmd_collect_checks(args: argparse.Namespace) -> None:
 def cmd_report(args: argparse.Namespace) -> None:
     from ddlrepro.host.report import write_report
 
-    write_report(Path(args.out), args.figures, args.scale, args.launcher, Path(args.results), args.rerun_options)
+    write_report(
+        Path(args.out),
+        args.figures,
+        args.scale,
+        args.launcher,
+        [Path(path) for path in args.captions],
+        Path(args.results),
+        args.rerun_options,
+        Path(args.repository),
+    )
 
 
 def cmd_bundle(args: argparse.Namespace) -> None:
     from ddlrepro.host.bundle import create_bundle, digest_file
-    from ddlrepro.host.config import REPO_ROOT
 
     run_dirs = [Path(path).parent for path in args.runs]
     config = json.loads(args.config_json)
     out = create_bundle(
-        Path(args.out), Path(args.results), args.figures, run_dirs, config, Path(args.references), REPO_ROOT
+        Path(args.out), Path(args.results), args.figures, run_dirs, config, Path(args.references), Path(args.repository)
     )
     print(f"{out}: {len(run_dirs)} runs, figures {', '.join(args.figures)}")
     print(f"{out}: manifest sha256 {digest_file(out).read_text().strip()} (also in {digest_file(out)})")
@@ -181,6 +188,7 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--variant", required=True, choices=["cpu", "cuda"])
     build.add_argument("--settings", required=True, help="JSON: the config's `images` section")
     build.add_argument("--out", required=True, help="digest file (podman/docker) or .sif (apptainer)")
+    build.add_argument("--repository", required=True, help="the checkout whose containers/, envs/, src/ are built")
     build.set_defaults(handler=cmd_build_image)
 
     tabulate = commands.add_parser("tabulate", help="tidy table from run folders")
@@ -227,6 +235,8 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--scale", default="smoke")
     report.add_argument("--launcher", default="local")
     report.add_argument("--rerun-options", default="", help="Snakemake options the rerun command repeats (config)")
+    report.add_argument("--captions", nargs="*", default=[], help="the figures' captions, each <figure>.rst")
+    report.add_argument("--repository", default=".", help="the checkout the figures were built with (git state)")
     report.add_argument("figures", nargs="+", help="ids of the built figures")
     report.set_defaults(handler=cmd_report)
 
@@ -237,6 +247,7 @@ def parser() -> argparse.ArgumentParser:
     bundle.add_argument("--runs", nargs="+", required=True, help="result.json of every run to include")
     bundle.add_argument("--config-json", required=True, help="the configuration as used")
     bundle.add_argument("--references", required=True)
+    bundle.add_argument("--repository", default=".", help="the checkout whose code (git archive HEAD) is bundled")
     bundle.set_defaults(handler=cmd_bundle)
 
     verify = commands.add_parser("verify", help="check a bundle's hashes and re-derive its tables, figures, checks")

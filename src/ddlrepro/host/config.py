@@ -15,8 +15,9 @@ import yaml
 
 from ddlrepro.host.errors import UserError
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-CONFIG_SCHEMA = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+# Shipped with the package (package data), so an installed ddlrepro validates without a checkout.
+SCHEMAS = Path(__file__).with_name("schemas")
+CONFIG_SCHEMA = SCHEMAS / "config.schema.yaml"
 
 
 class ConfigError(UserError):

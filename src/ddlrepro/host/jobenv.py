@@ -1,17 +1,30 @@
-"""The environment Snakemake's jobs inherit, set once while the workflow is parsed."""
+"""The environment Snakemake's jobs run in: checked while the workflow is parsed, never changed by it."""
 
 from __future__ import annotations
 
-import os
-import sys
+import shutil
+import subprocess
 from pathlib import Path
 
+import ddlrepro
 
-def expose_to_jobs(source: Path) -> None:
-    """Jobs run `python -m ddlrepro`: make it this interpreter with this checkout's package.
 
-    A rule's conda environment, when Snakemake activates one, still puts its own Python first; the package is
-    then found through PYTHONPATH. Slurm jobs inherit both (sbatch exports the environment by default).
-    """
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(source), os.environ.get("PYTHONPATH")]))
-    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+def jobs_package_problem() -> str | None:
+    """Why the `python` first on PATH, which every job runs (`python -m ddlrepro ...`), would not run the ddlrepro
+    this process imported (its command line, with what that needs at start); None when it would."""
+    python = shutil.which("python")
+    if python is None:
+        return "no `python` on PATH, and every job runs `python -m ddlrepro`"
+    found = subprocess.run(
+        [python, "-c", "import ddlrepro.host.cli; print(ddlrepro.__file__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if found.returncode != 0:
+        problem = (found.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"the jobs' python ({python}, first on PATH) cannot import ddlrepro ({problem})"
+    theirs, ours = Path(found.stdout.strip()).resolve().parent, Path(ddlrepro.__file__).resolve().parent
+    if theirs != ours:
+        return f"the jobs' python ({python}, first on PATH) imports ddlrepro from {theirs}, the workflow from {ours}"
+    return None

@@ -12,8 +12,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ddlrepro.host.config import REPO_ROOT
-
 PACKAGES = [
     "ddlrepro",
     "torch",
@@ -27,8 +25,9 @@ PACKAGES = [
 ]
 
 
-def git_state(repo: Path = REPO_ROOT) -> dict[str, Any]:
-    """HEAD commit and whether tracked files differ from it (None when not a git checkout)."""
+def git_state(repo: Path = Path(".")) -> dict[str, Any]:
+    """HEAD commit of the checkout `repo` lies in and whether tracked files differ from it (None when not a git
+    checkout). The default, the working directory, is the workflow's checkout in every job Snakemake starts."""
 
     def git(*args: str) -> str | None:
         try:
@@ -111,26 +110,27 @@ def profile_from_command(argv: list[str]) -> str | None:
     return os.environ.get("SNAKEMAKE_PROFILE")
 
 
-def invocation_provenance(config: dict[str, Any], argv: list[str]) -> dict[str, Any]:
-    """One workflow invocation: Snakemake, the command and profile, the config as used, code, software, host."""
+def invocation_provenance(config: dict[str, Any], argv: list[str], repository: Path = Path(".")) -> dict[str, Any]:
+    """One workflow invocation: Snakemake, the command and profile, the config as used, code (the checkout
+    `repository`), software, host."""
     return {
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "snakemake": package_versions(["snakemake"])["snakemake"],
         "command": argv,
         "profile": profile_from_command(argv),
         "config": config,
-        "git": git_state(),
+        "git": git_state(repository),
         "python": sys.version.split()[0],
         "packages": package_versions(),
         "host": host_inventory(),
     }
 
 
-def record_invocation(config: dict[str, Any], folder: Path) -> Path:
+def record_invocation(config: dict[str, Any], folder: Path, repository: Path = Path(".")) -> Path:
     """Write this invocation's provenance as `invocation-<UTC time>.json` under `folder` (secrets redacted)."""
     from ddlrepro.host.rundir import write_json_atomic
 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"invocation-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.json"
-    write_json_atomic(path, invocation_provenance(config, sys.argv))
+    write_json_atomic(path, invocation_provenance(config, sys.argv, repository))
     return path

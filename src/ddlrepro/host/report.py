@@ -12,28 +12,24 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from ddlrepro.host.config import REPO_ROOT
 from ddlrepro.host.figures import FIGURES, figure_module
 from ddlrepro.host.provenance import git_state, host_inventory
 from ddlrepro.host.redaction import redact
 from ddlrepro.host.tables import as_flags
-
-CAPTIONS = REPO_ROOT / "workflow" / "report"
-
 
 CHECK_COLUMNS = ["check", "status", "measured", "reference", "unit", "reason", "claim"]
 SIGNIFICANT_DIGITS = 4  # what the report shows; the CSV and TSV files keep full precision
 DECIMAL = re.compile(r"\d+\.\d+(?:[eE][-+]?\d+)?")
 
 
-def figure_entry(figure: str, results: Path, checks: pd.DataFrame) -> dict[str, Any]:
+def figure_entry(figure: str, results: Path, checks: pd.DataFrame, caption: Path | None) -> dict[str, Any]:
+    """One figure's section, with the text of its caption file (the workflow's `<figure>.rst`) when it has one."""
     summary = pd.read_csv(results / "tables" / f"{figure}.summary.csv")
     own_checks = checks[checks["figure"] == figure]
-    caption = CAPTIONS / f"{figure}.rst"
     return {
         "id": figure,
         "title": figure_module(figure).TITLE,
-        "caption": caption_html(caption) if caption.exists() else "",
+        "caption": caption_html(caption) if caption else "",
         "png": base64.b64encode((results / "figures" / f"{figure}.png").read_bytes()).decode(),
         "summary": summary.to_html(index=False, float_format=significant, border=0),
         "checks": readable_checks(own_checks[CHECK_COLUMNS]).to_dict("records"),
@@ -98,8 +94,17 @@ def rerun_advice(runs: pd.DataFrame, results: Path, options: str = "") -> dict[s
 
 
 def write_report(
-    out: Path, figures: list[str], scale: str, launcher: str, results: Path = Path("results"), rerun_options: str = ""
+    out: Path,
+    figures: list[str],
+    scale: str,
+    launcher: str,
+    captions: list[Path],
+    results: Path = Path("results"),
+    rerun_options: str = "",
+    repository: Path = Path("."),
 ) -> None:
+    """The report of `figures` built under `results`, each captioned by the file of `captions` named after it
+    (`<figure>.rst`), code version from the checkout `repository`."""
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("ddlrepro.host", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
@@ -107,17 +112,18 @@ def write_report(
     meta = {
         "scale": scale,
         "launcher": launcher,
-        "git": git_state(),
+        "git": git_state(repository),
         "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "host": host_inventory(),
     }
+    caption_files = {path.stem: path for path in captions}
     checks = pd.read_csv(results / "checks.tsv", sep="\t", dtype=str, keep_default_na=False)
     html = environment.get_template("report.html.j2").render(
         meta=meta,
         counts=checks["status"].value_counts().to_dict(),
         failed=readable_checks(checks[checks["status"] == "fail"]).to_dict("records"),
         rerun=rerun_advice(disturbed_runs(figures, results, checks), results, rerun_options),
-        figures=[figure_entry(figure, results, checks) for figure in figures],
+        figures=[figure_entry(figure, results, checks, caption_files.get(figure)) for figure in figures],
         disabled=[figure for figure in FIGURES if figure not in figures],
     )
     out.write_text(redact(html))
