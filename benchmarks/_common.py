@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import platform
 import sys
 import time
 from pathlib import Path
@@ -145,7 +146,7 @@ class BenchmarkRecord:
         return {
             "benchmark": self.name,
             "argv": sys.argv,
-            "python": sys.executable,
+            "python": f"{platform.python_implementation()} {platform.python_version()}",
             "options": self.options,
             "started": self.started,
             "date": utc_now(),

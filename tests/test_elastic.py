@@ -31,8 +31,8 @@ from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic.client import ConfigClient, ConfigServerError
+from ddlrepro.rank.elastic.cluster import TOKEN_ENV
 from ddlrepro.rank.elastic.faults import live_records, worker_pid
-from ddlrepro.rank.elastic.membership import TOKEN_ENV
 from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import FINAL_STATE, MOMENTUM, ElasticTrainer, slice_seed
 from ddlrepro.rank.models import build_model

@@ -53,7 +53,8 @@ def report(tmp_path_factory) -> Path:
         checks.append(check_figure(figure, summary, references.get(figure, []), "smoke", exclude))
     pd.concat(checks).to_csv(results / "checks.tsv", sep="\t", index=False)
     out = results / "report.html"
-    write_report(out, FIGURES, "smoke", "local", results)
+    captions = [REPO / "workflow" / "report" / f"{figure}.rst" for figure in FIGURES]
+    write_report(out, FIGURES, "smoke", "local", captions, results, repository=REPO)
     return out
 
 

@@ -28,7 +28,7 @@ from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, f
 from ddlrepro.host.ledger import LedgerError, verify
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
-from ddlrepro.rank.elastic import membership
+from ddlrepro.rank.elastic.cluster import SERVER_ENV, STORE_ENV, TOKEN_ENV, WORKER_ENV, publish_agreed, ready_key
 from ddlrepro.rank.elastic.schedule import largest_size, parse_schedule
 
 if TYPE_CHECKING:
@@ -59,14 +59,14 @@ def request(point: Point, run_dir: Path) -> InplaceRequest:
         "OMP_NUM_THREADS": str(point.threads_per_worker),
         "PYTHONUNBUFFERED": "1",
         "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
-        membership.SERVER_ENV: f"127.0.0.1:{free_loopback_port()}",
-        membership.STORE_ENV: f"127.0.0.1:{free_loopback_port()}",
+        SERVER_ENV: f"127.0.0.1:{free_loopback_port()}",
+        STORE_ENV: f"127.0.0.1:{free_loopback_port()}",
     }
     return InplaceRequest(
         runtime="inplace",
         worker=WorkerSpec(None, [sys.executable, "-m", WORKER_MODULE, point.to_json()], env),
-        config_server=env[membership.SERVER_ENV],
-        store=env[membership.STORE_ENV],
+        config_server=env[SERVER_ENV],
+        store=env[STORE_ENV],
         schedule=point.params["schedule"],
         initial_workers=point.params["initial_workers"],
         standby=point.params["standby"],
@@ -90,7 +90,7 @@ class WorkerPool:
     def spawn(self) -> int:
         with self.lock:
             worker = len(self.processes)
-            env = {**self.template.env, membership.WORKER_ENV: str(worker), membership.TOKEN_ENV: self.token}
+            env = {**self.template.env, WORKER_ENV: str(worker), TOKEN_ENV: self.token}
             spec = WorkerSpec(worker, self.template.command, env)
             self.processes[worker] = start(spec, partial(self.output.add_line, worker))
         return worker
@@ -129,7 +129,7 @@ def execute(job: InplaceRequest, timeout_s: float, output: OutputCollector) -> N
             for _ in range(job.initial_workers + job.standby):
                 pool.spawn()
             _await_ready(store, list(pool.processes), pool, timeout_s)
-            membership.publish_agreed(store, 1)
+            publish_agreed(store, 1)
             _supervise(pool, config, time.monotonic() + timeout_s, output)
         verify_continuity(output)
     finally:
@@ -163,7 +163,7 @@ def _await_ready(store, workers: list[int], pool: WorkerPool, timeout_s: float) 
     """Start the job once every initial worker and warm standby has built its model."""
     deadline = time.monotonic() + timeout_s
     for worker in workers:
-        while not store.check([membership.ready_key(worker)]):
+        while not store.check([ready_key(worker)]):
             if pool.processes[worker].process.poll() is not None or time.monotonic() > deadline:
                 raise RunFailed(worker, "did not start", pool.output.stderr_tail(worker))
             time.sleep(POLL_INTERVAL_S)

@@ -30,8 +30,7 @@ from ddlrepro.host.launchers.inplace import verify_continuity
 from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, free_loopback_port, start, stop
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
-from ddlrepro.rank.elastic.cluster import Cluster
-from ddlrepro.rank.elastic.membership import SERVER_ENV, TOKEN_ENV
+from ddlrepro.rank.elastic.cluster import SERVER_ENV, TOKEN_ENV, Cluster
 from ddlrepro.rank.elastic.schedule import largest_size, parse_schedule
 
 WORKER_MODULE = "ddlrepro.rank.elastic.torchrun_worker"

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic import membership
 from ddlrepro.rank.elastic.client import ConfigClient
-from ddlrepro.rank.elastic.cluster import Cluster
+from ddlrepro.rank.elastic.cluster import Cluster, publish_agreed, ready_key
 from ddlrepro.rank.elastic.events import IN_PLACE_PHASES, ResizeEvent
 from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import ElasticTrainer, announce, emit_step
@@ -113,7 +113,7 @@ class InPlaceWorker:
             )
             self.event.marks.setdefault("config", time.time())
             self.event.mark("agreed")
-            membership.publish_agreed(self.store, latest.version)
+            publish_agreed(self.store, latest.version)
         return latest if latest.version == int(version) else self.client.version(int(version))
 
     def change_to(self, cluster: Cluster) -> None:
@@ -209,7 +209,7 @@ def main(argv: list[str]) -> None:
     store = membership.connect_store(store_address, float(point.params["collective_timeout_s"]))
     announce(worker)
     elastic_worker = InPlaceWorker(point, worker, ConfigClient(server, token), store)
-    store.set(membership.ready_key(worker), str(time.time()))
+    store.set(ready_key(worker), str(time.time()))
     elastic_worker.run()
 
 

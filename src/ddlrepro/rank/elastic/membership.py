@@ -16,13 +16,16 @@ import torch
 import torch.distributed as dist
 
 from ddlrepro.rank.elastic.client import ConfigClient
-from ddlrepro.rank.elastic.cluster import Cluster
+from ddlrepro.rank.elastic.cluster import (
+    AGREED_KEY,
+    SERVER_ENV,
+    STORE_ENV,
+    TOKEN_ENV,
+    WORKER_ENV,
+    Cluster,
+    publish_agreed,
+)
 
-SERVER_ENV = "DDLREPRO_ELASTIC_SERVER"
-STORE_ENV = "DDLREPRO_ELASTIC_STORE"
-TOKEN_ENV = "DDLREPRO_ELASTIC_TOKEN"
-WORKER_ENV = "DDLREPRO_WORKER_ID"
-AGREED_KEY = "agreed"
 POLL_S = 0.002
 
 
@@ -65,17 +68,8 @@ def retire(groups: list[Group]) -> None:
     threading.Thread(target=groups.clear, name="retire-groups").start()
 
 
-def ready_key(worker: int) -> str:
-    """Set by a worker once it has built its model: the launcher waits for the warm standbys' keys."""
-    return f"ready/{worker}"
-
-
 def agreed_version(store: dist.Store) -> int:
     return int(store.get(AGREED_KEY))
-
-
-def publish_agreed(store: dist.Store, version: int) -> None:
-    store.set(AGREED_KEY, str(version))
 
 
 def await_assignment(client: ConfigClient, store: dist.Store, worker: int) -> Cluster | None:

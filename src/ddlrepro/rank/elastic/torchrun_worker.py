@@ -22,8 +22,8 @@ import torch.distributed as dist
 
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic.client import ConfigClient
+from ddlrepro.rank.elastic.cluster import SERVER_ENV, TOKEN_ENV
 from ddlrepro.rank.elastic.events import RESTART_PHASES, ResizeEvent
-from ddlrepro.rank.elastic.membership import SERVER_ENV, TOKEN_ENV
 from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import DefaultGroup, ElasticTrainer, announce, emit_step
 from ddlrepro.records import emit
