@@ -68,7 +68,8 @@ def run_in_fresh_process(point: Point, run_dir: Path) -> dict:
     its process has waited for as its own, and a long-lived pytest process may reap earlier tests' children while
     this one measures."""
     command = [sys.executable, "-m", "ddlrepro", "run-point", "--point", point.to_json(), "--run-dir", str(run_dir)]
-    subprocess.run([*command, "--timeout", "300"], check=True, capture_output=True, timeout=360)
+    settings = json.dumps({"launcher": {"timeout_s": 300}})
+    subprocess.run([*command, "--config-json", settings], check=True, capture_output=True, timeout=360)
     return json.loads((run_dir / "result.json").read_text())
 
 

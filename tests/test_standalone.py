@@ -84,6 +84,26 @@ def test_installed_package_verifies_a_bundle_outside_the_checkout(tmp_path: Path
     assert "config-used.yaml: sha256 differs from the manifest" in refused.stderr
 
 
+HOST_IMPORTS_WITHOUT_TORCH = """
+import importlib, pkgutil, sys
+sys.modules["torch"] = None  # any import of torch now fails
+import ddlrepro.host
+failed = []
+for module in pkgutil.walk_packages(ddlrepro.host.__path__, "ddlrepro.host."):
+    try:
+        importlib.import_module(module.name)
+    except ImportError as error:
+        failed.append(f"{module.name}: {error}")
+print("\\n".join(failed))
+"""
+
+
+def test_every_host_module_imports_without_torch() -> None:
+    """What runs on the host (verify, tables, checks, report, launchers) needs no torch: only the ranks train."""
+    done = subprocess.run([sys.executable, "-c", HOST_IMPORTS_WITHOUT_TORCH], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "", done.stdout + done.stderr
+
+
 def test_no_tracked_file_points_outside_the_repository() -> None:
     listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, text=True)
     if listed.returncode != 0:

@@ -151,7 +151,8 @@ def run_threads(wildcards):
     """Cores a run takes where Snakemake runs its job, as its launcher says: local processes take their workers'
     threads (every core when runs must not share the machine), a Slurm run its allocation, a Kubernetes run only
     the launcher that watches its pods."""
-    return LAUNCHER.host_cores(lookup_point(wildcards), workflow.cores)
+    # workflow.cores is read only by a launcher that needs it: under a cluster profile it is not set.
+    return LAUNCHER.host_cores(lookup_point(wildcards), lambda: workflow.cores)
 
 
 def point_results(wildcards):

@@ -76,8 +76,9 @@ class Launcher(Protocol):
         """Raise ConfigError if `point` cannot fit where this launcher would start it."""
         ...
 
-    def host_cores(self, point: Point, workflow_cores: int) -> int:
-        """Cores the run takes on the machine Snakemake runs its job on (the rule's threads)."""
+    def host_cores(self, point: Point, workflow_cores: Callable[[], int]) -> int:
+        """Cores the run takes on the machine Snakemake runs its job on (the rule's threads); `workflow_cores()`:
+        the cores Snakemake was given (asked only when needed: a cluster profile gives none)."""
         ...
 
     def resources(self, point: Point) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -113,7 +114,7 @@ class KubernetesLauncher:
     def check_fits(self, point: Point) -> None:
         check_cluster_limits(point, self.options)
 
-    def host_cores(self, point: Point, workflow_cores: int) -> int:
+    def host_cores(self, point: Point, workflow_cores: Callable[[], int]) -> int:
         """The pods run on the cluster; here only the launcher that watches them."""
         return 1
 

@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -198,10 +199,10 @@ class LocalLauncher:
     def check_fits(self, point: Point) -> None:
         check_fits_machine(point, self.options.oversubscription)
 
-    def host_cores(self, point: Point, workflow_cores: int) -> int:
+    def host_cores(self, point: Point, workflow_cores: Callable[[], int]) -> int:
         """Every process runs here: its workers' threads, or every core when runs must not share the machine."""
         needed = peak_workers(point) * point.threads_per_worker
-        return max(needed, workflow_cores) if self.options.exclusive else needed
+        return max(needed, workflow_cores()) if self.options.exclusive else needed
 
     def resources(self, point: Point) -> dict[str, Any]:
         return {}

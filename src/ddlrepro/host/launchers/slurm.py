@@ -42,11 +42,11 @@ FAILED_TASK = re.compile(r"task (\d+)")
 # stay below Linux's ephemeral ports (32768 on).
 PORT_BASE, PORTS_PER_JOB, PORT_BLOCKS = 15000, 64, 275
 JOB_CGROUP = re.compile(r"^job_\d+$")
-# The run rule's resources (Snakemake's Slurm executor reads them), from `allocation()`.
+# The run rule's resources (Snakemake's Slurm executor reads them), from `allocation()`. Not `tasks_per_node`: the
+# executor refuses it beside `tasks` for a job with `mpi` set; the packing goes to sbatch as `slurm_extra`.
 RESOURCES = (
     "nodes",
     "tasks",
-    "tasks_per_node",
     "cpus_per_task",
     "mem_mb",
     "runtime",
@@ -193,7 +193,7 @@ class SlurmLauncher:
     def check_fits(self, point: Point) -> None:
         check_cluster_limits(point, self.options)
 
-    def host_cores(self, point: Point, workflow_cores: int) -> int:
+    def host_cores(self, point: Point, workflow_cores: Callable[[], int]) -> int:
         """The run's allocation is its own: every worker's threads on its node(s)."""
         return peak_workers(point) * point.threads_per_worker
 
@@ -220,9 +220,9 @@ def own_cpu_counter(
 
 
 def allocation(point: Point, options: SlurmOptions) -> dict[str, Any]:
-    """The sbatch settings of a point (every name of RESOURCES): one task per worker, packed `tasks_per_node` to a
-    node, for the launcher's timeout (whole minutes, rounded up). Elastic points (their runtime starts and stops
-    the workers) get one node with room for their largest cluster."""
+    """The sbatch settings of a point (RESOURCES, and `tasks_per_node`): one task per worker, packed
+    `tasks_per_node` to a node, for the launcher's timeout (whole minutes, rounded up). Elastic points (their
+    runtime starts and stops the workers) get one node with room for their largest cluster."""
     nodes, per_node = node_shape(point, options.tasks_per_node)
     return {
         "nodes": nodes,
