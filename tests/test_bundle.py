@@ -109,6 +109,7 @@ def bundle_of(workdir: Path) -> Path:
     return bundle
 
 
+@pytest.mark.slow
 def test_bundle_holds_everything_and_verifies(built: Path) -> None:
     bundle = bundle_of(built)
     members = read_bundle(bundle)
@@ -134,6 +135,7 @@ def flipped(bundle: Path, target: Path, name: str) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_flipping_any_byte_names_the_file(built: Path, tmp_path: Path) -> None:
     bundle = bundle_of(built)
     for name in set(read_bundle(bundle)) - {SIGNATURE}:  # the signature: test_signature_from_another_key_fails
@@ -142,6 +144,7 @@ def test_flipping_any_byte_names_the_file(built: Path, tmp_path: Path) -> None:
         assert any(name in problem for problem in problems), (name, problems)
 
 
+@pytest.mark.slow
 def test_verify_cli_fails_and_names_the_file(built: Path, tmp_path: Path) -> None:
     bundle = flipped(bundle_of(built), tmp_path / "bad.tar.gz", "results/tables/dlaas-scaling.csv")
     done = subprocess.run([sys.executable, "-m", "ddlrepro", "verify", str(bundle)], capture_output=True, text=True)
@@ -149,6 +152,7 @@ def test_verify_cli_fails_and_names_the_file(built: Path, tmp_path: Path) -> Non
     assert "results/tables/dlaas-scaling.csv: sha256 differs from the manifest" in done.stderr
 
 
+@pytest.mark.slow
 def test_rederiving_catches_a_summary_consistent_with_its_manifest(built: Path, tmp_path: Path) -> None:
     members = read_bundle(bundle_of(built))
     name = "results/tables/dlaas-scaling.summary.csv"
@@ -175,6 +179,7 @@ def rehashed(members: dict[str, bytes], target: Path) -> Path:
     return target
 
 
+@pytest.mark.slow
 def test_flipped_check_verdict_is_caught_by_recomputing_the_checks(built: Path, tmp_path: Path) -> None:
     members = read_bundle(bundle_of(built))
     checks = pd.read_csv(io.BytesIO(members["results/checks.tsv"]), sep="\t", dtype=str, keep_default_na=False)
@@ -188,6 +193,7 @@ def test_flipped_check_verdict_is_caught_by_recomputing_the_checks(built: Path, 
     assert f"(check {checks.loc[row, 'check']}), column status" in problem
 
 
+@pytest.mark.slow
 def test_edited_run_metrics_are_caught_by_retabulating(built: Path, tmp_path: Path) -> None:
     members = read_bundle(bundle_of(built))
     name = next(
@@ -206,6 +212,7 @@ def test_edited_run_metrics_are_caught_by_retabulating(built: Path, tmp_path: Pa
     assert f"(point_id {name.split('/')[3]}), column value" in problems[0]
 
 
+@pytest.mark.slow
 def test_expect_anchors_the_manifest_digest(built: Path) -> None:
     bundle = bundle_of(built)
     digest = digest_file(bundle).read_text().strip()
@@ -221,6 +228,7 @@ def test_expect_anchors_the_manifest_digest(built: Path) -> None:
     assert f"MANIFEST.json: sha256 is {digest}, not the expected {wrong}" in done.stderr
 
 
+@pytest.mark.slow
 @needs_ssh_keygen
 def test_signature_by_the_configured_key_verifies(built: Path) -> None:
     bundle = bundle_of(built)
@@ -228,6 +236,7 @@ def test_signature_by_the_configured_key_verifies(built: Path) -> None:
     assert verify_bundle(bundle, render=False, allowed_signers=built / "allowed_signers") == []
 
 
+@pytest.mark.slow
 @needs_ssh_keygen
 def test_signature_from_another_key_fails(built: Path, tmp_path: Path) -> None:
     members = read_bundle(bundle_of(built))
@@ -243,6 +252,7 @@ def test_signature_from_another_key_fails(built: Path, tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_manifest_figures_never_become_paths(built: Path, tmp_path: Path) -> None:
     members = read_bundle(bundle_of(built))
     manifest = json.loads(members[MANIFEST])
@@ -322,6 +332,7 @@ def every_written_file(workdir: Path) -> Iterator[tuple[str, bytes]]:
         yield f"bundle:{name}", gzip.decompress(data) if name.endswith(".gz") else data
 
 
+@pytest.mark.slow
 def test_canary_secrets_appear_nowhere(built: Path) -> None:
     forms = {form: name for name, value in CANARY.items() for form in written_forms(value)}
     leaks = [(path, forms[form]) for path, data in every_written_file(built) for form in forms if form in data]
@@ -330,6 +341,7 @@ def test_canary_secrets_appear_nowhere(built: Path) -> None:
     assert logs and all(MARKER.encode() in log for log in logs)  # the ranks did print them: redacted
 
 
+@pytest.mark.slow
 def test_ordinary_settings_are_not_redacted(built: Path) -> None:
     jobspecs = [path.read_text() for path in (built / "results" / "runs").rglob("jobspec.json")]
     assert jobspecs and all("ddlrepro.rank.workloads" in jobspec for jobspec in jobspecs)
@@ -353,6 +365,7 @@ def test_redaction_of_rank_output_and_json(tmp_path: Path, monkeypatch: pytest.M
     assert redact(f"a {CANARY['MY_SERVICE_TOKEN']} b") == f"a {MARKER} b"
 
 
+@pytest.mark.slow
 def test_bundle_refuses_files_holding_secrets(built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DB_PASSWORD", "rocket-science")
     results = tmp_path / "results"
@@ -366,6 +379,7 @@ def test_bundle_refuses_files_holding_secrets(built: Path, tmp_path: Path, monke
     assert not (tmp_path / "b.tar.gz").exists()
 
 
+@pytest.mark.slow
 def test_invocation_provenance(built: Path) -> None:
     (record,) = (built / "results" / "provenance").glob("invocation-*.json")
     provenance = json.loads(record.read_text())
@@ -378,6 +392,7 @@ def test_invocation_provenance(built: Path) -> None:
     assert set(provenance["git"]) == {"sha", "dirty"}
 
 
+@pytest.mark.slow
 def test_checks_cover_every_reference_of_every_built_figure(built: Path) -> None:
     import yaml
 
@@ -392,6 +407,7 @@ def test_checks_cover_every_reference_of_every_built_figure(built: Path) -> None
     assert "Checks against the papers" in html and "efficiency-at-2-workers" in html
 
 
+@pytest.mark.slow
 def test_environment_comparison_merges_folders_and_bundles(built: Path, tmp_path: Path) -> None:
     command = [sys.executable, "-m", "ddlrepro", "compare", "dlaas-scaling", "--out-dir", str(tmp_path)]
     command += ["--env", f"hpc={built / 'results'}", "--env", f"cloud={bundle_of(built)}"]
@@ -403,6 +419,7 @@ def test_environment_comparison_merges_folders_and_bundles(built: Path, tmp_path
     assert (tmp_path / "dlaas-scaling.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_bundle_is_up_to_date_after_building(built: Path) -> None:
     assert planned_jobs(snakemake(built, "bundle", *TINY, "-n").stdout) == {}
 

@@ -81,6 +81,7 @@ def test_the_model_has_batchnorm_and_dropout() -> None:
     assert {torch.nn.BatchNorm2d, torch.nn.Dropout} <= kinds
 
 
+@pytest.mark.slow
 def test_d1_state_is_bitwise_identical_for_every_placement(runs: Path) -> None:
     """Parameters, momentum and every EST's BatchNorm buffers and RNG states, bit for bit, not just the losses."""
     reference = losses(runs / "P4")
@@ -91,12 +92,14 @@ def test_d1_state_is_bitwise_identical_for_every_placement(runs: Path) -> None:
         assert losses(runs / name) == reference, name
 
 
+@pytest.mark.slow
 def test_ests_keep_their_own_batchnorm_buffers_and_dropout_rng(runs: Path) -> None:
     state = job_state(runs / "P1")
     for name in ("buffer features.1.running_mean", "dropout RNG", "augmentation"):
         assert not torch.equal(state[f"EST 0 {name}"], state[f"EST 1 {name}"]), name
 
 
+@pytest.mark.slow
 def test_d1_survives_a_checkpoint_between_placements(runs: Path) -> None:
     first = next(path for path in runs.iterdir() if path.name.startswith("smallnet-np4-"))
     assert losses(first) + losses(runs / "resumed") == losses(runs / "P4")
@@ -108,6 +111,7 @@ def order_free_names(state: dict[str, torch.Tensor]) -> list[str]:
     return [name for name in state if name.endswith(("dropout RNG", "augmentation", "num_batches_tracked"))]
 
 
+@pytest.mark.slow
 def test_d0_is_bitwise_only_where_its_summation_order_is_d1s(runs: Path) -> None:
     """D0 in one process folds the ESTs in D1's order: identical. Across 4 processes gloo's all-reduce sums in its
     own order: the parameters and momentum differ in their last bits, and so may the ESTs' BatchNorm running
@@ -121,6 +125,7 @@ def test_d0_is_bitwise_only_where_its_summation_order_is_d1s(runs: Path) -> None
     assert any(name.startswith("parameter") for name in changed)
 
 
+@pytest.mark.slow
 def test_d1_matches_plain_ddp_within_float_tolerance(runs: Path) -> None:
     assert losses(runs / "ddp") == pytest.approx(losses(runs / "P4"), rel=1e-4)
     ddp, d1 = job_state(runs / "ddp"), job_state(runs / "P4")

@@ -192,6 +192,7 @@ def dry_run(workdir: Path, *config: str) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_images_are_wired_into_the_runs_only_when_asked(workflow_copy: Path) -> None:
     code, default = dry_run(workflow_copy, "scale=smoke")
     assert code == 0 and "build_image" not in default and "--image-file" not in default

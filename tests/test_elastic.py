@@ -244,6 +244,7 @@ def test_a_lost_step_moves_batchnorm_statistics_but_not_parameters() -> None:
 SCHEDULE = "4:2,8:1,12:3,16:2,20:1,24:0"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("standby", [0, 1], ids=["cold", "warm"])
 def test_several_grows_and_shrinks_in_place(tmp_path: Path, standby: int) -> None:
     point = elastic_point(SCHEDULE, standby=standby)
@@ -303,6 +304,7 @@ def one_process_reference(params: dict, records: list[dict]) -> tuple[nn.Module,
     return model, optimizer
 
 
+@pytest.mark.slow
 def test_resized_state_is_bitwise_equal_on_every_rank_and_matches_a_fixed_size_run(
     tmp_path: Path, one_thread: None
 ) -> None:
@@ -359,6 +361,7 @@ def test_survivors_keep_their_processes(tmp_path: Path, monkeypatch: pytest.Monk
     assert "terminate called" not in (tmp_path / "run" / "log.txt").read_text()  # no teardown outlived a worker
 
 
+@pytest.mark.slow
 def test_killed_worker_survivors_continue(tmp_path: Path) -> None:
     """kill -9 of one of three workers mid-step: the other two notice within 5 s and go on at 2 workers, from
     their in-memory state, losing at most the step in flight; the run still succeeds with no sample lost."""

@@ -28,7 +28,11 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("name", list(FRAMEWORK_POINTS))
+# TensorFlow's start-up alone takes ~10 s here: a slow case (make test-fast leaves it out).
+FRAMEWORK_MARKS = {"tensorflow": pytest.mark.slow}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=FRAMEWORK_MARKS.get(name, ())) for name in FRAMEWORK_POINTS])
 def test_framework_runs_the_protocol_on_two_processes(tmp_path: Path, name: str) -> None:
     if name == "horovod-mpi" and not shutil.which("mpirun"):
         pytest.fail("mpirun is missing: `make horovod` installs Open MPI (Debian) as root")

@@ -145,6 +145,7 @@ def test_failing_worker_reports_rank_and_stderr_tail(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / "result.json").exists()
 
 
+@pytest.mark.slow
 def test_timeout_stops_every_worker(tmp_path: Path) -> None:
     point = tiny_point(workers=2, iterations=10_000, batch_size=4)
     started = time.monotonic()

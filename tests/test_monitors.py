@@ -120,6 +120,7 @@ def plain_training(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     return spawn_gloo(training_run, request.param, tmp_path_factory.mktemp("plain"), "none", 1, request.param)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("kind", "interval"), [("noise-scale", 1), ("variance", 1), ("variance", 4)])
 def test_monitoring_does_not_change_training(plain_training, tmp_path: Path, kind: str, interval: int) -> None:
     world = len(plain_training)

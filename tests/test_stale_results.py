@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from conftest import ONE_WORKER_COUNT_DLAAS, SNAKEMAKE, checks_excluding, planned_jobs, snakemake, workflow_environment
 
 ONE_POINT = "figures:\n  dlaas-scaling:\n    workers: [1]\n" + checks_excluding(*ONE_WORKER_COUNT_DLAAS)
@@ -38,6 +39,7 @@ def interrupt_when_result_deleted(workdir: Path, result: Path, timeout_s: float 
             forced.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_a_killed_forced_rerun_is_redone_by_the_next_run(workflow_copy: Path) -> None:
     (workflow_copy / "one.yaml").write_text(ONE_POINT)
     built = snakemake(workflow_copy, *TARGET, timeout=300)

@@ -140,6 +140,7 @@ def test_jobs_python_must_import_this_ddlrepro(tmp_path: Path, monkeypatch: pyte
     assert jobs_package_problem() is None
 
 
+@pytest.mark.slow
 def test_workflow_stops_when_its_jobs_cannot_run_ddlrepro(workflow_copy: Path, tmp_path: Path) -> None:
     broken = fake_python(tmp_path / "broken", "exit 1")
     environment = workflow_environment(workflow_copy)
@@ -152,6 +153,7 @@ def test_workflow_stops_when_its_jobs_cannot_run_ddlrepro(workflow_copy: Path, t
     assert "source .venv/bin/activate" in done.stdout
 
 
+@pytest.mark.slow
 def test_no_rule_names_an_absolute_path(workflow_copy: Path) -> None:
     """Inputs, outputs, params and shell commands (the Horovod build's included) name nothing by the checkout's path
     or the environment's: moving either changes no job."""
