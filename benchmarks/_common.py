@@ -104,6 +104,17 @@ def command_line(document: dict[str, Any]) -> str:
     return " ".join(["python", f"benchmarks/{document['benchmark']}.py", *document["argv"][1:]])
 
 
+def portable(value: Any) -> Any:
+    """A path as a record may show it on any machine: relative to the repository, or only its name when outside
+    (the files it names, such as Horovod's benchmark script, are recorded by their sha256)."""
+    if not isinstance(value, str | Path):
+        return value
+    path = Path(value)
+    if not path.is_absolute():
+        return str(value)
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
 class BenchmarkRecord:
     """A benchmark's figures; leaving its `with` block without an error checks the targets, prints the verdicts and
     writes `<folder>/<script stem>.json`. An error leaves the previous file as it was."""
@@ -111,7 +122,7 @@ class BenchmarkRecord:
     def __init__(self, script: str, options: argparse.Namespace, folder: Path = RESULTS) -> None:
         self.name = Path(script).stem
         self.folder = folder
-        self.options = {key: str(value) if isinstance(value, Path) else value for key, value in vars(options).items()}
+        self.options = {key: portable(value) for key, value in vars(options).items()}
         self.started = utc_now()
         self.figures: list[dict[str, Any]] = []
 
@@ -145,7 +156,7 @@ class BenchmarkRecord:
         """What the JSON file holds: the figures, the targets in force, the run's machine, code, time and command."""
         return {
             "benchmark": self.name,
-            "argv": sys.argv,
+            "argv": [portable(argument) for argument in sys.argv],
             "python": f"{platform.python_implementation()} {platform.python_version()}",
             "options": self.options,
             "started": self.started,
