@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 RECORDED = REPO / "tests" / "data" / "benchmarks"
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _common import BenchmarkRecord, check_benchmark, load_targets, meaningful  # noqa: E402
+from _common import BenchmarkRecord, check_benchmark, load_targets, meaningful, portable  # noqa: E402
 from readme_table import BEGIN, END, table, with_table  # noqa: E402
 from report import read_results, targets_table  # noqa: E402
 
@@ -52,18 +52,19 @@ def set_value(document: dict[str, Any], figure_id: str, **fields: Any) -> dict[s
 
 
 def test_a_finished_benchmark_writes_its_figures_targets_machine_code_and_command(tmp_path: Path) -> None:
-    options = argparse.Namespace(rounds=1, script=Path("x.py"))
+    options = argparse.Namespace(rounds=1, script=Path("x.py"), outside=Path("/opt/elsewhere/bench.py"))
     with BenchmarkRecord("benchmarks/harness_fidelity.py", options, tmp_path) as record:
         record.add("fidelity", "workload ÷ bare", 0.99, "", QUIET, noise=0.004)
     document = json.loads((tmp_path / "harness_fidelity.json").read_text())
-    assert document["options"] == {"rounds": 1, "script": "x.py"}
+    assert document["options"] == {"rounds": 1, "script": "x.py", "outside": "bench.py"}  # no path of this machine
     assert document["figures"] == [
         {"id": "fidelity", "what": "workload ÷ bare", "value": 0.99, "unit": "", "noise": 0.004}
         | {"foreign_share": pytest.approx(0.01), "steal_share": 0.0, "disturbed": False}
     ]
     assert document["targets"] == load_targets()["harness_fidelity"]
     assert {"sha", "dirty"} <= set(document["git"]) and document["host"]["cpu_count"] >= 1
-    assert document["argv"] == sys.argv and document["date"] >= document["started"]
+    assert document["argv"] == [portable(argument) for argument in sys.argv] and document["date"] >= document["started"]
+    assert not any(argument.startswith("/") for argument in document["argv"])
     assert [path.name for path in tmp_path.iterdir()] == ["harness_fidelity.json"]  # no temporary file left
 
 
