@@ -15,7 +15,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from _common import BenchmarkRecord
+from _common import REPO, BenchmarkRecord
 
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import easyscale_fig10, easyscale_fig12
@@ -24,8 +24,6 @@ from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def measure(points: list, workdir: Path):

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from _common import BenchmarkRecord
+from _common import REPO, BenchmarkRecord
 
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import kungfu_fig7
@@ -31,8 +31,6 @@ from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows, tidy_table
 from ddlrepro.rank.elastic.faults import worker_pid
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def measure_schedule(section: dict, launcher: dict, scratch: Path, record: BenchmarkRecord) -> None:

@@ -17,11 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import BenchmarkRecord
+from _common import REPO, BenchmarkRecord
 
 from ddlrepro.host.hostload import ForeignLoadMeter
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SNAKEMAKE = str(BIN / "snakemake")
 PARTS = ["Snakefile", "workflow", "src", "config", "profiles", "envs", "scripts", "containers", "pyproject.toml"]

@@ -13,7 +13,7 @@ from ddlrepro.host.errors import UserError
 from ddlrepro.host.bundle import bundle_name, digest_file
 from ddlrepro.host.figures import FIGURES, enabled_figures, figure_points, figure_source
 from ddlrepro.host.provenance import git_state, profile_from_command, record_invocation
-from ddlrepro.host.launchers import check_points, configured_launcher
+from ddlrepro.host.launchers import check_points, configured_launcher, launcher_classes
 from ddlrepro.host.redaction import declare_secret_variables
 
 try:
@@ -100,28 +100,35 @@ def image_file():
 
 
 def image_sources(wildcards):
-    """Every file the image is built from."""
+    """Every file the image is built from that its ranks run: the rank side of the package and the modules it
+    shares with the host side, which it never imports (so editing host code rebuilds no image)."""
     base = Path(CHECKOUT)
+    package = base / "src" / "ddlrepro"
     files = [base / "envs" / "requirements.txt", base / "pyproject.toml"]
     files += [
         path
         for path in (base / "containers").rglob("*")
         if path.is_file() and path.suffix != ".whl"
     ]
+    files += list(package.glob("*.py"))
     files += [
         path
-        for path in (base / "src" / "ddlrepro").rglob("*")
-        if path.is_file()
-        and "__pycache__" not in path.parts
-        and "figures" not in path.parts
+        for path in (package / "rank").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
     ]
     return sorted(str(path) for path in files)
 
 
 def launcher_options():
-    """run-point's options: the config's launcher and images sections (the launcher builds its own options from
-    them), and the built image's record, if any."""
-    sections = {key: config[key] for key in ("launcher", "images")}
+    """run-point's options: what the configured launcher builds its options from (the launcher section without
+    the other launchers' sections, and the images section when an image is built), and the built image's record.
+    Only what this launcher reads is a param: changing another launcher's settings reruns nothing.
+    """
+    others = set(launcher_classes()) - {config["launcher"]["name"]}
+    launcher = {
+        key: value for key, value in config["launcher"].items() if key not in others
+    }
+    sections = {"launcher": launcher} | ({"images": IMAGES} if IMAGES["build"] else {})
     options = ["--config-json", json.dumps(sections, sort_keys=True)]
     options += ["--image-file", *image_file()] if image_file() else []
     return " ".join(shlex.quote(option) for option in options)

@@ -1,6 +1,5 @@
 # The training image (containers/), built only when config `images.build` asks for it; the runs depend on its
-# digest (common.smk: image_file). Plotting code (src/ddlrepro/host/figures) is not an input: it never runs in the
-# image.
+# digest (common.smk: image_file). Host code (src/ddlrepro/host) is not an input: it never runs in the image.
 
 
 rule build_image:
