@@ -29,7 +29,8 @@ from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.jobenv import jobs_package_problem
 
 # Paths a tracked file must never name: notes kept beside the checkout, and the folder that holds the checkout.
-OUTSIDE = ["artifacts.md", "environment.md", "../shared", str(REPO.parent) + os.sep]
+# the reference folder beside the checkout, by its relative and its absolute path (the checkout may live anywhere)
+OUTSIDE = ["artifacts.md", "environment.md", "anchors.md", "../shared", str(REPO.parent / "shared") + os.sep]
 
 
 def installed_outside_checkout(tmp_path: Path) -> Path:

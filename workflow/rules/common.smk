@@ -101,7 +101,8 @@ def image_file():
 
 def image_sources(wildcards):
     """Every file the image is built from that its ranks run: the rank side of the package and the modules it
-    shares with the host side, which it never imports (so editing host code rebuilds no image)."""
+    shares with the host side, which it never imports (so editing host code rebuilds no image).
+    """
     base = Path(CHECKOUT)
     package = base / "src" / "ddlrepro"
     files = [base / "envs" / "requirements.txt", base / "pyproject.toml"]
