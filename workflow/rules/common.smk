@@ -7,7 +7,7 @@ from importlib.resources import files as package_files
 
 from snakemake.exceptions import WorkflowError
 
-from ddlrepro.host.checks import check_exclude, checks_settings, load_references
+from ddlrepro.host.checks import check_exclude, load_references
 from ddlrepro.host.config import validate_config
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.bundle import bundle_name, digest_file
@@ -19,7 +19,7 @@ from ddlrepro.host.redaction import declare_secret_variables
 try:
     validate_config(config)
     check_exclude(
-        checks_settings(config)["exclude"],
+        config["checks"]["exclude"],
         load_references(Path(config["references"])),
         config["references"],
     )
@@ -33,7 +33,7 @@ except (UserError, OSError) as error:
     raise WorkflowError(str(error)) from None
 
 SOFTWARE = "../../envs/ddlrepro.yaml"
-CHECKS = checks_settings(config)
+CHECKS = config["checks"]  # its defaults filled in by validate_config
 # What the report's rerun command repeats: the profile and config files these results are built with.
 RERUN_OPTIONS = " ".join(
     [f"--profile {profile_from_command(sys.argv)}"]

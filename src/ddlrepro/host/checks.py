@@ -11,6 +11,7 @@ measured) is an error naming the figure and the reference, never a skip.
 
 from __future__ import annotations
 
+import copy
 import math
 import operator
 from collections.abc import Collection
@@ -20,7 +21,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from ddlrepro.host.config import SCHEMAS, schema_defaults, validate_against
+from ddlrepro.host.config import SCHEMAS, validate_against, validate_config
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.tables import HOST_LOAD_COLUMNS, as_flags
 
@@ -47,8 +48,9 @@ def load_references(path: Path, schema: Path = REFERENCES_SCHEMA) -> dict[str, l
 
 
 def checks_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The config's `checks` section with the schema's defaults filled in."""
-    return schema_defaults("checks") | config.get("checks", {})
+    """The config's `checks` section with the schema's defaults filled in, by the validator that fills the whole
+    config (a config the workflow validated already has them)."""
+    return validate_config({"checks": copy.deepcopy(config.get("checks", {}))}, partial=True)["checks"]
 
 
 def check_exclude(

@@ -148,20 +148,14 @@ def schema_default(*keys: str) -> Any:
     return _schema_node(keys)["default"]
 
 
-def schema_defaults(*section: str) -> dict[str, Any]:
-    """Every default the config schema declares for the keys of a section, e.g. `schema_defaults("checks")`."""
-    properties = _schema_node(section)["properties"]
-    return {key: entry["default"] for key, entry in properties.items() if "default" in entry}
-
-
-def validate_config(config: dict[str, Any], schema_path: Path = CONFIG_SCHEMA, partial: bool = False) -> dict[str, Any]:
+def validate_config(config: dict[str, Any], partial: bool = False) -> dict[str, Any]:
     """Fill in the schema's defaults (in place, so every caller sees the same filled config) and raise ConfigError
     listing every schema violation in `config`, each with its key path. `partial`: only the sections given need
     be there (e.g. a command's `launcher` and `images`). Returns `config`."""
-    schema = yaml.safe_load(schema_path.read_text())
+    schema = copy.deepcopy(config_schema())  # the schema read once; a partial check drops its copy's `required`
     if partial:
         schema.pop("required", None)
-    validate_against(config, schema_path, "configuration", schema)
+    validate_against(config, CONFIG_SCHEMA, "configuration", schema)
     return config
 
 
