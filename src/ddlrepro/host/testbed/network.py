@@ -201,6 +201,8 @@ class Testbed:
     """N hosts on one bridge. `create` builds it (a context manager: destroyed on exit, SIGTERM included),
     `attach` finds one built by another process from its state file."""
 
+    __test__ = False  # not a pytest test class despite its name
+
     def __init__(self, owner: str, hosts: list[Host], subnet: str, rates: dict[str, int | None], pid: int) -> None:
         self.owner = owner
         self.hosts = hosts
