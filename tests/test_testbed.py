@@ -229,3 +229,20 @@ def test_a_point_that_needs_the_testbed_is_skipped_without_it(monkeypatch: pytes
     assert unmet_requirement(point) == "skipped: needs root for network namespaces"
     monkeypatch.setattr("ddlrepro.host.run.testbed_unavailable_reason", lambda: None)
     assert unmet_requirement(point) is None
+
+
+@needs_testbed
+def test_flows_are_paced_to_their_offered_rate_and_start_and_stop_on_time(owner: str, tmp_path: Path) -> None:
+    record = tmp_path / "flows.jsonl"
+    with Testbed.create(owner, 3, link_rate="1gbit") as testbed:
+        h1, h2, h3 = (host.name for host in testbed.hosts)
+        flows = [traffic.Flow(h1, h2, 3, "80mbit", 0.5, 2.0), traffic.Flow(h3, h2, 1, "40mbit", 0.0, 1.5)]
+        started = time.time()
+        traffic.start(testbed, flows, record).wait(15)
+    by_source = {entry["source"]: entry for entry in flow_records(record)}
+    for source, rate, start_s, stop_s in ((h1, 80e6, 0.5, 2.0), (h3, 40e6, 0.0, 1.5)):
+        entry = by_source[source]
+        assert entry["received_bytes"] == pytest.approx(rate / 8 * (stop_s - start_s), rel=0.1), entry
+        assert entry["achieved_bps"] == pytest.approx(rate, rel=0.15), entry
+        assert entry["first_byte"] - started == pytest.approx(start_s, abs=0.2)
+        assert entry["last_byte"] - started == pytest.approx(stop_s, abs=0.2)

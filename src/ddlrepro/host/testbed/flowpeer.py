@@ -1,13 +1,14 @@
 """One end of a competing TCP flow, run on a testbed host (standard library only, so it starts in milliseconds).
 
-    python -m ddlrepro.host.testbed.flowpeer receive --port P --connections C --until T
+    python -m ddlrepro.host.testbed.flowpeer receive --connections C --until T
     python -m ddlrepro.host.testbed.flowpeer send --to ADDR --port P --connections C [--rate BITS]
                                                    --start-at T --stop-at T [--max-bytes B]
 
-The receiver prints `ready` once it listens, then, when every connection closed or at --until, one JSON line:
-bytes received, first and last byte times, its CPU seconds. The sender waits for --start-at, paces each of its
-connections to rate / connections (unpaced without --rate), stops at --stop-at or after --max-bytes, and prints
-its JSON line: bytes sent, start and end, its CPU seconds. Times are epoch seconds (one machine, one clock).
+The receiver prints `ready <port>` once it listens (on a port the kernel picks, so flows never clash), then, when
+every connection closed or at --until, one JSON line: bytes received, first and last byte times, its CPU seconds.
+The sender waits for --start-at, paces each of its connections to rate / connections (unpaced without --rate),
+stops at --stop-at or after --max-bytes, and prints its JSON line: bytes sent, start and end, its CPU seconds.
+Times are epoch seconds (one machine, one clock).
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def receive(port: int, connections: int, until: float) -> dict[str, float]:
-    listener = socket.create_server(("0.0.0.0", port), backlog=connections)
+def receive(connections: int, until: float) -> dict[str, float]:
+    listener = socket.create_server(("0.0.0.0", 0), backlog=connections)
     listener.settimeout(POLL_SECONDS)
-    print("ready", flush=True)
+    print(f"ready {listener.getsockname()[1]}", flush=True)
     totals = {"bytes": 0, "first": None, "last": None}
     lock = threading.Lock()
 
@@ -113,7 +114,6 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="flowpeer")
     side = parser.add_subparsers(dest="side", required=True)
     receiver = side.add_parser("receive")
-    receiver.add_argument("--port", type=int, required=True)
     receiver.add_argument("--connections", type=int, required=True)
     receiver.add_argument("--until", type=float, required=True)
     sender = side.add_parser("send")
@@ -127,7 +127,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda number, frame: stopping.set())
     if args.side == "receive":
-        outcome = receive(args.port, args.connections, args.until)
+        outcome = receive(args.connections, args.until)
     else:
         outcome = send(args.to, args.port, args.connections, args.rate, args.start_at, args.stop_at, args.max_bytes)
     print(json.dumps({**outcome, "cpu_s": cpu_seconds()}), flush=True)

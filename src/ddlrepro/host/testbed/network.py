@@ -15,6 +15,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -171,12 +172,7 @@ def remove_namespaces(owner: str) -> None:
             check=False,
         )
     for entry in NETNS_ETC.glob(f"{namespace_prefix(owner)}*") if NETNS_ETC.exists() else []:
-        for file in entry.rglob("*"):
-            if file.is_file():
-                file.unlink()
-        for folder in sorted(entry.rglob("*"), reverse=True):
-            folder.rmdir()
-        entry.rmdir()
+        shutil.rmtree(entry)  # with what others put there (the multi-node cluster's slurm/ folder)
     state_path(owner).unlink(missing_ok=True)
 
 
@@ -321,11 +317,12 @@ class Testbed:
         bits = limits.parse_rate(rate)
         chosen = self.hosts if host is None else [self.host(host)]
         with state_lock():
-            for each in chosen:
-                self.rates[each.name] = bits
+            self.rates |= {each.name: bits for each in chosen}
             self.apply_rates(chosen)
             state = read_state(self.owner) or {}
-            state["rates"] = self.rates
+            # another process may have changed other hosts' rates since this one attached
+            state["rates"] = state.get("rates", {}) | {each.name: bits for each in chosen}
+            self.rates = state["rates"]
             write_state(self.owner, state)
 
     def counters(self) -> dict[str, dict[str, int]]:

@@ -22,7 +22,6 @@ from ddlrepro.host.testbed import limits
 from ddlrepro.host.testbed.limits import TestbedError
 from ddlrepro.host.testbed.network import Testbed
 
-FIRST_PORT = 5201
 READY_SECONDS = 10.0
 LATE_SECONDS = 5.0  # how long past its stop a flow may take to report before it is killed
 
@@ -57,7 +56,7 @@ class Traffic:
         self.origin = time.time()
         self.processes: list[subprocess.Popen[str]] = []
         self._lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._run, args=(i, flow), daemon=True) for i, flow in enumerate(flows)]
+        self.threads = [threading.Thread(target=self._run, args=(flow,), daemon=True) for flow in flows]
 
     def _spawn(self, host: str, argv: list[str]) -> subprocess.Popen[str]:
         command = [*self.testbed.exec_prefix(host), sys.executable, "-m", "ddlrepro.host.testbed.flowpeer", *argv]
@@ -66,25 +65,14 @@ class Traffic:
             self.processes.append(process)
         return process
 
-    def _run(self, index: int, flow: Flow) -> None:
+    def _run(self, flow: Flow) -> None:
         start, stop = self.origin + flow.start_s, self.origin + flow.stop_s
         rate = limits.parse_rate(flow.rate)
-        port = FIRST_PORT + index
-        receiver = self._spawn(
-            flow.destination,
-            [
-                "receive",
-                "--port",
-                str(port),
-                "--connections",
-                str(flow.connections),
-                "--until",
-                str(stop + LATE_SECONDS),
-            ],
-        )
-        ready = receiver.stdout.readline().strip() if receiver.stdout else ""
+        receive = ["receive", "--connections", str(flow.connections), "--until", str(stop + LATE_SECONDS)]
+        receiver = self._spawn(flow.destination, receive)
+        ready = receiver.stdout.readline().split() if receiver.stdout else []
         outcome: dict[str, Any] = {}
-        if ready == "ready":
+        if ready[:1] == ["ready"]:
             sender = self._spawn(
                 flow.source,
                 [
@@ -92,7 +80,7 @@ class Traffic:
                     "--to",
                     self.testbed.host(flow.destination).address,
                     "--port",
-                    str(port),
+                    ready[1],
                     "--connections",
                     str(flow.connections),
                     "--rate",
