@@ -71,6 +71,13 @@ def test_hosts_have_their_own_names_addresses_and_resolve_each_other(owner: str)
 
 
 @needs_testbed
+def test_idle_links_carry_nothing_the_hosts_did_not_send(owner: str) -> None:
+    with Testbed.create(owner, 3) as testbed:
+        time.sleep(1.0)
+        assert testbed.counters() == {host.name: {"rx_bytes": 0, "tx_bytes": 0} for host in testbed.hosts}
+
+
+@needs_testbed
 def test_a_tcp_transfer_runs_at_the_configured_rate_and_counters_match_its_bytes(owner: str, tmp_path: Path) -> None:
     with Testbed.create(owner, 2, link_rate="200mbit") as testbed:
         before = testbed.counters()
@@ -127,20 +134,31 @@ def test_sampler_files_each_hosts_bytes_as_metrics(owner: str, tmp_path: Path) -
 
 
 @needs_testbed
-def test_an_exception_and_sigterm_tear_everything_down(owner: str) -> None:
+def test_an_exception_tears_everything_down_with_the_processes_on_the_hosts(owner: str) -> None:
     with pytest.raises(RuntimeError), Testbed.create(owner, 2) as testbed:
-        on_host(testbed, 1, "sleep 60 >/dev/null 2>&1 &")  # a process left on a host is stopped too
+        pid = int(on_host(testbed, 1, "sleep 60 >/dev/null 2>&1 & echo $!"))
         raise RuntimeError("the run failed")
     assert left_behind(owner) == []
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+@needs_testbed
+@pytest.mark.parametrize(
+    ("number", "status"), [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, -signal.SIGINT)]
+)
+def test_a_signal_tears_everything_down(owner: str, number: int, status: int) -> None:
+    """SIGINT: Python re-raises it after the `with` unwound (exit status -2)."""
     script = (
         f"from ddlrepro.host.testbed import Testbed\nwith Testbed.create({owner!r}, 2):\n print('up', flush=True)\n"
     )
     script += " import time; time.sleep(60)\n"
-    child = subprocess.Popen([sys.executable, "-c", script], env=ENV, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     assert child.stdout.readline().strip() == "up"
     assert left_behind(owner)
-    child.send_signal(signal.SIGTERM)
-    assert child.wait(KILL_AFTER) == 128 + signal.SIGTERM
+    child.send_signal(number)
+    assert child.wait(KILL_AFTER) == status
     assert left_behind(owner) == []
 
 

@@ -36,6 +36,7 @@ NETNS_ETC = Path("/etc/netns")
 INTERFACE = "eth0"
 BRIDGE = "br0"
 STOP_GRACE_SECONDS = 3.0
+DISABLE_IPV6 = "for s in all default; do echo 1 >/proc/sys/net/ipv6/conf/$s/disable_ipv6; done"
 
 
 @dataclass(frozen=True)
@@ -259,12 +260,13 @@ class Testbed:
             folder = NETNS_ETC / host.namespace
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "hosts").write_text(hosts_file(self.hosts))
-        switch = [f"link add {BRIDGE} type bridge", f"link set {BRIDGE} addrgenmode none", f"link set {BRIDGE} up"]
+        # Nothing but the hosts' traffic on their counters: no IPv6 on the switch (its ports would send listener
+        # reports) and no multicast snooping (the bridge would send IGMP reports); hosts get no link-local address.
+        run(["ip", "netns", "exec", self.switch, "sh", "-c", DISABLE_IPV6])
+        switch = [f"link add {BRIDGE} type bridge mcast_snooping 0", f"link set {BRIDGE} up"]
         for host in self.hosts:
-            # No IPv6 link-local addresses: their neighbour discovery would add bytes nobody sent to the counters.
             switch += [
                 f"link add {host.port} type veth peer name {host.interface} netns {host.namespace}",
-                f"link set {host.port} addrgenmode none",
                 f"link set {host.port} master {BRIDGE} up",
             ]
         run(["ip", "-n", self.switch, "-batch", "-"], switch)
