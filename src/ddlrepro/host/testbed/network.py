@@ -184,7 +184,7 @@ def remove_leftovers(owner: str) -> bool:
     state = read_state(owner)
     if state and owner_alive(state):
         raise TestbedError(f"testbed {owner!r} is still running (pid {state['pid']}): stop it first")
-    leftovers = state is not None or bool(owned_namespaces(owner)) or any(NETNS_ETC.glob(f"ddl-{owner}-*"))
+    leftovers = state is not None or bool(owned_namespaces(owner)) or any(NETNS_ETC.glob(f"{namespace_prefix(owner)}*"))
     if leftovers:
         remove_namespaces(owner)
     return leftovers
