@@ -21,11 +21,17 @@ from ddlrepro.host.rundir import (
     set_aside_previous_attempt,
     write_json_atomic,
 )
+from ddlrepro.host.testbed.limits import unavailable_reason as testbed_unavailable_reason
 from ddlrepro.points import Point
 
 
 def unmet_requirement(point: Point) -> str | None:
-    """Why this machine cannot run `point`, or None: NCCL needs CUDA."""
+    """Why this machine cannot run `point`, or None: NCCL needs CUDA; a point whose params name `testbed_hosts`
+    (it runs across that many testbed hosts) needs root for network namespaces."""
+    if point.params.get("testbed_hosts"):
+        reason = testbed_unavailable_reason()
+        if reason:
+            return f"skipped: {reason}"
     if point.params.get("backend") == "nccl":
         import torch
 

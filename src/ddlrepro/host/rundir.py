@@ -86,6 +86,11 @@ class OutputCollector:
             elif line.startswith(RECORD_PREFIX):
                 self._file_record_line(rank, line[len(RECORD_PREFIX) :])
 
+    def add_record(self, record: dict[str, Any]) -> None:
+        """File a record made on the host side (the testbed's interface counters) as a rank's record is filed."""
+        with self._lock:
+            self._file_record(dict(record))
+
     def _file_record_line(self, rank: int, text: str) -> None:
         """A record; one that cannot be read (a line cut in two on its way, or not a record at all) is named in the
         rank's stderr tail, so that a run missing its result says why, and the rest of the output is still filed."""
