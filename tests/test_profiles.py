@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import NO_SLURM_CLUSTER, REPO, tiny_point
+from conftest import NO_SLURM_CLUSTER, REPO, snakemake, tiny_point
 
 from ddlrepro.host.config import ConfigError, validate_config
 from ddlrepro.host.errors import UserError
@@ -104,3 +104,14 @@ def test_unset_partition_and_account_are_left_to_the_profile() -> None:
     named = configured_launcher({"launcher": {"name": "slurm", "slurm": {"partition": "gpu"}}})
     assert named.resources(tiny_point())["slurm_partition"] == "gpu"
     assert "slurm_partition" in named.resource_names and "slurm_account" not in named.resource_names
+
+
+def test_the_workflow_resolves_auto_from_its_executor(workflow_copy: Path) -> None:
+    """The plan's run commands name the resolved launcher (profiles/default's printshellcmds shows them)."""
+    for profile, launcher in (("profiles/slurm", "slurm"), ("profiles/local", "local")):
+        done = snakemake(workflow_copy, "-n", "--profile", profile, "--configfile", "tests/configs/tiny.yaml")
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"Using profiles {profile} and workflow specific profile profiles/default" in done.stderr
+        commands = [line for line in done.stdout.splitlines() if "ddlrepro run-point" in line]
+        assert commands and all(f'"name": "{launcher}"' in command for command in commands)
+        assert "slurm_partition" not in done.stdout  # left to a Slurm profile's default-resources
