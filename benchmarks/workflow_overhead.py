@@ -35,6 +35,7 @@ PAPER_PLAN = ("-n", "--profile", "profiles/slurm", "--configfile", "config/paper
 
 
 def copy_workflow(target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
     for part in PARTS:
         source = REPO / part
         if source.is_dir():

@@ -246,8 +246,9 @@ def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, s
 
 @pytest.mark.slow
 def test_a_users_own_slurm_profile_with_this_workflows_settings(cluster: dict[str, str], tmp_path: Path) -> None:
-    """A user's generic profile `slurm` (executor, status command, where Slurm's logs go) is what `--profile slurm`
-    uses, the setup leaves it alone, and this workflow's settings come from profiles/default (printshellcmds)."""
+    """A user's generic profile `slurm` (executor, status command, Slurm's logs kept in a folder of theirs) is what
+    `--profile slurm` uses, the setup leaves it alone, and this workflow's settings come from profiles/default
+    (printshellcmds)."""
     workdir = copy_workflow(tmp_path / "clone")
     env = empty_config_homes(cluster, tmp_path / "home")
     mine = Path(env["XDG_CONFIG_HOME"]) / "snakemake" / "slurm" / "config.yaml"
@@ -255,7 +256,7 @@ def test_a_users_own_slurm_profile_with_this_workflows_settings(cluster: dict[st
     logs = tmp_path / "my-slurm-logs"
     mine.write_text(
         "executor: slurm\njobs: 3\nslurm-status-command: squeue\nslurm-init-seconds-before-status-checks: 5\n"
-        f"slurm-logdir: {logs}\nlatency-wait: 30\n"
+        f"slurm-logdir: {logs}\nslurm-keep-successful-logs: true\nlatency-wait: 30\n"
     )
     before = mine.read_text()
     assert f"using yours at {mine.parent}" in setup_profile(workdir, env)
@@ -265,7 +266,7 @@ def test_a_users_own_slurm_profile_with_this_workflows_settings(cluster: dict[st
     assert done.returncode == 0, done.stderr[-4000:]
     assert BOTH_PROFILES in done.stderr
     assert "python -m ddlrepro run-point --point" in done.stdout + done.stderr  # printshellcmds
-    assert list(logs.glob("rule_run_point/kungfu-fig9_*/*.log"))  # the user's profile's own setting
+    assert list(logs.glob("rule_run_point/kungfu-fig9_*/*.log"))  # the user's profile's own settings
     (spec,) = (workdir / "results" / "runs" / "kungfu-fig9").glob("*/jobspec.json")
     assert json.loads(spec.read_text())["launcher"] == "slurm"
 
