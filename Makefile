@@ -11,7 +11,10 @@ CORES ?= all
 
 .PHONY: env horovod reproduce test test-fast lint format clean benchmarks
 
+# Also, every time (cheap, never overwriting): the generic Slurm profile becomes your Snakemake profile `slurm`
+# unless you or your site have one, so that `snakemake --profile slurm` works from the checkout.
 env: $(STAMP)
+	$(BIN)/python -m ddlrepro install-profile profiles/slurm
 
 # Recreated only when the pins or the package metadata change.
 $(STAMP): envs/requirements.txt pyproject.toml

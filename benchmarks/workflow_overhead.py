@@ -1,7 +1,10 @@
-"""Workflow overhead: Snakemake's planning time over every paper-scale point (target ≤ 5 s) and a no-op rerun
-at smoke scale (target ≤ 3 s), each timed in this run on a private copy of the workflow. The smoke-scale results
-are built once first (not timed; a whole `make reproduce` of work unless `--smoke-config` names a smaller config,
-merged on top of config/config.yaml, e.g. tests/configs/tiny.yaml).
+"""Workflow overhead: Snakemake's planning time over every paper-scale point with the Slurm profile, once with a
+Slurm cluster running and once with it stopped (each target ≤ 5 s: the Slurm plugin queries Slurm on every
+Snakemake start, which a stopped controller once made wait 9 s), and a no-op rerun at smoke scale (target ≤ 3 s),
+each timed in this run on a private copy of the workflow. The cluster is scripts/slurm-cluster's (root, or Slurm
+installed); without one, the dry run is timed once as this machine is. The smoke-scale results are built once
+first (not timed; a whole `make reproduce` of work unless `--smoke-config` names a smaller config, merged on top of
+config/config.yaml, e.g. tests/configs/tiny.yaml).
 
     python benchmarks/workflow_overhead.py [--smoke-config PATH]
 """
@@ -9,12 +12,14 @@ merged on top of config/config.yaml, e.g. tests/configs/tiny.yaml).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from _common import REPO, BenchmarkRecord
@@ -24,12 +29,13 @@ from ddlrepro.host.hostload import ForeignLoadMeter
 BIN = Path(sys.executable).parent
 SNAKEMAKE = str(BIN / "snakemake")
 PARTS = ["Snakefile", "workflow", "src", "config", "profiles", "envs", "scripts", "containers", "pyproject.toml"]
-
-
-PAPER_LAUNCHER = "launcher={name: slurm}"  # what profiles/slurm sets
+SLURM_CLUSTER = str(REPO / "scripts" / "slurm-cluster")
+# paper.yaml is sized for a cluster: under the Slurm profile the launcher follows its executor (Slurm).
+PAPER_PLAN = ("-n", "--profile", "profiles/slurm", "--configfile", "config/paper.yaml")
 
 
 def copy_workflow(target: Path) -> None:
+    target.mkdir(parents=True, exist_ok=True)
     for part in PARTS:
         source = REPO / part
         if source.is_dir():
@@ -38,11 +44,13 @@ def copy_workflow(target: Path) -> None:
             shutil.copy2(source, target / part)
 
 
-def timed(workdir: Path, *args: str) -> tuple[float, str]:
+def timed(workdir: Path, *args: str, slurm_conf: Path | None = None) -> tuple[float, str]:
     started = time.perf_counter()
     # The workflow edits no environment: its jobs run this venv's python, with the copy's package.
     environment = {**os.environ, "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")])}
     environment["PYTHONPATH"] = str(workdir / "src")
+    if slurm_conf is not None:
+        environment["SLURM_CONF"] = str(slurm_conf)
     done = subprocess.run(
         [SNAKEMAKE, "--cores", "2", *args], cwd=workdir, capture_output=True, text=True, env=environment
     )
@@ -51,20 +59,43 @@ def timed(workdir: Path, *args: str) -> tuple[float, str]:
     return time.perf_counter() - started, done.stdout + done.stderr
 
 
+@contextlib.contextmanager
+def slurm_cluster(state: Path) -> Iterator[bool]:
+    """scripts/slurm-cluster's single-node cluster in `state`, stopped afterwards; yields whether it started."""
+    started = subprocess.run([SLURM_CLUSTER, "start", str(state)], capture_output=True, text=True, timeout=600)
+    if started.returncode:
+        print(f"no Slurm cluster ({started.stderr.strip().splitlines()[-1:]}): the dry run is timed without one")
+    try:
+        yield started.returncode == 0
+    finally:
+        subprocess.run([SLURM_CLUSTER, "stop", str(state)], capture_output=True, timeout=60)
+
+
+def time_paper_plan(workdir: Path, record: BenchmarkRecord, figure_id: str, state: str, conf: Path | None) -> None:
+    with ForeignLoadMeter() as meter:
+        plan_s, plan = timed(workdir, *PAPER_PLAN, slurm_conf=conf)
+    points = plan.count("rule run_point:")
+    what = f"`snakemake -n --profile slurm` over every paper-scale point ({points} runs), {state}"
+    record.add(figure_id, what, plan_s, "s", meter.load, runs=points)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke-config", type=Path, help="a config merged on top of config/config.yaml")
     args = parser.parse_args()
     smoke = ["--configfile", str(args.smoke_config.resolve())] if args.smoke_config else []
     with tempfile.TemporaryDirectory() as scratch, BenchmarkRecord(__file__, args) as record:
-        workdir = Path(scratch)
+        workdir = Path(scratch) / "workflow"
         copy_workflow(workdir)
-        with ForeignLoadMeter() as meter:
-            # paper.yaml is sized for a cluster: with the local launcher its points do not fit this machine
-            plan_s, plan = timed(workdir, "-n", "--configfile", "config/paper.yaml", "--config", PAPER_LAUNCHER)
-        points = plan.count("rule run_point:")
-        what = f"`snakemake -n` over every paper-scale point ({points} runs)"
-        record.add("dry-run", what, plan_s, "s", meter.load, runs=points)
+        state = Path(scratch) / "slurm"
+        conf = state / "slurm.conf"
+        with slurm_cluster(state) as running:
+            if running:
+                time_paper_plan(workdir, record, "dry-run-slurm-running", "Slurm cluster running", conf)
+        if running:
+            time_paper_plan(workdir, record, "dry-run-slurm-stopped", "Slurm cluster stopped", conf)
+        else:
+            time_paper_plan(workdir, record, "dry-run", "no Slurm cluster", None)
 
         print("building the smoke-scale results once (not timed) ...", flush=True)
         timed(workdir, *smoke)

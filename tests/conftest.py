@@ -106,10 +106,19 @@ def workflow_copy(tmp_path: Path) -> Path:
     return copy_workflow(tmp_path)
 
 
+NO_SLURM_CLUSTER = REPO / "tests" / "data" / "no-slurm-cluster.conf"
+
+
 def workflow_environment(workdir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment a test starts Snakemake in (the workflow edits none): this venv's `python` first on PATH for
-    the jobs, and `workdir`'s own src/ first on PYTHONPATH, so that the workflow and its jobs run the copy's code."""
+    the jobs, and `workdir`'s own src/ first on PYTHONPATH, so that the workflow and its jobs run the copy's code.
+    A `base` naming no Slurm cluster (SLURM_CONF) runs as outside any: Slurm's commands fail at once (the Slurm
+    plugin's query on every Snakemake start waits 9 s for a stopped controller) and `launcher.name: auto` is local.
+    """
     base = dict(os.environ if base is None else base)
+    if "SLURM_CONF" not in base:
+        base.pop("SLURM_JOB_ID", None)
+        base["SLURM_CONF"] = str(NO_SLURM_CLUSTER)
     return {
         **base,
         "PATH": os.pathsep.join(filter(None, [str(BIN), base.get("PATH")])),

@@ -93,7 +93,7 @@ def test_validation_fills_in_every_default_of_the_schema() -> None:
     """One filled config for every caller: a config naming only its figures gets every other setting."""
     config = validate_config({"figures": load_config(SMOKE)["figures"]})
     assert config["scale"] == "smoke" and config["references"] == "config/references.yaml"
-    assert config["launcher"]["name"] == "local" and config["launcher"]["slurm"]["mpi"] == "pmix"
+    assert config["launcher"]["name"] == "auto" and config["launcher"]["slurm"]["mpi"] == "pmix"
     assert config["launcher"]["kubernetes"]["port"] == 29500 and config["images"]["build"] is None
     assert config["checks"] == {"max_foreign_share": 0.1, "exclude": []}
     again = validate_config({"figures": load_config(SMOKE)["figures"]})
@@ -241,7 +241,7 @@ def test_a_toy_launcher_needs_only_its_module_and_schema_section(
 
 def test_the_schemas_launcher_names_are_its_launcher_sections() -> None:
     launcher = yaml.safe_load(CONFIG_SCHEMA.read_text())["properties"]["launcher"]["properties"]
-    assert set(launcher["name"]["enum"]) == set(launcher_classes()) == {"local", "slurm", "kubernetes"}
+    assert set(launcher["name"]["enum"]) == {*launcher_classes(), "auto"} == {"auto", "local", "slurm", "kubernetes"}
     for name in launcher_classes():
         assert launcher_class(name).name == name
 

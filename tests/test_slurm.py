@@ -1,4 +1,5 @@
-"""The Slurm launcher's rendering, and the Slurm profile end to end on a real single-node Slurm cluster."""
+"""The Slurm launcher's rendering, and `snakemake --profile slurm` end to end on a real single-node Slurm cluster:
+with the generic profile the setup installs, and with a user's own."""
 
 from __future__ import annotations
 
@@ -171,16 +172,40 @@ def only(workdir: Path, name: str, sections: dict[str, str], checks: str = "") -
 
 
 def slurm_snakemake(workdir: Path, env: dict[str, str], *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Snakemake with the Slurm profile, killed hard on a hang (a wrong status setting hangs it for good)."""
-    command = ["timeout", "-s", "KILL", str(timeout), SNAKEMAKE, "--profile", "profiles/slurm", *args]
+    """`snakemake --profile slurm` as users type it (the profile Snakemake finds in the user's or site's config
+    folders), killed hard on a hang (a wrong status setting hangs it for good)."""
+    command = ["timeout", "-s", "KILL", str(timeout), SNAKEMAKE, "--profile", "slurm", *args]
     return subprocess.run(command, cwd=workdir, env=workflow_environment(workdir, env), capture_output=True, text=True)
+
+
+def empty_config_homes(cluster: dict[str, str], home: Path) -> dict[str, str]:
+    """The cluster's environment with empty HOME, user and site config folders: no Snakemake profile of its own."""
+    folders = {"HOME": home, "XDG_CONFIG_HOME": home / ".config", "XDG_CONFIG_DIRS": home / "site"}
+    for folder in folders.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    return {**cluster, **{name: str(folder) for name, folder in folders.items()}}
+
+
+def setup_profile(workdir: Path, env: dict[str, str]) -> str:
+    """What `make env` runs after the environment: the generic Slurm profile as the user's, unless there is one."""
+    command = [sys.executable, "-m", "ddlrepro", "install-profile", "profiles/slurm"]
+    done = subprocess.run(command, cwd=workdir, env=workflow_environment(workdir, env), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+BOTH_PROFILES = "Using profiles slurm and workflow specific profile profiles/default"
 
 
 @pytest.mark.slow
 def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, str], tmp_path: Path) -> None:
-    """Every framework of fig9 (torch, Horovod over gloo and MPI, TensorFlow), the MPI all-reduce and a bitwise
-    EasyScale figure, each run an sbatch job whose workers srun starts (MPI ranks through Slurm's PMIx plugin)."""
-    workdir = copy_workflow(tmp_path)
+    """A fresh clone after the setup, on a machine with no Snakemake profile: `snakemake --profile slurm` runs
+    every framework of fig9 (torch, Horovod over gloo and MPI, TensorFlow), the MPI all-reduce and a bitwise
+    EasyScale figure, each run an sbatch job whose workers srun starts (MPI ranks through Slurm's PMIx plugin):
+    the launcher follows the executor, no config names it."""
+    workdir = copy_workflow(tmp_path / "clone")
+    env = empty_config_homes(cluster, tmp_path / "home")
+    assert "installed profiles/slurm as " in setup_profile(workdir, env)
     fig9 = "{workers: [1, 2], frameworks: [torch, horovod, tensorflow], horovod_controllers: [gloo, mpi]}"
     sections = {"kungfu-fig9": fig9, "kungfu-allreduce": "{backends: [mpi]}", "easyscale-fig9": "{enabled: true}"}
     config = only(workdir, "slurm.yaml", sections)
@@ -191,8 +216,9 @@ def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, s
     ]
     with (workdir / config).open("a") as extra:
         extra.write(f"checks: {{exclude: [{', '.join(unmeasured)}]}}\n")
-    done = slurm_snakemake(workdir, cluster, "--configfile", "tests/configs/tiny.yaml", config)
+    done = slurm_snakemake(workdir, env, "--configfile", "tests/configs/tiny.yaml", config)
     assert done.returncode == 0, done.stderr[-4000:]
+    assert BOTH_PROFILES in done.stderr
     assert "has been submitted with SLURM jobid" in done.stderr
     table = pd.read_csv(workdir / "results" / "tables" / "kungfu-fig9.csv")
     rates = table[table["metric"] == "img_per_sec"].fillna({"horovod_controller": "-"})
@@ -218,9 +244,36 @@ def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, s
     assert checks.loc[("easyscale-fig9", "d1-exactly-zero"), "status"] == "pass"
 
 
+@pytest.mark.slow
+def test_a_users_own_slurm_profile_with_this_workflows_settings(cluster: dict[str, str], tmp_path: Path) -> None:
+    """A user's generic profile `slurm` (executor, status command, Slurm's logs kept in a folder of theirs) is what
+    `--profile slurm` uses, the setup leaves it alone, and this workflow's settings come from profiles/default
+    (printshellcmds)."""
+    workdir = copy_workflow(tmp_path / "clone")
+    env = empty_config_homes(cluster, tmp_path / "home")
+    mine = Path(env["XDG_CONFIG_HOME"]) / "snakemake" / "slurm" / "config.yaml"
+    mine.parent.mkdir(parents=True)
+    logs = tmp_path / "my-slurm-logs"
+    mine.write_text(
+        "executor: slurm\njobs: 3\nslurm-status-command: squeue\nslurm-init-seconds-before-status-checks: 5\n"
+        f"slurm-logdir: {logs}\nslurm-keep-successful-logs: true\nlatency-wait: 30\n"
+    )
+    before = mine.read_text()
+    assert f"using yours at {mine.parent}" in setup_profile(workdir, env)
+    assert mine.read_text() == before and len(list(mine.parent.iterdir())) == 1
+    config = only(workdir, "one.yaml", {"kungfu-fig9": "{workers: [2], frameworks: [torch]}"})
+    done = slurm_snakemake(workdir, env, "--configfile", "tests/configs/tiny.yaml", config)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert BOTH_PROFILES in done.stderr
+    assert "python -m ddlrepro run-point --point" in done.stdout + done.stderr  # printshellcmds
+    assert list(logs.glob("rule_run_point/kungfu-fig9_*/*.log"))  # the user's profile's own settings
+    (spec,) = (workdir / "results" / "runs" / "kungfu-fig9").glob("*/jobspec.json")
+    assert json.loads(spec.read_text())["launcher"] == "slurm"
+
+
 def kill_one_worker_during(workdir: Path, cluster: dict[str, str], *configs: str) -> tuple[Path, int, str]:
-    """Run the Slurm profile, kill rank 1 of the (only) run's first attempt in this invocation once it trains;
-    return the run folder, Snakemake's exit code and its stderr."""
+    """Run the repository's Slurm profile by its path (`--profile profiles/slurm`), kill rank 1 of the (only) run's
+    first attempt in this invocation once it trains; return the run folder, Snakemake's exit code and its stderr."""
     command = ["timeout", "-s", "KILL", "600", SNAKEMAKE, "--profile", "profiles/slurm", "--configfile", *configs]
     workflow = subprocess.Popen(
         command,

@@ -157,6 +157,12 @@ def parse_environment(text: str) -> tuple[str, Path]:
     return name, Path(source)
 
 
+def cmd_install_profile(args: argparse.Namespace) -> None:
+    from ddlrepro.host.profiles import install_profile
+
+    print(install_profile(Path(args.profile)))
+
+
 def cmd_validate(args: argparse.Namespace) -> None:
     load_config(*map(Path, args.configs))
     print("configuration is valid")
@@ -182,6 +188,13 @@ def parser() -> argparse.ArgumentParser:
     render.add_argument("--run-dir", default="results/runs/render")
     render.add_argument("--config-json", default="{}", help=config_help)
     render.set_defaults(handler=cmd_render)
+
+    install = commands.add_parser(
+        "install-profile",
+        help="install a Snakemake profile folder as the user's profile of its name, unless the user or site has one",
+    )
+    install.add_argument("profile", help="the profile folder, e.g. profiles/slurm")
+    install.set_defaults(handler=cmd_install_profile)
 
     build = commands.add_parser("build-image", help="build the training image (containers/) and write its digest")
     build.add_argument("--engine", required=True, choices=["podman", "docker", "apptainer"])

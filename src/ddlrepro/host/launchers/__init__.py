@@ -7,8 +7,12 @@ once from the config's `launcher` and `images` sections, its defaults filled in 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
+import io
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from ddlrepro.host.config import ConfigError, config_schema, validate_config
@@ -17,6 +21,7 @@ from ddlrepro.host.launchers.hosting import elastic_runtime
 from ddlrepro.points import Point
 
 SECTIONS = ("launcher", "images")
+AUTO = "auto"  # launcher.name: the launcher where the run executes (resolved_launcher_name)
 
 
 def launcher_classes() -> dict[str, str]:
@@ -33,12 +38,36 @@ def launcher_class(name: str) -> type[Launcher]:
     return getattr(importlib.import_module(module), attribute)
 
 
+def resolved_launcher_name(name: str, executor: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The launcher `launcher.name` names; `auto`: slurm where the run executes inside a Slurm allocation
+    (SLURM_JOB_ID in `environ`, this process's unless given) or Snakemake's `executor` submits to Slurm
+    (slurm, or slurm-jobstep inside its job), else local."""
+    if name != AUTO:
+        return name
+    environ = os.environ if environ is None else environ
+    return "slurm" if environ.get("SLURM_JOB_ID") or (executor or "").startswith("slurm") else "local"
+
+
+def snakemake_executor(argv: list[str]) -> str | None:
+    """The executor Snakemake runs with, as its own parser reads the command line `argv` (profiles included: the
+    Snakefile is read before Snakemake sets its executor on the workflow); None when `argv` is not Snakemake's."""
+    from snakemake.cli import parse_args
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # the parser announces the profiles again
+            _, args = parse_args(argv)
+    except SystemExit:
+        return None
+    return args.executor
+
+
 def configured_launcher(config: dict[str, Any] | None = None, image: dict[str, Any] | None = None) -> Launcher:
-    """The launcher the config's `launcher.name` picks, built from its `launcher` and `images` sections (what is
-    left out takes the schema's default: `configured_launcher()` is the local launcher as shipped). `image`: the
-    record of the image the workflow built, if any."""
+    """The launcher the config's `launcher.name` picks (`auto` resolved where this process runs), built from its
+    `launcher` and `images` sections (what is left out takes the schema's default). `image`: the record of the
+    image the workflow built, if any."""
     given = {key: copy.deepcopy(value) for key, value in (config or {}).items() if key in SECTIONS}
     sections = validate_config(given, partial=True)
+    sections["launcher"]["name"] = resolved_launcher_name(sections["launcher"]["name"])
     launcher = launcher_class(sections["launcher"]["name"])
     return launcher(launcher.options_type.from_config(sections, image))
 

@@ -55,12 +55,13 @@ class Options(Protocol):
 class Launcher(Protocol):
     """What the workflow and `run_point` need of a launcher. `elastic_runtimes`: the elastic runtimes (a point's
     `elastic` parameter: inplace, torchrun) it can host, a point needing another is refused at validation;
-    `resource_names`: the names `resources()` gives (the run rule's resources)."""
+    `resource_names`: the names `resources()` gives (the run rule's resources; a launcher's options may decide
+    them)."""
 
     name: ClassVar[str]
     elastic_runtimes: ClassVar[frozenset[str]]
     options_type: ClassVar[type[Options]]
-    resource_names: ClassVar[tuple[str, ...]]
+    resource_names: tuple[str, ...]
 
     def __init__(self, options: Any) -> None: ...
 

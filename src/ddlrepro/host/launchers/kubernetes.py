@@ -96,7 +96,7 @@ class KubernetesLauncher:
     name: ClassVar[str] = "kubernetes"
     elastic_runtimes: ClassVar[frozenset[str]] = frozenset()
     options_type: ClassVar[type[KubernetesOptions]] = KubernetesOptions
-    resource_names: ClassVar[tuple[str, ...]] = ()
+    resource_names: tuple[str, ...] = ()
 
     def __init__(self, options: KubernetesOptions, apis: Apis | None = None) -> None:
         """`apis`: the cluster's client APIs (connected on first use unless given)."""

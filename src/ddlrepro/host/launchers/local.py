@@ -128,7 +128,7 @@ class LocalLauncher:
     name: ClassVar[str] = "local"
     elastic_runtimes: ClassVar[frozenset[str]] = frozenset(hosting.RUNTIMES)
     options_type: ClassVar[type[LocalOptions]] = LocalOptions
-    resource_names: ClassVar[tuple[str, ...]] = ()
+    resource_names: tuple[str, ...] = ()
 
     def __init__(self, options: LocalOptions) -> None:
         self.options = options

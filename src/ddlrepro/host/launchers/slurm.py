@@ -56,6 +56,7 @@ RESOURCES = (
     "gres",
     "slurm_extra",
 )
+PLACEMENT = ("slurm_partition", "slurm_account")  # asked for only when the config names them (placement())
 
 
 def job_cgroup_cpu(proc_cgroup: Path, cgroup_root: Path) -> Callable[[], float] | None:
@@ -135,12 +136,13 @@ class SlurmLauncher:
     name: ClassVar[str] = "slurm"
     elastic_runtimes: ClassVar[frozenset[str]] = frozenset(hosting.RUNTIMES)
     options_type: ClassVar[type[SlurmOptions]] = SlurmOptions
-    resource_names: ClassVar[tuple[str, ...]] = RESOURCES
 
     def __init__(self, options: SlurmOptions, environ: Mapping[str, str] | None = None) -> None:
         """`environ`: where the job id is read (this job's environment unless given)."""
         self.options = options
         self.environ = os.environ if environ is None else environ
+        named = placement(options)
+        self.resource_names = tuple(name for name in RESOURCES if name not in PLACEMENT or name in named)
 
     def render(self, point: Point, run_dir: Path) -> JobSpec[Any]:
         """The srun step this job will run, or an elastic point's job on the allocation's node (nothing starts)."""
@@ -219,6 +221,13 @@ def own_cpu_counter(
     return "the Slurm job's cgroup on this node", counter
 
 
+def placement(options: SlurmOptions) -> dict[str, str]:
+    """The partition and account the config names. Left unset, the job asks for none, so that a Slurm profile's
+    default-resources (a site's or user's account and partition) give them."""
+    named = {"slurm_partition": options.partition, "slurm_account": options.account}
+    return {name: value for name, value in named.items() if value is not None}
+
+
 def allocation(point: Point, options: SlurmOptions) -> dict[str, Any]:
     """The sbatch settings of a point (RESOURCES, and `tasks_per_node`): one task per worker, packed
     `tasks_per_node` to a node, for the launcher's timeout (whole minutes, rounded up). Elastic points (their
@@ -231,8 +240,7 @@ def allocation(point: Point, options: SlurmOptions) -> dict[str, Any]:
         "cpus_per_task": point.threads_per_worker,
         "mem_mb": options.mem_mb_per_worker * per_node,
         "runtime": max(1, math.ceil(options.timeout_s / 60)),
-        "slurm_partition": options.partition or "",
-        "slurm_account": options.account or "",
+        **placement(options),
         # The plugin leaves srun to a multi-task job's command (ours); it wraps a single-task one in srun itself.
         "mpi": "srun" if point.workers > 1 else "",
         "gres": f"gpu:{min(options.gpus_per_node, per_node)}" if options.gpus_per_node else "",
