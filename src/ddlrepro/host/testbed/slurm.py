@@ -158,7 +158,7 @@ def start_testbed(nodes: int) -> Testbed:
 
 
 def write_configs(state: Path, testbed: Testbed) -> None:
-    for folder in ("ctld", "log", *(f"d/{host.name}" for host in testbed.hosts)):
+    for folder in ("ctld", "log", *(f"{kind}/{host.name}" for kind in ("d", "pmix") for host in testbed.hosts)):
         (state / folder).mkdir(parents=True, exist_ok=True)
     (state / "nodes.conf").write_text(cluster_config(state, testbed, testbed.hosts[0].address))
     (state / "slurm.conf").write_text(cluster_config(state, testbed, "127.0.0.1"))
@@ -166,6 +166,8 @@ def write_configs(state: Path, testbed: Testbed) -> None:
         folder = NETNS_ETC / host.namespace / "slurm"
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copy(state / "nodes.conf", folder / "slurm.conf")
+        # The hosts share one /tmp, where Slurm's PMIx plugin makes each step's folder under the same name.
+        (folder / "mpi.conf").write_text(f"PMIxCliTmpDirBase={state}/pmix/{host.name}\n")
     ROOT_CONF.parent.mkdir(parents=True, exist_ok=True)
     ROOT_CONF.unlink(missing_ok=True)
     ROOT_CONF.symlink_to(state / "slurm.conf")
