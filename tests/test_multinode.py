@@ -128,8 +128,11 @@ def test_profile_runs_every_framework_across_two_nodes(cluster: dict[str, str], 
         hostnames = {worker["rank"]: worker["hostname"] for worker in provenance["workers"]}
         if "runtime" in spec:  # the elastic run: one node, as its allocation
             assert len(set(hostnames.values())) == 1, provenance_path
-        else:
-            assert hostnames == {rank: node_of(rank) for rank in range(WORKERS)}, provenance_path
+        else:  # ranks in block order, two to a node, each on a node of its own allocation
+            blocks = [hostnames[rank] for rank in range(0, len(hostnames), TASKS_PER_NODE)]
+            assert len(set(blocks)) == len(blocks) and set(blocks) <= set(map(node_of, range(WORKERS)))
+            assert hostnames == {rank: blocks[rank // TASKS_PER_NODE] for rank in hostnames}, provenance_path
+            assert len(hostnames) < WORKERS or blocks == [node_of(0), node_of(TASKS_PER_NODE)]
 
     table = pd.read_csv(workdir / "results" / "tables" / "kungfu-fig9.csv")
     sums = table[table["metric"] == "parameter_sum"]
