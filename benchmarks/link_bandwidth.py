@@ -41,7 +41,8 @@ MIB = 2**20
 SWEEP = {"min_bytes": 16 * MIB, "max_bytes": 64 * MIB, "warmup": 1, "repetitions": 2, "target_bytes": 1, "max_ops": 1}
 JOB_TIMEOUT_S = 600
 # Open MPI 4.1's fixed rules pick, for 4 ranks at 16-64 MiB, an all-reduce that moves about twice the ring's bytes
-# over the links (measured: 0.48 of the rate); the ring (algorithm 4) moves what gloo's does (the segmented ring, 5, measured no better).
+# over the links (measured: 0.48 of the rate); the ring (algorithm 4) moves what gloo's does (the segmented ring,
+# 5, measured no better).
 OPEN_MPI_RING = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}
 
 

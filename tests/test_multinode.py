@@ -70,7 +70,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     assert stopped.returncode == 0, stopped.stderr
 
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+@pytest.mark.slurm
+@pytest.mark.parametrize(
+    ("nodes", "message"), [("0", "whole number ≥ 1"), ("100000", "more than this machine can hold")]
+)
+def test_bad_node_counts_are_refused_before_anything_exists(tmp_path: Path, nodes: str, message: str) -> None:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    refused = cluster_command("start", "--nodes", nodes, str(tmp_path / "state"))
+    assert refused.returncode != 0 and message in refused.stderr
+    assert not (tmp_path / "state").exists()
+    assert not any(Path("/run/netns").glob("ddl-slurm-*"))
 
 
 def two_per_node(workdir: Path) -> str:
@@ -108,6 +119,8 @@ def ring_allreduce_bytes_per_node(settings: dict) -> int:
     return round(2 * (n - 1) / n * total)
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_profile_runs_every_framework_across_two_nodes(cluster: dict[str, str], tmp_path: Path) -> None:
     workdir = copy_workflow(tmp_path)
     sections = {
@@ -159,6 +172,8 @@ def test_profile_runs_every_framework_across_two_nodes(cluster: dict[str, str], 
             assert abs(value / expected - 1) <= 0.10, f"{node} {field}: {value} B, the ring must move {expected} B"
 
 
+@pytest.mark.slurm
+@pytest.mark.slow
 def test_killed_task_on_the_second_node_fails_naming_it_and_a_retry_recovers(
     cluster: dict[str, str], tmp_path: Path
 ) -> None:
