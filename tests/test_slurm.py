@@ -271,9 +271,12 @@ def test_a_users_own_slurm_profile_with_this_workflows_settings(cluster: dict[st
     assert json.loads(spec.read_text())["launcher"] == "slurm"
 
 
-def kill_one_worker_during(workdir: Path, cluster: dict[str, str], *configs: str) -> tuple[Path, int, str]:
-    """Run the repository's Slurm profile by its path (`--profile profiles/slurm`), kill rank 1 of the (only) run's
-    first attempt in this invocation once it trains; return the run folder, Snakemake's exit code and its stderr."""
+def kill_one_worker_during(
+    workdir: Path, cluster: dict[str, str], *configs: str, workers: int = 2, rank: int = 1
+) -> tuple[Path, int, str]:
+    """Run the repository's Slurm profile by its path (`--profile profiles/slurm`), kill `rank` of the (only) run's
+    first attempt in this invocation once its `workers` train; return the run folder, Snakemake's exit code and its
+    stderr."""
     command = ["timeout", "-s", "KILL", "600", SNAKEMAKE, "--profile", "profiles/slurm", "--configfile", *configs]
     workflow = subprocess.Popen(
         command,
@@ -290,11 +293,11 @@ def kill_one_worker_during(workdir: Path, cluster: dict[str, str], *configs: str
 
     def fresh_workers() -> dict[int, int] | None:
         pids = worker_pids(run_dir)
-        return pids if len(pids) == 2 and not set(pids.values()) & earlier else None
+        return pids if len(pids) == workers and not set(pids.values()) & earlier else None
 
     pids = wait_for(fresh_workers, 120, "both workers of a new attempt")
     wait_for(lambda: "img_per_sec" in (run_dir / "metrics.jsonl").read_text(), 120, "a timed iteration")
-    os.kill(pids[1], 9)
+    os.kill(pids[rank], 9)
     _, stderr = workflow.communicate(timeout=600)
     return run_dir, workflow.returncode, stderr
 

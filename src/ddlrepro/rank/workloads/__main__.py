@@ -8,6 +8,7 @@ import sys
 import torch.distributed as dist
 
 from ddlrepro.points import Point
+from ddlrepro.rank.interfaces import NodeInterfaceCounter
 from ddlrepro.rank.runtime import RankContext, ResourceSampler, init_distributed
 from ddlrepro.rank.workloads import WORKLOADS
 
@@ -22,7 +23,10 @@ def main(argv: list[str]) -> None:
     )
     init_distributed(ctx)
     try:
-        with ResourceSampler(ctx, point.params.get("sample_interval_s", 1.0)):
+        with (
+            NodeInterfaceCounter(ctx.rank, ctx.local_rank),
+            ResourceSampler(ctx, point.params.get("sample_interval_s", 1.0)),
+        ):
             workload.run(point.params, ctx)
     finally:
         dist.destroy_process_group()

@@ -1,0 +1,147 @@
+"""The all-reduce microbenchmark across testbed hosts with rate-limited links: bus bandwidth ÷ the configured link
+rate at 16–64 MiB, for gloo and MPI, 2 and 4 hosts, links at 200 Mbit/s and 1 Gbit/s (target ≥ 0.85), and the
+time until a 2-node Slurm cluster is ready (target ≤ 30 s). As root; otherwise it says why and records nothing.
+
+Through the multi-node Slurm cluster (scripts/slurm-cluster start --nodes N): each measurement is the workflow's
+own kungfu-allreduce point run by the Slurm launcher inside an `sbatch` allocation of one task per host (srun
+starts the ranks, MPI through Slurm's PMIx plugin), so it measures the path the figures take. Not through
+Snakemake: its job polling adds seconds per point and nothing to what the links carry.
+
+busbw = size ÷ time × 2(n−1)/n (nccl-tests), the time per operation taken as the median over ranks and timed
+repetitions. With one rank per host each host's link carries 2(n−1)/n × size per operation in each direction, so
+busbw can reach the link rate; the rate counts Ethernet frames, of which TCP's payload is at most 0.956. MPI runs
+Open MPI's ring all-reduce (OPEN_MPI_RING below).
+
+    python benchmarks/link_bandwidth.py [--hosts 2 4] [--rates 200mbit 1gbit] [--backends gloo mpi]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import REPO, BenchmarkRecord
+
+from ddlrepro.host.config import validate_config
+from ddlrepro.host.figures import kungfu_allreduce
+from ddlrepro.host.hostload import ForeignLoadMeter
+from ddlrepro.host.testbed import Testbed, limits
+from ddlrepro.host.testbed.slurm import OWNER
+from ddlrepro.points import Point
+
+SCRIPT = REPO / "scripts" / "slurm-cluster"
+MIB = 2**20
+SWEEP = {"min_bytes": 16 * MIB, "max_bytes": 64 * MIB, "warmup": 1, "repetitions": 2, "target_bytes": 1, "max_ops": 1}
+JOB_TIMEOUT_S = 600
+# Open MPI 4.1's fixed rules pick, for 4 ranks at 16-64 MiB, an all-reduce that moves about twice the ring's bytes
+# over the links (measured: 0.48 of the rate); the ring (algorithm 4) moves what gloo's does (the segmented ring,
+# 5, measured no better).
+OPEN_MPI_RING = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}
+
+
+def cluster(action: str, state: Path, *extra: str) -> None:
+    done = subprocess.run([str(SCRIPT), action, *extra, str(state)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"scripts/slurm-cluster {action} failed: {done.stderr.strip()}")
+
+
+def start_cluster(hosts: int, state: Path) -> float:
+    """Start an N-node cluster; seconds until every node is idle."""
+    started = time.perf_counter()
+    cluster("start", state, "--nodes", str(hosts))
+    return time.perf_counter() - started
+
+
+def allreduce_points(hosts: int, backends: list[str], launcher: dict) -> list[Point]:
+    section = {"workers": hosts, "backends": backends, "strategies": ["RING"], **SWEEP}
+    return kungfu_allreduce.points(section, launcher)
+
+
+def run_point(point: Point, config: dict, run_dir: Path) -> None:
+    """One point as the workflow's run rule runs it, in an allocation of one task per host."""
+    command = [
+        sys.executable,
+        "-m",
+        "ddlrepro",
+        "run-point",
+        "--point",
+        point.to_json(),
+        "--run-dir",
+        str(run_dir),
+        "--config-json",
+        json.dumps(config),
+    ]
+    wrapped = " ".join(f"'{part}'" for part in command)
+    sbatch = ["sbatch", "--wait", f"--nodes={point.workers}", "--ntasks-per-node=1", f"--output={run_dir}.out"]
+    env = {**os.environ, "SLURM_CONF": "/etc/slurm/slurm.conf", **OPEN_MPI_RING}
+    done = subprocess.run([*sbatch, "--wrap", wrapped], capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT_S)
+    if done.returncode != 0 or not (run_dir / "result.json").exists():
+        tail = Path(f"{run_dir}.out").read_text()[-3000:] if Path(f"{run_dir}.out").exists() else done.stderr
+        sys.exit(f"{point.params['backend']} all-reduce on {point.workers} hosts failed:\n{tail}")
+
+
+def busbw_ratios(run_dir: Path, hosts: int, rate_bps: int) -> dict[int, float]:
+    """{size in bytes: busbw ÷ link rate}, from the median time per operation over ranks and repetitions."""
+    times: dict[int, list[float]] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["metric"] == "allreduce_time_s":
+            times.setdefault(record["size_bytes"], []).append(record["value"])
+    factor = 2 * (hosts - 1) / hosts
+    return {size: size * 8 / statistics.median(values) * factor / rate_bps for size, values in sorted(times.items())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--rates", nargs="+", default=["200mbit", "1gbit"])
+    parser.add_argument("--backends", nargs="+", default=["gloo", "mpi"], choices=["gloo", "mpi"])
+    args = parser.parse_args()
+    reason = limits.unavailable_reason()
+    if reason:
+        print(f"link_bandwidth: skipped: {reason}")
+        return
+    rates = {rate: limits.parse_rate(rate) for rate in args.rates}
+    config = validate_config({"launcher": {"name": "slurm", "slurm": {"tasks_per_node": 1}}}, partial=True)
+    with tempfile.TemporaryDirectory() as scratch, BenchmarkRecord(__file__, args) as record:
+        worst: tuple[float, str] | None = None
+        for hosts in args.hosts:
+            state = Path(scratch) / f"cluster-{hosts}"
+            with ForeignLoadMeter() as meter:
+                ready = start_cluster(hosts, state)
+            if hosts == 2:
+                record.add(
+                    "ready-2-nodes", "2-node Slurm cluster: start until every node is idle", ready, "s", meter.load
+                )
+            try:
+                testbed = Testbed.attach(OWNER)
+                for rate, bits in rates.items():
+                    testbed.set_rate(None, rate)
+                    for point in allreduce_points(hosts, args.backends, config["launcher"]):
+                        backend = point.params["backend"]
+                        run_dir = Path(scratch) / f"{backend}-{hosts}-{rate}"
+                        with ForeignLoadMeter() as meter:
+                            run_point(point, config, run_dir)
+                        ratios = busbw_ratios(run_dir, hosts, bits)
+                        sizes = ", ".join(f"{size // MIB} MiB {ratio:.3f}" for size, ratio in ratios.items())
+                        mean = statistics.fmean(ratios.values())
+                        what = f"{backend}, {hosts} hosts, links at {rate} ({bits / 1e6:g} Mbit/s): busbw ÷ rate"
+                        record.add(f"{backend}-{hosts}hosts-{rate}", what, mean, "", meter.load, by_size=sizes)
+                        print(f"    per size: {sizes}")
+                        if worst is None or mean < worst[0]:
+                            worst = (mean, f"{backend}, {hosts} hosts, {rate}")
+            finally:
+                cluster("stop", state)
+        if worst is not None:
+            record.add("worst-busbw-ratio", f"lowest busbw ÷ rate ({worst[1]})", worst[0], "", meter.load)
+
+
+if __name__ == "__main__":
+    main()
