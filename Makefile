@@ -63,6 +63,7 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/framework_fidelity.py $(if $(HOROVOD_SCRIPT),--horovod-script $(HOROVOD_SCRIPT))
 	$(BIN)/python benchmarks/elastic_resize.py
 	$(BIN)/python benchmarks/testbed_setup.py
+	$(BIN)/python benchmarks/link_bandwidth.py
 	$(BIN)/python benchmarks/report.py
 	$(BIN)/python benchmarks/readme_table.py
 

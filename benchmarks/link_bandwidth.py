@@ -8,8 +8,9 @@ starts the ranks, MPI through Slurm's PMIx plugin), so it measures the path the 
 Snakemake: its job polling adds seconds per point and nothing to what the links carry.
 
 busbw = size ÷ time × 2(n−1)/n (nccl-tests), the time per operation taken as the median over ranks and timed
-repetitions. With one rank per host each host's link carries 2(n−1)/n × size per operation in each direction, so
-busbw can reach the link rate; the rate counts Ethernet frames, of which TCP's payload is at most 0.956. MPI runs
+repetitions; a measurement's figure is its lowest ratio over the sizes (the target holds at every size). With one
+rank per host each host's link carries 2(n−1)/n × size per operation in each direction, so busbw can reach the
+link rate; the rate counts Ethernet frames, of which TCP's payload is at most 0.956. MPI runs
 Open MPI's ring all-reduce (OPEN_MPI_RING below).
 
     python benchmarks/link_bandwidth.py [--hosts 2 4] [--rates 200mbit 1gbit] [--backends gloo mpi]
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -78,7 +80,7 @@ def run_point(point: Point, config: dict, run_dir: Path) -> None:
         "--config-json",
         json.dumps(config),
     ]
-    wrapped = " ".join(f"'{part}'" for part in command)
+    wrapped = shlex.join(command)
     sbatch = ["sbatch", "--wait", f"--nodes={point.workers}", "--ntasks-per-node=1", f"--output={run_dir}.out"]
     env = {**os.environ, "SLURM_CONF": "/etc/slurm/slurm.conf", **OPEN_MPI_RING}
     done = subprocess.run([*sbatch, "--wrap", wrapped], capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT_S)
@@ -111,7 +113,7 @@ def main() -> None:
     rates = {rate: limits.parse_rate(rate) for rate in args.rates}
     config = validate_config({"launcher": {"name": "slurm", "slurm": {"tasks_per_node": 1}}}, partial=True)
     with tempfile.TemporaryDirectory() as scratch, BenchmarkRecord(__file__, args) as record:
-        worst: tuple[float, str] | None = None
+        worst: tuple[float, str, object] | None = None
         for hosts in args.hosts:
             state = Path(scratch) / f"cluster-{hosts}"
             with ForeignLoadMeter() as meter:
@@ -131,16 +133,19 @@ def main() -> None:
                             run_point(point, config, run_dir)
                         ratios = busbw_ratios(run_dir, hosts, bits)
                         sizes = ", ".join(f"{size // MIB} MiB {ratio:.3f}" for size, ratio in ratios.items())
-                        mean = statistics.fmean(ratios.values())
-                        what = f"{backend}, {hosts} hosts, links at {rate} ({bits / 1e6:g} Mbit/s): busbw ÷ rate"
-                        record.add(f"{backend}-{hosts}hosts-{rate}", what, mean, "", meter.load, by_size=sizes)
+                        lowest = min(ratios.values())  # the target holds at every size from 16 to 64 MiB
+                        what = (
+                            f"{backend}, {hosts} hosts, links at {rate} ({bits / 1e6:g} Mbit/s): "
+                            "lowest busbw ÷ rate over the sizes"
+                        )
+                        record.add(f"{backend}-{hosts}hosts-{rate}", what, lowest, "", meter.load, by_size=sizes)
                         print(f"    per size: {sizes}")
-                        if worst is None or mean < worst[0]:
-                            worst = (mean, f"{backend}, {hosts} hosts, {rate}")
+                        if worst is None or lowest < worst[0]:
+                            worst = (lowest, f"{backend}, {hosts} hosts, {rate}", meter.load)
             finally:
                 cluster("stop", state)
         if worst is not None:
-            record.add("worst-busbw-ratio", f"lowest busbw ÷ rate ({worst[1]})", worst[0], "", meter.load)
+            record.add("worst-busbw-ratio", f"lowest busbw ÷ rate ({worst[1]})", worst[0], "", worst[2])
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ BIN = Path(sys.executable).parent
 SNAKEMAKE = str(BIN / "snakemake")
 PARTS = ["Snakefile", "workflow", "src", "config", "profiles", "envs", "scripts", "containers", "pyproject.toml"]
 SLURM_CLUSTER = str(REPO / "scripts" / "slurm-cluster")
+DEFAULT_CONF = Path("/etc/slurm/slurm.conf")
 # paper.yaml is sized for a cluster: under the Slurm profile the launcher follows its executor (Slurm).
 PAPER_PLAN = ("-n", "--profile", "profiles/slurm", "--configfile", "config/paper.yaml")
 
@@ -71,6 +72,12 @@ def slurm_cluster(state: Path) -> Iterator[bool]:
         subprocess.run([SLURM_CLUSTER, "stop", str(state)], capture_output=True, timeout=60)
 
 
+def forget_default_link(state: Path) -> None:
+    """As root the cluster linked /etc/slurm/slurm.conf to its config in `state`: remove the link with the folder."""
+    if DEFAULT_CONF.is_symlink() and DEFAULT_CONF.resolve().is_relative_to(state.resolve()):
+        DEFAULT_CONF.unlink()
+
+
 def time_paper_plan(workdir: Path, record: BenchmarkRecord, figure_id: str, state: str, conf: Path | None) -> None:
     with ForeignLoadMeter() as meter:
         plan_s, plan = timed(workdir, *PAPER_PLAN, slurm_conf=conf)
@@ -97,6 +104,7 @@ def main() -> None:
         else:
             time_paper_plan(workdir, record, "dry-run", "no Slurm cluster", None)
 
+        forget_default_link(state)
         print("building the smoke-scale results once (not timed) ...", flush=True)
         timed(workdir, *smoke)
         with ForeignLoadMeter() as meter:

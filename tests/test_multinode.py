@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ONE_WORKER_COUNT_DLAAS, REPO, checks_excluding, copy_workflow
+from conftest import ONE_WORKER_COUNT_DLAAS, REPO, SNAKEMAKE, checks_excluding, copy_workflow, workflow_environment
+from test_local_launcher import wait_for
 from test_slurm import empty_config_homes, kill_one_worker_during, only, setup_profile, slurm_snakemake
 
 from ddlrepro.host.testbed.limits import unavailable_reason
@@ -49,10 +51,12 @@ def test_interface_bytes_leaves_out_loopback_and_reads_both_directions(tmp_path:
     }
 
 
+def hard_timeout(seconds: int) -> list[str]:
+    return ["timeout", "-s", "KILL", str(seconds)]
+
+
 def cluster_command(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["timeout", "-s", "KILL", str(timeout), SCRIPT, *args], capture_output=True, text=True, check=False
-    )
+    return subprocess.run([*hard_timeout(timeout), SCRIPT, *args], capture_output=True, text=True, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +66,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     if reason:
         pytest.skip(reason)
     state = tmp_path_factory.mktemp("multinode")
-    started = cluster_command("start", "--nodes", str(NODES), str(state))
-    assert started.returncode == 0, started.stderr
-    assert "export SLURM_CONF=/etc/slurm/slurm.conf" in started.stdout
-    yield {**os.environ, "SLURM_CONF": "/etc/slurm/slurm.conf", "DDLREPRO_TEST_SLURM_STATE": str(state)}
-    stopped = cluster_command("stop", str(state))
-    assert stopped.returncode == 0, stopped.stderr
+    try:
+        started = cluster_command("start", "--nodes", str(NODES), str(state))
+        assert started.returncode == 0, started.stderr
+        assert "export SLURM_CONF=/etc/slurm/slurm.conf" in started.stdout
+        yield {**os.environ, "SLURM_CONF": "/etc/slurm/slurm.conf", "DDLREPRO_TEST_SLURM_STATE": str(state)}
+    finally:  # also after a start that failed or was killed half-way
+        stopped = cluster_command("stop", str(state))
+        assert stopped.returncode == 0, stopped.stderr
+    assert not any(Path("/run/netns").glob("ddl-slurm-*"))
 
 
 @pytest.mark.slurm
@@ -190,6 +197,7 @@ def test_killed_task_on_the_second_node_fails_naming_it_and_a_retry_recovers(
     assert code != 0
     log = (workdir / "results" / "logs" / "run_point" / "dlaas-scaling" / f"{run_dir.name}.log").read_text()
     assert f"srun: error: {node_of(second)}: task {second}" in log
+    assert "failed in Slurm job" in log and f"on node {node_of(second)}" in log
 
     (workdir / "retry.yaml").write_text("launcher:\n  retries: 1\n")
     run_dir, code, stderr = kill_one_worker_during(
@@ -198,3 +206,38 @@ def test_killed_task_on_the_second_node_fails_naming_it_and_a_retry_recovers(
     assert code == 0, stderr[-4000:]
     assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
     assert len(list((run_dir / "attempts").iterdir())) == 2
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_slurmd_dying_mid_job_fails_it_naming_the_node_and_status_shows_it(
+    cluster: dict[str, str], tmp_path: Path
+) -> None:
+    """Last in this module: it leaves the second node down."""
+    workdir = copy_workflow(tmp_path)
+    sections = {"dlaas-scaling": f"{{workers: [{WORKERS}], iterations: 3000, batch_size: 4}}"}
+    slow = only(workdir, "slow.yaml", sections, checks_excluding(*ONE_WORKER_COUNT_DLAAS))
+    command = [*hard_timeout(300), SNAKEMAKE, "--profile", "profiles/slurm", "--configfile", "tests/configs/tiny.yaml"]
+    workflow = subprocess.Popen(
+        [*command, slow, two_per_node(workdir)],
+        cwd=workdir,
+        env=workflow_environment(workdir, cluster),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    runs = workdir / "results" / "runs" / "dlaas-scaling"
+    run_dir = wait_for(lambda: runs.exists() and next(runs.iterdir(), None), 120, "the run folder")
+    metrics = run_dir / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and "img_per_sec" in metrics.read_text(), 120, "a timed iteration")
+    second = node_of(TASKS_PER_NODE)
+    state = Path(cluster["DDLREPRO_TEST_SLURM_STATE"])
+    os.kill(int((state / f"slurmd-{second}.pid").read_text()), signal.SIGKILL)
+    _, stderr = workflow.communicate(timeout=300)
+    assert workflow.returncode != 0, stderr[-3000:]
+    log = (workdir / "results" / "logs" / "run_point" / "dlaas-scaling" / f"{run_dir.name}.log").read_text()
+    assert f"on node {second}" in log, log[-3000:]
+    assert not (run_dir / "result.json").exists()
+    shown = cluster_command("status", str(state))
+    (line,) = [line for line in shown.stdout.splitlines() if line.startswith(second)]
+    assert "*" in line or "down" in line, shown.stdout

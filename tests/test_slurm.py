@@ -3,6 +3,7 @@ with the generic profile the setup installs, and with a user's own."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,8 +18,9 @@ from test_local_launcher import wait_for, worker_pids
 
 from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.launchers import configured_launcher
-from ddlrepro.host.launchers.base import WorkerSpec
-from ddlrepro.host.launchers.slurm import SlurmLauncher
+from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
+from ddlrepro.host.launchers.slurm import SlurmLauncher, execute_step
+from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.rank.slurm_task import layout, task_environment
 
 GPU_CLUSTER = {
@@ -119,6 +121,24 @@ def test_step_layout_from_slurms_notation() -> None:
         layout("n[1-2]", "4")
     with pytest.raises(ValueError, match="cannot read Slurm's node list"):
         layout("n[1-", "2")
+
+
+@pytest.mark.parametrize(
+    ("srun_says", "message"),
+    [
+        ("srun: error: node2: task 3: Killed", "failed in Slurm job 77 on node node2 (srun exit code 9)"),
+        ("srun: error: Node failure on node2", "failed in Slurm job 77 on node node2 (srun exit code 9)"),
+        ("srun: error: task 3 launch failed: Unspecified error", "failed in Slurm job 77 (srun exit code 9)"),
+    ],
+)
+def test_a_failed_step_names_its_node_as_srun_reports_it(tmp_path: Path, srun_says: str, message: str) -> None:
+    """srun's own error lines (as Slurm 22.05 prints them) name the node; the step here is a shell saying them."""
+    spec = slurm("77").render(tiny_point(workers=4), tmp_path)
+    speaking = WorkerSpec(None, ["sh", "-c", f"echo '{srun_says}' >&2; exit 9"], {})
+    spec = dataclasses.replace(spec, request=dataclasses.replace(spec.request, step=speaking))
+    with OutputCollector(tmp_path) as output, pytest.raises(RunFailed) as failed:
+        execute_step(spec, output)
+    assert f"{message};" in str(failed.value)
 
 
 NODES = [("n1", 2), ("n2", 2), ("n3", 1)]

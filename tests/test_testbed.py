@@ -163,6 +163,22 @@ def test_a_signal_tears_everything_down(owner: str, number: int, status: int) ->
 
 
 @needs_testbed
+def test_each_host_can_have_its_own_link_rate(owner: str) -> None:
+    with Testbed.create(owner, 2, {f"{owner}-h1": "100mbit"}) as testbed:
+        assert testbed.rates == {f"{owner}-h1": 100_000_000, f"{owner}-h2": None}
+        shown = subprocess.run(
+            ["tc", "-n", testbed.hosts[0].namespace, "qdisc", "show", "dev", "eth0"], capture_output=True, text=True
+        )
+        assert "tbf" in shown.stdout and "100Mbit" in shown.stdout
+        assert (
+            "tbf"
+            not in subprocess.run(
+                ["tc", "-n", testbed.hosts[1].namespace, "qdisc", "show", "dev", "eth0"], capture_output=True, text=True
+            ).stdout
+        )
+
+
+@needs_testbed
 def test_what_a_killed_run_left_is_removed_by_the_next_create(owner: str) -> None:
     script = f"from ddlrepro.host.testbed import Testbed\nTestbed.create({owner!r}, 3)\nprint('up', flush=True)\n"
     script += "import time; time.sleep(60)\n"
@@ -189,6 +205,10 @@ def test_what_a_killed_run_left_is_removed_by_the_next_create(owner: str) -> Non
         ({"link_rate": "0mbit"}, "link rate '0mbit' must be above 0"),
         ({"link_rate": "-5mbit"}, "link rate '-5mbit' is not a rate"),
         ({"link_rate": "fast"}, "link rate 'fast' is not a rate"),
+        (
+            {"link_rate": {"elsewhere-h1": "1gbit"}},
+            "link_rate names hosts the testbed will not have: \\['elsewhere-h1'\\]",
+        ),
         ({"subnet": "10.0.0.0/24"}, "subnet 10.0.0.0/24 is outside 198.18.0.0/15"),
         ({"subnet": "198.17.255.0/24"}, "outside 198.18.0.0/15"),
         ({"subnet": "198.18.0.300/24"}, "subnet '198.18.0.300/24' is not a network"),
@@ -235,8 +255,9 @@ def test_the_command_line_testbed_outlives_its_command_until_stop(owner: str) ->
     subprocess.run([*script, "rate", "--owner", owner, "--host", f"{owner}-h1", "300mbit"], check=True, timeout=10)
     status = subprocess.run([*script, "status", "--owner", owner], capture_output=True, text=True, check=True)
     assert "300mbit" in status.stdout and "rx" in status.stdout
-    refused = subprocess.run([*script, "start", "--owner", owner, "--hosts", "0"], capture_output=True, text=True)
-    assert "already running" in refused.stdout
+    clash = subprocess.run([*script, "start", "--owner", owner, "--hosts", "3"], capture_output=True, text=True)
+    assert clash.returncode != 0 and f"testbed {owner!r} is already running (pid" in clash.stderr
+    assert len(Testbed.attach(owner).hosts) == 2  # the running one untouched
     subprocess.run([*script, "stop", "--owner", owner], check=True, timeout=KILL_AFTER)
     assert left_behind(owner) == []
 

@@ -12,7 +12,8 @@ from ddlrepro.host.config import schema_default
 from ddlrepro.host.rundir import RESULT
 
 POINT_COLUMNS = ["figure", "point_id", "workload", "workers", "threads_per_worker"]
-RECORD_COLUMNS = ["rank", "iteration", "step", "size_bytes", "time", "metric", "value"]
+# `phase` and `interface`: a node's interface bytes (node_rx_bytes, node_tx_bytes) at the run's start and end.
+RECORD_COLUMNS = ["rank", "iteration", "step", "size_bytes", "phase", "interface", "time", "metric", "value"]
 INTEGER_COLUMNS = ["iteration", "step", "size_bytes"]
 SKIPPED_METRIC = "skipped"
 DEFAULT_MAX_FOREIGN_SHARE = schema_default("checks", "max_foreign_share")

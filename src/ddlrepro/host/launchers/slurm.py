@@ -36,7 +36,9 @@ from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
 
 LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
-FAILED_TASK = re.compile(r"task (\d+)")
+# srun's own lines naming where a step failed: "srun: error: node2: task 3: Killed", "... Node failure on node2".
+FAILED_TASK = re.compile(r"(?:(?P<node>[^\s:]+): )?tasks? (?P<task>\d+)")
+NODE_FAILURE = re.compile(r"Node failure on (?P<node>[^\s:,]+)")
 # Each job takes a block of ports chosen by its id: torch's rendezvous, Horovod's, then one per TensorFlow task on
 # its node. Blocks repeat every PORT_BLOCKS job ids (jobs that far apart rarely share a node at the same time), and
 # stay below Linux's ephemeral ports (32768 on).
@@ -302,23 +304,39 @@ def srun_command(
 def execute_step(spec: JobSpec[SlurmRequest], output: OutputCollector) -> None:
     """Run the srun step to completion; raise RunFailed naming the Slurm job and the failed task."""
     failed_tasks: list[int] = []
-    code = run_to_completion(spec.request.step, partial(_file_line, output, failed_tasks), spec.timeout_s)
+    failed_nodes: list[str] = []
+    on_line = partial(_file_line, output, failed_tasks, failed_nodes)
     job = f"in Slurm job {spec.request.job_id}"
+    try:
+        code = run_to_completion(spec.request.step, on_line, spec.timeout_s)
+    except SystemExit:  # SIGTERM: Slurm ends the job (a node failed, it was cancelled); srun has said why by now
+        raise RunFailed(None, f"was terminated {job}{_on_node(failed_nodes)}", output.stderr_tail(-1)) from None
     if code is None:
         raise RunFailed(None, f"timed out after {spec.timeout_s:g} s {job}", output.stderr_tail(-1))
     if code != 0:
         rank = failed_tasks[0] if failed_tasks else None
         tail = output.stderr_tail(rank if rank is not None else -1) + output.stderr_tail(-1)
-        raise RunFailed(rank, f"failed {job} (srun exit code {code})", tail)
+        raise RunFailed(rank, f"failed {job}{_on_node(failed_nodes)} (srun exit code {code})", tail)
 
 
-def _file_line(output: OutputCollector, failed_tasks: list[int], stream: str, line: str) -> None:
-    """File srun's labelled lines under their rank; srun's own messages (unlabelled) under rank -1."""
+def _on_node(nodes: list[str]) -> str:
+    return f" on node {nodes[0]}" if nodes else ""
+
+
+def _file_line(output: OutputCollector, tasks: list[int], nodes: list[str], stream: str, line: str) -> None:
+    """File srun's labelled lines under their rank; srun's own messages (unlabelled) under rank -1, noting the
+    first failed task and node they name."""
     labelled = LABEL.match(line)
     if labelled:
         output.add_line(int(labelled.group(1)), stream, labelled.group(2))
         return
-    found = FAILED_TASK.search(line) if line.startswith("srun: error") else None
-    if found:
-        failed_tasks.append(int(found.group(1)))
+    if line.startswith("srun: error"):
+        node_failure = NODE_FAILURE.search(line)
+        failed = FAILED_TASK.match(line.removeprefix("srun: error: "))
+        if node_failure:
+            nodes.append(node_failure.group("node"))
+        elif failed:
+            tasks.append(int(failed.group("task")))
+            if failed.group("node"):
+                nodes.append(failed.group("node"))
     output.add_line(-1, stream, line)

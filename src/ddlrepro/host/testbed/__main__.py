@@ -18,11 +18,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from ddlrepro.host.testbed import limits
 from ddlrepro.host.testbed.limits import TestbedError
-from ddlrepro.host.testbed.network import STATE_DIR, Testbed, owner_alive, read_state, remove_leftovers
+from ddlrepro.host.testbed.network import (
+    STATE_DIR,
+    Testbed,
+    owner_alive,
+    read_state,
+    remove_leftovers,
+    stop_owner,
+)
 
 READY = "testbed ready"
 STOP_SECONDS = 10.0
@@ -43,9 +49,10 @@ def hold(args: argparse.Namespace) -> None:
 def start(args: argparse.Namespace) -> None:
     state = read_state(args.owner)
     if state and owner_alive(state):
-        print(f"testbed {args.owner!r} already running (pid {state['pid']})")
-        status(args)
-        return
+        raise TestbedError(
+            f"testbed {args.owner!r} is already running (pid {state['pid']}): stop it first "
+            f"(scripts/testbed stop --owner {args.owner}) or choose another owner name"
+        )
     keeper = subprocess.Popen(
         [
             sys.executable,
@@ -75,14 +82,7 @@ def start(args: argparse.Namespace) -> None:
 
 def stop(args: argparse.Namespace) -> None:
     state = read_state(args.owner)
-    if state and owner_alive(state):
-        os.kill(state["pid"], signal.SIGTERM)
-        deadline = time.monotonic() + STOP_SECONDS
-        while read_state(args.owner) is not None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if read_state(args.owner) is not None:
-            os.kill(state["pid"], signal.SIGKILL)
-            time.sleep(0.1)
+    stop_owner(args.owner, STOP_SECONDS)
     removed = remove_leftovers(args.owner)
     print(f"testbed {args.owner!r} stopped" if state or removed else f"no testbed {args.owner!r}")
 
@@ -147,12 +147,7 @@ ACTIONS = {"start": start, "hold": hold, "stop": stop, "status": status, "rate":
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    try:
-        ACTIONS[args.action](args)
-    except TestbedError as error:
-        print(f"testbed: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return limits.exit_code("testbed", lambda: ACTIONS[args.action](args))
 
 
 if __name__ == "__main__":

@@ -89,6 +89,7 @@ def send(
         if remaining(stop) <= 0:
             return
         with socket.create_connection((address, port), timeout=POLL_SECONDS * 5) as connection:
+            connection.settimeout(max(POLL_SECONDS, remaining(stop)))  # a slow link's send may take long
             opened = time.time()
             while remaining(stop) > 0 and (share is None or sent[index] < share):
                 ahead = 0.0 if per_connection is None else sent[index] / per_connection - (time.time() - opened)

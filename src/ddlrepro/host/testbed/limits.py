@@ -6,6 +6,8 @@ import ipaddress
 import os
 import re
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ddlrepro.host.errors import UserError
@@ -82,11 +84,25 @@ def check_subnet(subnet: str) -> ipaddress.IPv4Network:
     return network
 
 
-def available_memory() -> int:
+def meminfo_bytes(key: str) -> int:
+    """One /proc/meminfo entry (MemTotal, MemAvailable...) in bytes."""
     for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
+        if line.startswith(f"{key}:"):
             return int(line.split()[1]) * 1024
-    raise TestbedError("cannot read MemAvailable from /proc/meminfo")
+    raise TestbedError(f"cannot read {key} from /proc/meminfo")
+
+
+def available_memory() -> int:
+    return meminfo_bytes("MemAvailable")
+
+
+def exit_code(program: str, action: Callable[[], int | None]) -> int:
+    """Run a command-line action: its exit code, or 1 with the TestbedError's message after `program: `."""
+    try:
+        return action() or 0
+    except TestbedError as error:
+        print(f"{program}: {error}", file=sys.stderr)
+        return 1
 
 
 def max_hosts(network: ipaddress.IPv4Network) -> tuple[int, str]:

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -72,13 +72,18 @@ def run(argv: list[str], batch: list[str] | None = None) -> str:
     return done.stdout
 
 
-def process_start(pid: int) -> int | None:
-    """A process's start time in clock ticks since boot (tells a live owner from a reused pid), None if gone."""
+def process_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), None if the process is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def process_start(pid: int) -> int | None:
+    """A process's start time in clock ticks since boot (tells a live owner from a reused pid), None if gone."""
+    fields = process_stat(pid)
+    return int(fields[19]) if fields else None
 
 
 def state_path(owner: str) -> Path:
@@ -154,10 +159,28 @@ def stop_processes(pids: list[int]) -> None:
 
 
 def zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    """Gone, or exited and not yet reaped."""
+    fields = process_stat(pid)
+    return fields is None or fields[0] == "Z"
+
+
+def stop_owner(owner: str, grace_s: float) -> None:
+    """Ask a testbed's live owner (a keeper) to tear it down (SIGTERM), SIGKILL it after `grace_s`, and wait
+    until it is gone; the caller then removes whatever it left (remove_leftovers)."""
+    state = read_state(owner)
+    if not (state and owner_alive(state)):
+        return
+    pid = state["pid"]
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while read_state(owner) is not None and not zombie(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not zombie(pid):
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        while not zombie(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
 
 def remove_namespaces(owner: str) -> None:
@@ -194,6 +217,21 @@ def hosts_file(hosts: list[Host]) -> str:
     return "127.0.0.1\tlocalhost\n" + "".join(f"{host.address}\t{host.name}\n" for host in hosts)
 
 
+def host_rates(
+    hosts: list[Host], link_rate: str | int | Mapping[str, str | int | None] | None
+) -> dict[str, int | None]:
+    """Each host's rate in bit/s (None: no limit), from one rate for all or a mapping by host name."""
+    if not isinstance(link_rate, Mapping):
+        rate = limits.parse_rate(link_rate)
+        return {host.name: rate for host in hosts}
+    unknown = sorted(set(link_rate) - {host.name for host in hosts})
+    if unknown:
+        raise TestbedError(
+            f"link_rate names hosts the testbed will not have: {unknown} (it has {[h.name for h in hosts]})"
+        )
+    return {host.name: limits.parse_rate(link_rate.get(host.name)) for host in hosts}
+
+
 class Testbed:
     """N hosts on one bridge. `create` builds it (a context manager: destroyed on exit, SIGTERM included),
     `attach` finds one built by another process from its state file."""
@@ -210,14 +248,20 @@ class Testbed:
         self._previous_handler: Any = None
 
     @classmethod
-    def create(cls, owner: str, hosts: int, link_rate: str | None = None, subnet: str = "198.18.0.0/24") -> Testbed:
+    def create(
+        cls,
+        owner: str,
+        hosts: int,
+        link_rate: str | int | Mapping[str, str | int | None] | None = None,
+        subnet: str = "198.18.0.0/24",
+    ) -> Testbed:
+        """`link_rate`: every host's, or {host name: rate} (hosts left out: no limit)."""
         limits.require_available()
         limits.check_owner(owner)
         network = limits.check_subnet(subnet)
         limits.check_hosts(hosts, network)
-        rate = limits.parse_rate(link_rate)
         planned = plan_hosts(owner, hosts, network)
-        testbed = cls(owner, planned, str(network), {host.name: rate for host in planned}, os.getpid())
+        testbed = cls(owner, planned, str(network), host_rates(planned, link_rate), os.getpid())
         with state_lock():
             remove_leftovers(owner)
             testbed.save()
@@ -337,8 +381,9 @@ class Testbed:
         return counts
 
     def destroy(self) -> None:
-        """Stop every process on the hosts, remove every namespace, /etc/netns entry and the state file."""
-        with state_lock():
+        """Stop every process on the hosts, remove every namespace, /etc/netns entry and the state file; a second
+        SIGTERM or SIGINT meanwhile waits until it is done (in the main thread) instead of cutting it short."""
+        with state_lock(), signals_held():
             remove_namespaces(self.owner)
 
     def __enter__(self) -> Testbed:
@@ -352,6 +397,20 @@ class Testbed:
         finally:
             if self._previous_handler is not None:
                 signal.signal(signal.SIGTERM, self._previous_handler)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT delivered only after the block (the main thread's handlers run then)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGTERM, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _exit_on_signal(number: int, frame: FrameType | None) -> None:

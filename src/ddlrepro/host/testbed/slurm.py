@@ -2,6 +2,7 @@
 
     python -m ddlrepro.host.testbed.slurm start --nodes N STATE_DIR   (scripts/slurm-cluster start --nodes N)
     python -m ddlrepro.host.testbed.slurm stop|status STATE_DIR
+    python -m ddlrepro.host.testbed.slurm check --nodes N STATE_DIR   (refuses bad input; creates nothing)
 
 Each slurmd runs on its testbed host (`Testbed.exec_prefix`: its network namespace, its hostname `slurm-h<i>` as
 its node name, its address as NodeAddr) with its own spool folder, pid and log file. munge's socket is a path, so
@@ -24,24 +25,35 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
-from contextlib import suppress
 from pathlib import Path
 
 from ddlrepro.host.testbed import limits
 from ddlrepro.host.testbed.limits import TestbedError
-from ddlrepro.host.testbed.network import NETNS_ETC, Testbed, owner_alive, read_state, remove_leftovers
+from ddlrepro.host.testbed.network import (
+    NETNS_ETC,
+    Host,
+    Testbed,
+    owner_alive,
+    read_state,
+    remove_leftovers,
+    stop_owner,
+)
 
 OWNER = "slurm"
 SUBNET = "198.18.0.0/24"
 CONTROLLER_PORT = 6817
 ROOT_CONF = Path("/etc/slurm/slurm.conf")
+MARKER = "multinode"  # in the state folder from the first step of `start --nodes` to the end of `stop`
+STOP_GRACE_S = 10.0
+STOPPED = "# stopped (scripts/slurm-cluster stop): Slurm commands fail at once\nMessageTimeout=1\n"
 READY_TIMEOUT_S = 60.0
-# A dead slurmd is marked down (and its job failed, naming the node) after this long without an answer.
+# A dead slurmd is marked down (and its job failed, naming the node) after this long without an answer; the
+# failed job is not requeued (JobRequeue=0): it could never start again on the nodes left, and Snakemake
+# retries runs itself (launcher.retries).
 SLURMD_TIMEOUT_S = 20
 # Smoke points oversubscribe a small machine's cores as the local launcher does: each node declares 8 CPUs.
 NODE_CPUS = 8
@@ -50,10 +62,7 @@ MOUNTS = Path("/proc/self/mounts")
 
 def node_memory_mb(nodes: int) -> int:
     """Each node's share of the machine's memory (the nodes share it)."""
-    total_kib = next(
-        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line
-    )
-    return int(total_kib / 1024 * 0.95 / nodes)
+    return int(limits.meminfo_bytes("MemTotal") / 2**20 * 0.95 / nodes)
 
 
 def cluster_config(state: Path, testbed: Testbed, controller_address: str) -> str:
@@ -75,6 +84,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
+JobRequeue=0
 SlurmdParameters=config_overrides
 SlurmdTimeout={SLURMD_TIMEOUT_S}
 MinJobAge=300
@@ -137,6 +147,9 @@ def start(nodes: int, state: Path) -> None:
         return
     check_can_start(nodes, state)
     started = time.monotonic()
+    # Before anything exists: `stop` on this folder finds the multi-node cluster even if this start is killed.
+    state.mkdir(parents=True, exist_ok=True)
+    (state / MARKER).write_text(f"{nodes}\n")
     try:
         testbed = start_testbed(nodes)
         write_configs(state, testbed)
@@ -176,55 +189,72 @@ def write_configs(state: Path, testbed: Testbed) -> None:
 def start_daemons(state: Path, testbed: Testbed) -> None:
     """slurmctld on the first host, a slurmd on every host, the forwarder into the first host."""
     first = testbed.hosts[0]
-    subprocess.run([*testbed.exec_prefix(first), "slurmctld"], check=True)
+    on_host(testbed, first, "slurmctld", ["slurmctld"], state)
     mounts = cgroup_mounts()
     for host in testbed.hosts:
-        subprocess.run([*testbed.exec_prefix(host), "sh", "-c", f"{mounts} && exec slurmd -N {host.name}"], check=True)
+        on_host(testbed, host, "slurmd", ["sh", "-c", f"{mounts} && exec slurmd -N {host.name}"], state)
     forward = [sys.executable, "-m", "ddlrepro.host.testbed.forward", str(CONTROLLER_PORT)]
-    forwarder = subprocess.Popen(
-        [*forward, first.namespace, first.address, str(CONTROLLER_PORT)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
+    log = state / "log" / "forward.log"
+    with log.open("w") as errors:
+        forwarder = subprocess.Popen(
+            [*forward, first.namespace, first.address, str(CONTROLLER_PORT)],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            start_new_session=True,
+        )
+    # The forwarder moves itself into the first host: the testbed's teardown ends it with the daemons.
     if forwarder.stdout is None or forwarder.stdout.readline().strip() != "forwarding":
-        raise TestbedError(f"the forwarder to {first.name}:{CONTROLLER_PORT} did not start")
-    (state / "forward.pid").write_text(f"{forwarder.pid}\n")
+        raise TestbedError(f"the forwarder to {first.name}:{CONTROLLER_PORT} did not start; see {log}")
+
+
+def on_host(testbed: Testbed, host: Host, daemon: str, command: list[str], state: Path) -> None:
+    """Start a daemon on a host (it forks into the background); a failure names the host and the log."""
+    done = subprocess.run([*testbed.exec_prefix(host), *command], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise TestbedError(
+            f"{daemon} did not start on {host.name} ({done.stderr.strip() or f'exit {done.returncode}'}); "
+            f"see {state}/log/"
+        )
 
 
 def sinfo(*args: str) -> subprocess.CompletedProcess[str]:
+    """sinfo in the root namespace's view; a controller that does not answer in time is a failed call."""
     env = {**os.environ, "SLURM_CONF": str(ROOT_CONF)}
-    return subprocess.run(["sinfo", *args], capture_output=True, text=True, env=env, check=False, timeout=30)
+    try:
+        return subprocess.run(["sinfo", *args], capture_output=True, text=True, env=env, check=False, timeout=30)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(["sinfo", *args], 1, "", "sinfo: no answer from the controller in 30 s")
 
 
 def wait_idle(nodes: int, state: Path) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
+    seen = ""
     while time.monotonic() < deadline:
-        states = sinfo("-h", "-N", "-o", "%t").stdout.split()
+        answer = sinfo("-h", "-N", "-o", "%N %t")
+        seen = answer.stdout.strip() or answer.stderr.strip()
+        states = answer.stdout.split()[1::2]
         if len(states) == nodes and all(each in ("idle", "mix", "alloc") for each in states):
             return
         time.sleep(0.2)
-    raise TestbedError(f"the {nodes} nodes did not become idle in {READY_TIMEOUT_S:g} s; see {state}/log/")
+    raise TestbedError(
+        f"the {nodes} nodes did not become idle in {READY_TIMEOUT_S:g} s (last seen: {seen!r}); see {state}/log/"
+    )
 
 
 def stop(state: Path) -> None:
     """Stop the daemons, the forwarder and the testbed (its teardown ends every process on the hosts), and the
     root namespace's link to this cluster's configuration; also after a crash, and when nothing runs."""
-    pidfile = state / "forward.pid"
-    with suppress(FileNotFoundError, ValueError, ProcessLookupError):
-        os.kill(int(pidfile.read_text()), signal.SIGTERM)
-    pidfile.unlink(missing_ok=True)
-    testbed_state = read_state(OWNER)
-    if testbed_state and owner_alive(testbed_state):
-        os.kill(testbed_state["pid"], signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while read_state(OWNER) is not None and time.monotonic() < deadline:
-            time.sleep(0.05)
+    stop_owner(OWNER, STOP_GRACE_S)
     remove_leftovers(OWNER)
     if ROOT_CONF.is_symlink() and ROOT_CONF.resolve() == (state / "slurm.conf").resolve():
         ROOT_CONF.unlink()
+    stopped = state / "slurm.conf"
+    if stopped.exists() and STOPPED not in stopped.read_text():
+        with stopped.open("a") as config:  # commands pointed at it fail at once instead of retrying for 9 s
+            config.write(STOPPED)
     (state / "nodes.conf").unlink(missing_ok=True)
+    (state / MARKER).unlink(missing_ok=True)
 
 
 def status(state: Path) -> int:
@@ -232,29 +262,35 @@ def status(state: Path) -> int:
         print("slurm-cluster: not running", file=sys.stderr)
         return 3
     # %t marks a node whose slurmd does not answer with `*` (idle*, down*); %E says why a node is down.
-    print(sinfo("-N", "-o", "%N %n %o %t %E").stdout, end="")
+    answer = sinfo("-N", "-o", "%N %n %o %t %E")
+    print(answer.stdout, end="")
+    if answer.returncode != 0:
+        print(f"slurm-cluster: the controller does not answer: {answer.stderr.strip()}", file=sys.stderr)
+        return 1
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/slurm-cluster", description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("start", "stop", "status"))
+    parser.add_argument("action", choices=("check", "start", "stop", "status"))
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("state", nargs="?", default=".slurm")
     args = parser.parse_intermixed_args(argv)
     state = Path(args.state).resolve()
-    try:
-        if args.action == "start":
-            start(args.nodes, state)
-            print(f"export SLURM_CONF={ROOT_CONF}")
-        elif args.action == "stop":
-            stop(state)
-        else:
-            return status(state)
-    except TestbedError as error:
-        print(f"slurm-cluster: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return limits.exit_code("slurm-cluster", lambda: ACTIONS[args.action](args.nodes, state))
+
+
+def start_and_say(nodes: int, state: Path) -> None:
+    start(nodes, state)
+    print(f"export SLURM_CONF={ROOT_CONF}")
+
+
+ACTIONS = {
+    "check": lambda nodes, state: check_can_start(nodes, state),
+    "start": start_and_say,
+    "stop": lambda nodes, state: stop(state),
+    "status": lambda nodes, state: status(state),
+}
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ The testbed's destroy stops any flow still running (it stops every process on it
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
 import threading
@@ -24,6 +25,14 @@ from ddlrepro.host.testbed.network import Testbed
 
 READY_SECONDS = 10.0
 LATE_SECONDS = 5.0  # how long past its stop a flow may take to report before it is killed
+
+
+def first_line(process: subprocess.Popen[str], timeout_s: float) -> str:
+    """The first line a process prints, or "" if it says nothing within `timeout_s` (then it is killed)."""
+    if process.stdout and select.select([process.stdout], [], [], timeout_s)[0]:
+        return process.stdout.readline()
+    process.kill()
+    return ""
 
 
 @dataclass(frozen=True)
@@ -70,7 +79,7 @@ class Traffic:
         rate = limits.parse_rate(flow.rate)
         receive = ["receive", "--connections", str(flow.connections), "--until", str(stop + LATE_SECONDS)]
         receiver = self._spawn(flow.destination, receive)
-        ready = receiver.stdout.readline().split() if receiver.stdout else []
+        ready = first_line(receiver, READY_SECONDS).split()
         outcome: dict[str, Any] = {}
         if ready[:1] == ["ready"]:
             sender = self._spawn(
@@ -96,7 +105,7 @@ class Traffic:
             outcome.update(self._report(sender, stop, "sender"))
         else:
             outcome["error"] = f"receiver did not start: {ready} {receiver.stderr.read() if receiver.stderr else ''}"
-        outcome.update(self._report(receiver, stop, "receiver"))
+        outcome.update(self._report(receiver, stop + LATE_SECONDS, "receiver"))  # it listens until then
         self._write(flow, outcome)
 
     def _report(self, process: subprocess.Popen[str], stop: float, side: str) -> dict[str, Any]:
