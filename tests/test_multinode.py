@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ONE_WORKER_COUNT_DLAAS, REPO, SNAKEMAKE, checks_excluding, copy_workflow, workflow_environment
-from test_local_launcher import wait_for
+from conftest import ONE_WORKER_COUNT_DLAAS, REPO, checks_excluding, copy_workflow
 from test_slurm import empty_config_homes, kill_one_worker_during, only, setup_profile, slurm_snakemake
 
 from ddlrepro.host.testbed.limits import unavailable_reason
@@ -51,12 +49,9 @@ def test_interface_bytes_leaves_out_loopback_and_reads_both_directions(tmp_path:
     }
 
 
-def hard_timeout(seconds: int) -> list[str]:
-    return ["timeout", "-s", "KILL", str(seconds)]
-
-
 def cluster_command(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*hard_timeout(timeout), SCRIPT, *args], capture_output=True, text=True, check=False)
+    command = ["timeout", "-s", "KILL", str(timeout), SCRIPT, *args]
+    return subprocess.run(command, capture_output=True, text=True, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -217,24 +212,19 @@ def test_a_slurmd_dying_mid_job_fails_it_naming_the_node_and_status_shows_it(
     workdir = copy_workflow(tmp_path)
     sections = {"dlaas-scaling": f"{{workers: [{WORKERS}], iterations: 3000, batch_size: 4}}"}
     slow = only(workdir, "slow.yaml", sections, checks_excluding(*ONE_WORKER_COUNT_DLAAS))
-    command = [*hard_timeout(300), SNAKEMAKE, "--profile", "profiles/slurm", "--configfile", "tests/configs/tiny.yaml"]
-    workflow = subprocess.Popen(
-        [*command, slow, two_per_node(workdir)],
-        cwd=workdir,
-        env=workflow_environment(workdir, cluster),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    runs = workdir / "results" / "runs" / "dlaas-scaling"
-    run_dir = wait_for(lambda: runs.exists() and next(runs.iterdir(), None), 120, "the run folder")
-    metrics = run_dir / "metrics.jsonl"
-    wait_for(lambda: metrics.exists() and "img_per_sec" in metrics.read_text(), 120, "a timed iteration")
     second = node_of(TASKS_PER_NODE)
     state = Path(cluster["DDLREPRO_TEST_SLURM_STATE"])
-    os.kill(int((state / f"slurmd-{second}.pid").read_text()), signal.SIGKILL)
-    _, stderr = workflow.communicate(timeout=300)
-    assert workflow.returncode != 0, stderr[-3000:]
+    slurmd = int((state / f"slurmd-{second}.pid").read_text())
+    run_dir, code, stderr = kill_one_worker_during(
+        workdir,
+        cluster,
+        "tests/configs/tiny.yaml",
+        slow,
+        two_per_node(workdir),
+        workers=WORKERS,
+        victim=lambda _: slurmd,
+    )
+    assert code != 0, stderr[-3000:]
     log = (workdir / "results" / "logs" / "run_point" / "dlaas-scaling" / f"{run_dir.name}.log").read_text()
     assert f"on node {second}" in log, log[-3000:]
     assert not (run_dir / "result.json").exists()

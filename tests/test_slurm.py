@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -292,11 +293,16 @@ def test_a_users_own_slurm_profile_with_this_workflows_settings(cluster: dict[st
 
 
 def kill_one_worker_during(
-    workdir: Path, cluster: dict[str, str], *configs: str, workers: int = 2, rank: int = 1
+    workdir: Path,
+    cluster: dict[str, str],
+    *configs: str,
+    workers: int = 2,
+    rank: int = 1,
+    victim: Callable[[dict[int, int]], int] | None = None,
 ) -> tuple[Path, int, str]:
     """Run the repository's Slurm profile by its path (`--profile profiles/slurm`), kill `rank` of the (only) run's
-    first attempt in this invocation once its `workers` train; return the run folder, Snakemake's exit code and its
-    stderr."""
+    first attempt in this invocation once its `workers` train (or the process `victim` picks given the workers'
+    pids by rank); return the run folder, Snakemake's exit code and its stderr."""
     command = ["timeout", "-s", "KILL", "600", SNAKEMAKE, "--profile", "profiles/slurm", "--configfile", *configs]
     workflow = subprocess.Popen(
         command,
@@ -317,7 +323,7 @@ def kill_one_worker_during(
 
     pids = wait_for(fresh_workers, 120, "both workers of a new attempt")
     wait_for(lambda: "img_per_sec" in (run_dir / "metrics.jsonl").read_text(), 120, "a timed iteration")
-    os.kill(pids[rank], 9)
+    os.kill(victim(pids) if victim else pids[rank], 9)
     _, stderr = workflow.communicate(timeout=600)
     return run_dir, workflow.returncode, stderr
 
