@@ -14,7 +14,6 @@ from ddlrepro.host.bundle import bundle_name, digest_file
 from ddlrepro.host.figures import FIGURES, enabled_figures, figure_points, figure_source
 from ddlrepro.host.provenance import git_state, profile_from_command, record_invocation
 from ddlrepro.host.launchers import (
-    AUTO,
     check_points,
     configured_launcher,
     launcher_classes,
@@ -26,10 +25,10 @@ from ddlrepro.host.redaction import declare_secret_variables
 try:
     validate_config(config)
     # `auto` follows where the runs execute: from here on the config (runs, provenance, report) names the result.
-    if config["launcher"]["name"] == AUTO:
-        config["launcher"]["name"] = resolved_launcher_name(
-            AUTO, snakemake_executor(sys.argv[1:])
-        )
+    # Snakemake's command line is parsed again only where the environment does not say (outside a Slurm job).
+    config["launcher"]["name"] = resolved_launcher_name(
+        config["launcher"]["name"], lambda: snakemake_executor(sys.argv[1:])
+    )
     check_exclude(
         config["checks"]["exclude"],
         load_references(Path(config["references"])),

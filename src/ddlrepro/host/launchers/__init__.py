@@ -12,7 +12,7 @@ import copy
 import importlib
 import io
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddlrepro.host.config import ConfigError, config_schema, validate_config
@@ -38,14 +38,21 @@ def launcher_class(name: str) -> type[Launcher]:
     return getattr(importlib.import_module(module), attribute)
 
 
-def resolved_launcher_name(name: str, executor: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+def resolved_launcher_name(
+    name: str,
+    executor: str | Callable[[], str | None] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> str:
     """The launcher `launcher.name` names; `auto`: slurm where the run executes inside a Slurm allocation
     (SLURM_JOB_ID in `environ`, this process's unless given) or Snakemake's `executor` submits to Slurm
-    (slurm, or slurm-jobstep inside its job), else local."""
+    (slurm, or slurm-jobstep inside its job), else local. `executor` may be a function, asked only when needed."""
     if name != AUTO:
         return name
     environ = os.environ if environ is None else environ
-    return "slurm" if environ.get("SLURM_JOB_ID") or (executor or "").startswith("slurm") else "local"
+    if environ.get("SLURM_JOB_ID"):
+        return "slurm"
+    executor = executor() if callable(executor) else executor
+    return "slurm" if (executor or "").startswith("slurm") else "local"
 
 
 def snakemake_executor(argv: list[str]) -> str | None:

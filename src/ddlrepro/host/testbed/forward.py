@@ -13,10 +13,10 @@ import asyncio
 import ctypes
 import os
 import sys
-from pathlib import Path
+
+from ddlrepro.host.testbed.network import NETNS_RUN
 
 CLONE_NEWNET = 0x40000000
-NETNS_RUN = Path("/run/netns")
 CHUNK = 65536
 
 

@@ -144,18 +144,18 @@ def processes_in(namespaces: list[str]) -> list[int]:
     return found
 
 
-def stop_processes(pids: list[int]) -> None:
-    """SIGTERM, then SIGKILL what is still there after the grace period."""
-    for pid in pids:
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_SECONDS
-    while pids and time.monotonic() < deadline:
-        pids = [pid for pid in pids if process_start(pid) is not None and not zombie(pid)]
-        time.sleep(0.02)
-    for pid in pids:
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+def stop_processes(pids: list[int], grace_s: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM, SIGKILL what is still there after `grace_s`, and wait until all are gone (zombies count as gone)."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, STOP_GRACE_SECONDS)):
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while pids and time.monotonic() < deadline:
+            pids = [pid for pid in pids if not zombie(pid)]
+            time.sleep(0.02)
+        if not pids:
+            return
 
 
 def zombie(pid: int) -> bool:
@@ -168,19 +168,8 @@ def stop_owner(owner: str, grace_s: float) -> None:
     """Ask a testbed's live owner (a keeper) to tear it down (SIGTERM), SIGKILL it after `grace_s`, and wait
     until it is gone; the caller then removes whatever it left (remove_leftovers)."""
     state = read_state(owner)
-    if not (state and owner_alive(state)):
-        return
-    pid = state["pid"]
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while read_state(owner) is not None and not zombie(pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    if not zombie(pid):
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + STOP_GRACE_SECONDS
-        while not zombie(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
+    if state and owner_alive(state):
+        stop_processes([state["pid"]], grace_s)
 
 
 def remove_namespaces(owner: str) -> None:

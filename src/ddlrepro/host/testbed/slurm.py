@@ -49,7 +49,6 @@ CONTROLLER_PORT = 6817
 ROOT_CONF = Path("/etc/slurm/slurm.conf")
 MARKER = "multinode"  # in the state folder from the first step of `start --nodes` to the end of `stop`
 STOP_GRACE_S = 10.0
-STOPPED = "# stopped (scripts/slurm-cluster stop): Slurm commands fail at once\nMessageTimeout=1\n"
 READY_TIMEOUT_S = 60.0
 # A dead slurmd is marked down (and its job failed, naming the node) after this long without an answer; the
 # failed job is not requeued (JobRequeue=0): it could never start again on the nodes left, and Snakemake
@@ -244,15 +243,12 @@ def wait_idle(nodes: int, state: Path) -> None:
 
 def stop(state: Path) -> None:
     """Stop the daemons, the forwarder and the testbed (its teardown ends every process on the hosts), and the
-    root namespace's link to this cluster's configuration; also after a crash, and when nothing runs."""
+    root namespace's link to this cluster's configuration; also after a crash, and when nothing runs.
+    (scripts/slurm-cluster then makes the stopped configuration fail at once, as for a single-node cluster.)"""
     stop_owner(OWNER, STOP_GRACE_S)
     remove_leftovers(OWNER)
     if ROOT_CONF.is_symlink() and ROOT_CONF.resolve() == (state / "slurm.conf").resolve():
         ROOT_CONF.unlink()
-    stopped = state / "slurm.conf"
-    if stopped.exists() and STOPPED not in stopped.read_text():
-        with stopped.open("a") as config:  # commands pointed at it fail at once instead of retrying for 9 s
-            config.write(STOPPED)
     (state / "nodes.conf").unlink(missing_ok=True)
     (state / MARKER).unlink(missing_ok=True)
 
