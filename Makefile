@@ -31,7 +31,8 @@ horovod: env
 # The workflow's jobs run `python` from PATH: this environment's, put first here (the workflow never edits PATH).
 WITH_ENV := PATH="$(abspath $(BIN)):$$PATH"
 
-reproduce: env
+# Horovod's compile is installation, as pip's is: done before the workflow starts (its rule is then a no-op).
+reproduce: env horovod
 	$(WITH_ENV) $(BIN)/snakemake --profile profiles/local --cores $(CORES)
 
 test: env horovod
