@@ -158,7 +158,7 @@ def draw_batches(axis, table: pd.DataFrame, summary: pd.DataFrame) -> None:
         axis.step(rows["epoch"], rows["batch_size"], where="post", label=run)
     axis.axhline(summary["cap"].max(), color="black", linestyle=":", label="cap")
     axis.set_yscale("log", base=2)
-    axis.set_xlabel("epoch")
+    axis.set_xlabel("training time (epochs)")
     axis.set_ylabel("batch per worker (samples)")
     plotting.panel_title(axis, "batch size")
     plotting.legend(axis)
