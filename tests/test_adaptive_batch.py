@@ -94,8 +94,14 @@ def _train_across_a_change(rank: int) -> dict:
         if change is None:
             before = trainer.parameters_vector()
     rate = trainer.optimizer.param_groups[0]["lr"]
-    return {"before": before, "after": trainer.parameters_vector(), "noise": noise, "shapes": shapes, "lr": rate,
-            "same_process": process == os.getpid()}
+    return {
+        "before": before,
+        "after": trainer.parameters_vector(),
+        "noise": noise,
+        "shapes": shapes,
+        "lr": rate,
+        "same_process": process == os.getpid(),
+    }
 
 
 def test_batch_change_in_place_keeps_every_ranks_parameters_equal(tmp_path: Path) -> None:
@@ -128,8 +134,14 @@ def refused(config: dict) -> str:
         ({"ema_weight": 1.0}, "figures.kungfu-fig4.ema_weight: 1.0 is greater than or equal to the maximum of 1"),
         ({"noise_scale_alpha": 0}, "figures.kungfu-fig4.noise_scale_alpha: 0 is less than or equal to the minimum"),
         ({"cycle_epochs": 0}, "figures.kungfu-fig4.cycle_epochs: 0 is less than the minimum of 1"),
-        ({"dataset": "cifar10", "model": "resnet56"}, "figures.kungfu-fig4.data_dir: dataset cifar10 requires data_dir"),
-        ({"dataset": "cifar10"}, "figures.kungfu-fig4.model: 'digitsnet' is not valid; valid values: resnet20, resnet56"),
+        (
+            {"dataset": "cifar10", "model": "resnet56"},
+            "figures.kungfu-fig4.data_dir: dataset cifar10 requires data_dir",
+        ),
+        (
+            {"dataset": "cifar10"},
+            "figures.kungfu-fig4.model: 'digitsnet' is not valid; valid values: resnet20, resnet56",
+        ),
         ({"model": "resnet56"}, "figures.kungfu-fig4.model: 'digitsnet' was expected"),
     ],
 )

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 ID = "kungfu-fig4"
 TITLE = "KungFu Fig 4: adaptive batch size, accuracy against training time"
 RUNS = ["small", "large", "adaptive"]
-THRESHOLD_POINTS = 1.0
-ZOOM_POINTS = 15.0  # panel (a) shows accuracies from the threshold less this many points  # the threshold: best small-batch accuracy minus this many percentage points
+THRESHOLD_POINTS = 1.0  # the threshold: best small-batch accuracy minus this many percentage points
+ZOOM_POINTS = 15.0  # panel (a) shows accuracies from the threshold less this many points
 SECTION_KEYS = ["dataset", "model", "learning_rate", "lr_rule", "momentum", "cycle_epochs", "seed", "test_fraction"]
 ADAPTIVE_KEYS = ["ema_weight", "noise_scale_alpha"]
 

@@ -39,7 +39,10 @@ class AdaptiveBatchTrainer:
         self.params = params
         self.ctx = ctx
         split = datasets.load(params["dataset"], params.get("data_dir"), params["seed"], params["test_fraction"])
-        self.train_images, self.train_labels = torch.from_numpy(split.train_images), torch.from_numpy(split.train_labels)
+        self.train_images, self.train_labels = (
+            torch.from_numpy(split.train_images),
+            torch.from_numpy(split.train_labels),
+        )
         self.test_images, self.test_labels = torch.from_numpy(split.test_images), torch.from_numpy(split.test_labels)
         torch.manual_seed(params["seed"])
         self.module = build_model(params["model"]).to(ctx.device)
@@ -160,4 +163,10 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
             record_evaluation(trainer, epoch, train_time)
     if ctx.rank == 0:
         emit("result", rank=0, epochs=params["epochs"], final_batch_size=trainer.batch_size, steps=step)
-    emit("metric", rank=ctx.rank, iteration=None, metric="parameter_sum", value=float(trainer.parameters_vector().double().sum()))
+    emit(
+        "metric",
+        rank=ctx.rank,
+        iteration=None,
+        metric="parameter_sum",
+        value=float(trainer.parameters_vector().double().sum()),
+    )
