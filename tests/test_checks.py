@@ -193,6 +193,16 @@ def synthetic_records(point) -> list[dict]:
             for rank in ranks
             for iteration in range(3)
         ]
+    if point.workload == "adaptive_batch":
+        epochs, batch = range(1, params["epochs"] + 1), params["batch_size"]
+        per_epoch = [("batch_size", batch), ("epoch_time_s", 0.01 * (100 + 1347 / batch))]
+        records = [{"rank": 0, "iteration": e, "metric": m, "value": v} for e in epochs for m, v in per_epoch]
+        evaluated = [0, *range(params["cycle_epochs"], params["epochs"] + 1, params["cycle_epochs"])]
+        return records + [
+            {"rank": 0, "iteration": e, "metric": metric, "value": value}
+            for e in evaluated
+            for metric, value in (("accuracy", 90 + e / 2 - batch / 32), ("eval_train_time_s", e * 0.5))
+        ]
     if point.workload == "allreduce":
         sizes = [params["min_bytes"] * 2**k for k in range(64) if params["min_bytes"] * 2**k <= params["max_bytes"]]
         return [

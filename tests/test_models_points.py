@@ -11,23 +11,25 @@ from ddlrepro.host.figures import figure_points
 from ddlrepro.rank.models import MODELS, build_model
 
 # torchvision's resnet50 and mobilenet_v2, He et al.'s CIFAR ResNet-20 (0.27 M) and ResNet-56 (0.85 M); the test
-# model smallnet (3·8·9 + 2·8 + 8·16·9 + 2·16 + 16·10 + 10).
+# model smallnet (3·8·9 + 2·8 + 8·16·9 + 2·16 + 16·10 + 10); Fig 4's digitsnet (1·16·9 + 2·16 + 16·32·9 + 2·32
+# + 32·10 + 10).
 PARAMETERS = {"resnet50": 25_557_032, "mobilenet_v2": 3_504_872, "resnet20": 272_474, "resnet56": 855_770}
-PARAMETERS["smallnet"] = 1_586
+PARAMETERS |= {"smallnet": 1_586, "digitsnet": 5_178}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_model_size_and_output(name: str) -> None:
     model = build_model(name)
     assert sum(p.numel() for p in model.parameters()) == PARAMETERS[name]
-    side = 64 if MODELS[name].image_size == 224 else 32
+    info = MODELS[name]
+    side = 64 if info.image_size == 224 else 32 if info.channels == 3 else info.image_size
     with torch.no_grad():
-        logits = model.eval()(torch.randn(2, 3, side, side))
+        logits = model.eval()(torch.randn(2, info.channels, side, side))
     assert logits.shape == (2, MODELS[name].num_classes)
 
 
 def test_unknown_model_lists_valid_names() -> None:
-    with pytest.raises(KeyError, match="valid models: mobilenet_v2, resnet20, resnet50, resnet56"):
+    with pytest.raises(KeyError, match="valid models: digitsnet, mobilenet_v2, resnet20, resnet50, resnet56"):
         build_model("vgg19")
 
 

@@ -20,6 +20,7 @@ class ModelInfo:
     build: Callable[[int], nn.Module]
     image_size: int
     num_classes: int
+    channels: int = 3
 
 
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1) -> list[nn.Module]:
@@ -146,12 +147,28 @@ class SmallNet(nn.Module):
         return self.head(self.features(x))
 
 
+class DigitsNet(nn.Module):
+    """A small CNN for scikit-learn's 8×8 grey-scale digits (KungFu Fig 4 at smoke scale): two conv-BatchNorm
+    layers, global pooling and a linear classifier."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            *_conv_bn(1, 16, 3), nn.ReLU(inplace=True), *_conv_bn(16, 32, 3, 2), nn.ReLU(inplace=True)
+        )
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
 MODELS: dict[str, ModelInfo] = {
     "resnet50": ModelInfo(ResNet50, image_size=224, num_classes=1000),
     "mobilenet_v2": ModelInfo(MobileNetV2, image_size=224, num_classes=1000),
     "resnet20": ModelInfo(lambda classes: CifarResNet(20, classes), image_size=32, num_classes=10),
     "resnet56": ModelInfo(lambda classes: CifarResNet(56, classes), image_size=32, num_classes=10),
     "smallnet": ModelInfo(SmallNet, image_size=16, num_classes=10),
+    "digitsnet": ModelInfo(DigitsNet, image_size=8, num_classes=10, channels=1),
 }
 
 

@@ -85,6 +85,13 @@ class GradientMonitor:
         self._big_sq: dict[int, torch.Tensor] = {}
         self._variance_norms: dict[int, torch.Tensor] = {}
 
+    def set_batch_size(self, batch_size: int) -> None:
+        """The per-worker batch changed in place (adaptive batch size): the noise scale's batch sizes follow; its
+        EMAs of |G|² and S carry on (both estimate quantities that do not depend on the batch)."""
+        if self.noise_scale is not None:
+            self.noise_scale.batch_small = batch_size
+            self.noise_scale.batch_big = batch_size * self.world_size
+
     @property
     def active(self) -> bool:
         """Whether the current step is a monitored one."""

@@ -1,0 +1,111 @@
+"""Adaptive batch (KungFu Fig 4): what an in-place batch change costs, 2 gloo workers on the digits.
+
+Two processes train the Fig 4 workload's trainer (DDP, noise-scale monitor, the policy's in-place change) at a
+growing per-worker batch: `--warmup` steps at the first batch, then for each further batch of `--batches` the change
+and `--steady` steps. A change's cost is the first step at the new batch less the median of the steady steps after
+it, in steady steps (a new batch shape may cost the kernels a first-time set-up); the figure is the median over the
+changes (one step each: a single step is at the mercy of foreign load), the largest recorded beside it. The process
+ids before and after every change must be the same (no restart). Target (targets.yaml, `adaptive_policies`): a batch
+change costs ≤ 1 step and no restart.
+
+    python benchmarks/adaptive_batch.py [--batches 8 12 16 ... 64] [--steady 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.multiprocessing as mp
+from _common import BenchmarkRecord
+
+from ddlrepro.host.hostload import ForeignLoadMeter
+from ddlrepro.host.launchers.local import free_loopback_port
+
+WORLD = 2
+PARAMS = {"dataset": "digits", "model": "digitsnet", "adaptive": True, "seed": 0, "test_fraction": 0.25}
+PARAMS |= {"learning_rate": 0.05, "momentum": 0.9, "lr_rule": "fixed", "cycle_epochs": 1}
+PARAMS |= {"ema_weight": 0.9, "noise_scale_alpha": 0.6}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batches", type=int, nargs="+", default=list(range(8, 68, 4)), help="per worker")
+    parser.add_argument("--warmup", type=int, default=10, help="steps at the first batch before any change")
+    parser.add_argument("--steady", type=int, default=8, help="steps at each batch after its change")
+
+
+def timed_steps(trainer, epoch: int, count: int) -> list[float]:
+    """Seconds of each of `count` steps at the trainer's batch (epochs restart when one runs out)."""
+    times: list[float] = []
+    while len(times) < count:
+        for images, labels in trainer.epoch_batches(epoch):
+            started = time.perf_counter()
+            trainer.step(images, labels)
+            times.append(time.perf_counter() - started)
+            if len(times) == count:
+                break
+        epoch += 1
+    return times
+
+
+def worker(rank: int, port: int, args: argparse.Namespace, out: dict) -> None:
+    import torch.distributed as dist
+
+    from ddlrepro.rank.runtime import RankContext
+    from ddlrepro.rank.workloads.adaptive_batch import AdaptiveBatchTrainer
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    ctx = RankContext(rank, WORLD, rank, WORLD, 1, "gloo", torch.device("cpu"))
+    trainer = AdaptiveBatchTrainer({**PARAMS, "batch_size": args.batches[0], "cap": max(args.batches)}, ctx)
+    timed_steps(trainer, 0, args.warmup)
+    changes = []
+    for index, batch in enumerate(args.batches[1:], start=1):
+        before = os.getpid()
+        trainer.set_batch_size(batch)
+        first, *steady = timed_steps(trainer, index * 100, 1 + args.steady)
+        changes.append(
+            {"batch": batch, "first": first, "steady": statistics.median(steady), "same": before == os.getpid()}
+        )
+    gathered: list = [None] * WORLD
+    dist.all_gather_object(gathered, {"pid": os.getpid(), "changes": changes})
+    if rank == 0:
+        out["ranks"] = gathered
+    dist.destroy_process_group()
+
+
+def measure(record: BenchmarkRecord, args: argparse.Namespace) -> None:
+    with ForeignLoadMeter() as meter, mp.Manager() as manager:
+        out = manager.dict()
+        parent_children = mp.spawn(worker, args=(free_loopback_port(), args, out), nprocs=WORLD, join=False)
+        pids = sorted(process.pid for process in parent_children.processes)
+        parent_children.join()
+        ranks = out["ranks"]
+    costs = [(change["first"] - change["steady"]) / change["steady"] for change in ranks[0]["changes"]]
+    for change in ranks[0]["changes"]:
+        first, steady = change["first"] * 1e3, change["steady"] * 1e3
+        print(f"batch → {change['batch']}: first step {first:.1f} ms, steady {steady:.1f} ms")
+    restarts = sum(not change["same"] for rank in ranks for change in rank["changes"])
+    restarts += len({rank["pid"] for rank in ranks} - set(pids))  # a rank answering from a process not started here
+    load = meter.load
+    record.add(
+        "batch-change-cost-steps", "median extra time of a batch change", statistics.median(costs), "steps", load
+    )
+    record.add("batch-change-cost-steps-max", "largest extra time of a batch change", max(costs), "steps", load)
+    record.add("batch-change-restarts", "processes restarted by the batch changes", restarts, "", load)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args()
+    with BenchmarkRecord(__file__, args) as record:
+        measure(record, args)
+
+
+if __name__ == "__main__":
+    main()

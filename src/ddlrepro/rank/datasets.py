@@ -1,0 +1,102 @@
+"""The real data sets of the accuracy figures (KungFu Fig 4): scikit-learn's bundled digits at smoke scale,
+CIFAR-10 from a user's folder at paper scale (never downloaded). Torch-free: the host checks the files with
+`check_cifar10` before any job starts."""
+
+from __future__ import annotations
+
+import math
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+DATASETS = ("digits", "cifar10")
+DIGITS_SAMPLES = 1_797
+CIFAR10_TRAIN_SAMPLES = 50_000
+CIFAR10_FILES = [*(f"data_batch_{index}" for index in range(1, 6)), "test_batch"]
+# Each pickled batch holds 10,000 images of 3·32·32 bytes and their labels, and more (file names, a header).
+CIFAR10_MIN_BYTES = 10_000 * (3 * 32 * 32 + 1)
+
+
+@dataclass(frozen=True)
+class Split:
+    """Images (N, C, H, W) as float32, normalised per channel with the training split's statistics; int64 labels."""
+
+    train_images: np.ndarray
+    train_labels: np.ndarray
+    test_images: np.ndarray
+    test_labels: np.ndarray
+
+
+def check_cifar10(data_dir: str | Path) -> None:
+    """FileNotFoundError naming the first CIFAR-10 python batch that is missing or too small in `data_dir`."""
+    folder = Path(data_dir)
+    for name in CIFAR10_FILES:
+        path = folder / name
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path}: missing (CIFAR-10's python batches {', '.join(CIFAR10_FILES)} are expected in data_dir; "
+                "they are never downloaded)"
+            )
+        if path.stat().st_size < CIFAR10_MIN_BYTES:
+            raise FileNotFoundError(
+                f"{path}: {path.stat().st_size} bytes, too small for 10,000 CIFAR-10 images ({CIFAR10_MIN_BYTES})"
+            )
+
+
+def train_samples(dataset: str, test_fraction: float) -> int:
+    """Training samples of a data set (digits: what scikit-learn's split leaves for training)."""
+    if dataset == "cifar10":
+        return CIFAR10_TRAIN_SAMPLES
+    return DIGITS_SAMPLES - math.ceil(DIGITS_SAMPLES * test_fraction)
+
+
+def load(dataset: str, data_dir: str | None, seed: int, test_fraction: float) -> Split:
+    if dataset == "digits":
+        return digits(seed, test_fraction)
+    if dataset == "cifar10":
+        if data_dir is None:
+            raise ValueError("dataset cifar10 needs data_dir")
+        return cifar10(data_dir)
+    raise ValueError(f"unknown dataset {dataset!r}; valid data sets: {', '.join(DATASETS)}")
+
+
+def digits(seed: int, test_fraction: float) -> Split:
+    """scikit-learn's 1,797 8×8 digits (values 0–16), one grey channel; a seeded stratified split."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    images, labels = load_digits(return_X_y=True)
+    images = images.reshape(-1, 1, 8, 8).astype(np.float32) / 16.0
+    train, test, train_labels, test_labels = train_test_split(
+        images, labels, test_size=test_fraction, random_state=seed, stratify=labels
+    )
+    return normalised(train, train_labels, test, test_labels)
+
+
+def cifar10(data_dir: str | Path) -> Split:
+    """CIFAR-10's python batches: 50,000 training and 10,000 test images, 3×32×32."""
+    check_cifar10(data_dir)
+    batches = [_cifar_batch(Path(data_dir) / name) for name in CIFAR10_FILES]
+    train = np.concatenate([images for images, _ in batches[:-1]])
+    train_labels = np.concatenate([labels for _, labels in batches[:-1]])
+    return normalised(train, train_labels, *batches[-1])
+
+
+def _cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with path.open("rb") as file:
+        batch = pickle.load(file, encoding="bytes")  # the data set's own format (trusted, user-provided files)
+    images = np.asarray(batch[b"data"], dtype=np.float32).reshape(-1, 3, 32, 32) / 255.0
+    return images, np.asarray(batch[b"labels"], dtype=np.int64)
+
+
+def normalised(train: np.ndarray, train_labels: np.ndarray, test: np.ndarray, test_labels: np.ndarray) -> Split:
+    mean = train.mean(axis=(0, 2, 3), keepdims=True)
+    std = train.std(axis=(0, 2, 3), keepdims=True)
+    return Split(
+        ((train - mean) / std).astype(np.float32),
+        np.asarray(train_labels, dtype=np.int64),
+        ((test - mean) / std).astype(np.float32),
+        np.asarray(test_labels, dtype=np.int64),
+    )

@@ -1,0 +1,178 @@
+"""KungFu Fig 4: the adaptive batch policy's exact decisions (scripted noise scales), the in-place batch change on
+real gloo ranks, the bad input refused before any job, and `snakemake kungfu_fig4` end to end."""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from conftest import REPO, snakemake, spawn_gloo
+
+from ddlrepro.host.config import ConfigError, load_config, validate_config
+from ddlrepro.host.figures import figure_points
+from ddlrepro.rank.policies.batch import AdaptiveBatchPolicy, learning_rate
+
+TINY = ["--configfile", "tests/configs/tiny.yaml"]
+
+
+def schedule(policy: AdaptiveBatchPolicy, ratios_per_epoch: list[list[float]]) -> list[int]:
+    """The batch after each epoch, fed noise scales whose ratio to the current batch is as scripted."""
+    batches = []
+    for epoch, ratios in enumerate(ratios_per_epoch, start=1):
+        for ratio in ratios:
+            policy.observe(-ratio * policy.batch_size if epoch % 2 else ratio * policy.batch_size)
+        batches.append(policy.end_epoch(epoch))
+    return batches
+
+
+def test_policy_gives_the_exact_batch_schedule() -> None:
+    """Weight 0.5 so the schedule can be followed by hand: EMA 10 → 15 (20 clipped at 2·10), growth 1.5, B 4 → 6;
+    60 clipped at 30, EMA 22.5, B 9; 1 clipped at 11.25, EMA falls, B stays; then 1.5× per epoch up to the cap."""
+    policy = AdaptiveBatchPolicy(batch_size=4, cap=20, cycle_epochs=1, ema_weight=0.5)
+    huge = [1e6]
+    assert schedule(policy, [[10, 20], [60], [1], huge, huge, huge, huge]) == [6, 9, 9, 13, 19, 20, 20]
+
+
+def test_policy_grows_at_most_twofold_per_cycle_and_only_at_its_end() -> None:
+    policy = AdaptiveBatchPolicy(batch_size=32, cap=1024, cycle_epochs=3)  # the paper's EMA weight 0.9
+    rising = [[1.05 ** (20 * epoch + k) for k in range(20)] for epoch in range(3)]
+    assert schedule(policy, rising) == [32, 32, 64]  # the EMA rises ≈ ×10 over the cycle: clamped to 2
+
+
+def test_policy_never_shrinks_nor_exceeds_the_cap() -> None:
+    rng = random.Random(4)
+    for _ in range(50):
+        policy = AdaptiveBatchPolicy(batch_size=rng.randint(1, 8), cap=rng.randint(8, 100), cycle_epochs=2)
+        ratios = [[rng.lognormvariate(0, 2) * rng.choice([-1, 1]) for _ in range(5)] for _ in range(30)]
+        batches = [policy.batch_size, *schedule(policy, ratios)]
+        assert batches == sorted(batches) and max(batches) <= policy.cap
+
+
+@pytest.mark.parametrize(
+    ("arguments", "problem"),
+    [
+        ({"batch_size": 64, "cap": 32}, "cap 32"),
+        ({"batch_size": 8, "cap": 32, "cycle_epochs": 0}, "at least 1 epoch"),
+        ({"batch_size": 8, "cap": 32, "ema_weight": 1.0}, "strictly between 0 and 1"),
+    ],
+)
+def test_policy_refuses_bad_settings(arguments: dict, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        AdaptiveBatchPolicy(**arguments)
+
+
+def test_learning_rate_rules() -> None:
+    assert learning_rate("fixed", 0.1, 32, 1024) == 0.1
+    assert learning_rate("linear", 0.1, 32, 64) == pytest.approx(0.2)
+
+
+def _train_across_a_change(rank: int) -> dict:
+    """Two steps at batch 8, an in-place change to batch 24 (linear rule), two more steps."""
+    from ddlrepro.rank.runtime import RankContext
+    from ddlrepro.rank.workloads.adaptive_batch import AdaptiveBatchTrainer
+
+    ctx = RankContext(rank, 2, rank, 2, 1, "gloo", torch.device("cpu"))
+    params = {"dataset": "digits", "model": "digitsnet", "batch_size": 8, "cap": 32, "adaptive": True, "seed": 0}
+    params |= {"test_fraction": 0.25, "learning_rate": 0.05, "momentum": 0.9, "lr_rule": "linear"}
+    params |= {"cycle_epochs": 1, "ema_weight": 0.9, "noise_scale_alpha": 0.6}
+    trainer = AdaptiveBatchTrainer(params, ctx)
+    noise, shapes, process = [], [], os.getpid()
+    batches = trainer.epoch_batches(1)
+    for change in (None, 24):
+        if change:
+            trainer.set_batch_size(change)
+            batches = trainer.epoch_batches(2)
+        for _ in range(2):
+            images, labels = next(batches)
+            shapes.append(len(labels))
+            noise.append(trainer.step(images, labels)[1])
+        if change is None:
+            before = trainer.parameters_vector()
+    rate = trainer.optimizer.param_groups[0]["lr"]
+    return {
+        "before": before,
+        "after": trainer.parameters_vector(),
+        "noise": noise,
+        "shapes": shapes,
+        "lr": rate,
+        "same_process": process == os.getpid(),
+    }
+
+
+def test_batch_change_in_place_keeps_every_ranks_parameters_equal(tmp_path: Path) -> None:
+    first, second = spawn_gloo(_train_across_a_change, 2, tmp_path)
+    assert first["shapes"] == second["shapes"] == [8, 8, 24, 24]
+    assert torch.equal(first["before"], second["before"]) and torch.equal(first["after"], second["after"])
+    assert not torch.equal(first["before"], first["after"])  # it trained at the new batch
+    assert first["noise"] == second["noise"]  # the policy's input is bit-identical on every rank
+    assert first["lr"] == pytest.approx(0.05 * 24 / 8) and first["same_process"]
+
+
+@pytest.fixture
+def section() -> tuple[dict, dict]:
+    config = load_config(REPO / "config" / "config.yaml")
+    return config, config["figures"]["kungfu-fig4"]
+
+
+def refused(config: dict) -> str:
+    with pytest.raises(ConfigError) as caught:
+        validate_config(config)
+        figure_points(config)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"cap": 4}, "figures.kungfu-fig4.cap: 4 is below the starting batch_size 8"),
+        ({"cap": 1024}, "figures.kungfu-fig4.cap: 1024 × 2 workers exceeds the 1347 training samples"),
+        ({"ema_weight": 1.0}, "figures.kungfu-fig4.ema_weight: 1.0 is greater than or equal to the maximum of 1"),
+        ({"noise_scale_alpha": 0}, "figures.kungfu-fig4.noise_scale_alpha: 0 is less than or equal to the minimum"),
+        ({"cycle_epochs": 0}, "figures.kungfu-fig4.cycle_epochs: 0 is less than the minimum of 1"),
+        (
+            {"dataset": "cifar10", "model": "resnet56"},
+            "figures.kungfu-fig4.data_dir: dataset cifar10 requires data_dir",
+        ),
+        (
+            {"dataset": "cifar10"},
+            "figures.kungfu-fig4.model: 'digitsnet' is not valid; valid values: resnet20, resnet56",
+        ),
+        ({"model": "resnet56"}, "figures.kungfu-fig4.model: 'digitsnet' was expected"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_key(section: tuple[dict, dict], change: dict, message: str) -> None:
+    config, figure = section
+    figure.update(change)
+    assert message in refused(config)
+
+
+def test_cifar10_files_are_checked_never_downloaded(section: tuple[dict, dict], tmp_path: Path) -> None:
+    config, figure = section
+    figure.update(dataset="cifar10", model="resnet56", data_dir=str(tmp_path))
+    for name in ["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5"]:
+        (tmp_path / name).write_bytes(b"\0" * 30_730_000)
+    assert f"figures.kungfu-fig4.data_dir: {tmp_path / 'test_batch'}: missing" in refused(copy.deepcopy(config))
+    (tmp_path / "test_batch").write_bytes(b"\0" * 1000)
+    assert "1000 bytes, too small for 10,000 CIFAR-10 images" in refused(config)
+
+
+@pytest.mark.slow
+def test_snakemake_kungfu_fig4_end_to_end(workflow_copy: Path) -> None:
+    enabled = workflow_copy / "fig4.yaml"
+    enabled.write_text("figures:\n  kungfu-fig4: {enabled: true}\n")
+    built = snakemake(workflow_copy, "kungfu_fig4", *TINY, str(enabled))
+    assert built.returncode == 0, built.stderr[-3000:]
+    results = workflow_copy / "results"
+    assert (results / "figures" / "kungfu-fig4.png").stat().st_size > 0
+    summary = pd.read_csv(results / "tables" / "kungfu-fig4.summary.csv").set_index("run")
+    assert list(summary.index) == ["small", "large", "adaptive"]
+    assert list(summary["start_batch"]) == [8, 32, 8] and (summary["max_batch"] <= 32).all()
+    checks = pd.read_csv(results / "checks" / "kungfu-fig4.tsv", sep="\t").set_index("check")
+    assert checks.loc["batch-never-shrinks", "status"] == "pass"
+    assert checks.loc["batch-within-cap", "status"] == "pass"
+    assert len(checks) == 5
