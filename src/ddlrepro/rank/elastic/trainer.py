@@ -1,8 +1,9 @@
 """Elastic training state: model, optimizer and the global sample offset, shared by the in-place workers
 (`inplace_worker.py`) and the torchrun baseline (`torchrun_worker.py`).
 
-The data are `dataset_size` synthetic samples (images, or token ids with span labels for the encoders); global step k trains samples [offset, offset + size × batch), rank r
-the slice [offset + r·batch, offset + (r+1)·batch) (modulo the dataset). The offset continues across resizes, so
+The data are `dataset_size` synthetic samples (images, or token ids with span labels for the encoders); global
+step k trains samples [offset, offset + size × batch), rank r the slice [offset + r·batch, offset + (r+1)·batch)
+(modulo the dataset). The offset continues across resizes, so
 no sample is skipped or repeated; every rank prints a `ledger` record of the samples each of its steps trained.
 With `record_state`, every rank also prints a digest of its state after each resize and at the stop (checked to
 be equal across ranks), and rank 0 saves its final state to `final_state.pt`.
