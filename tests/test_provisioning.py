@@ -122,6 +122,7 @@ def test_policy_driven_run_grows_then_gives_back_a_worker(tmp_path: Path) -> Non
         ("window_steps", 3, "window_steps"),
         ("max_workers", 1, "max_workers"),
         ("steps", 8, "steps"),
+        ("standby", 3, "standby"),
     ],
 )
 def test_bad_input_names_the_key(tmp_path: Path, key: str, value: float, message: str) -> None:

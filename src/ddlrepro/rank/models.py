@@ -182,7 +182,7 @@ class SpanEncoder(nn.Module):
 
 
 BERT_BASE_TOKENS = TokenShape(vocab_size=30522, sequence_length=384)
-BERT_TINY_TOKENS = TokenShape(vocab_size=1024, sequence_length=64)
+BERT_TINY_TOKENS = TokenShape(vocab_size=2048, sequence_length=128)
 
 MODELS: dict[str, ModelInfo] = {
     "resnet50": ModelInfo(ResNet50, image_size=224, num_classes=1000),
@@ -197,7 +197,7 @@ MODELS: dict[str, ModelInfo] = {
         tokens=BERT_BASE_TOKENS,
     ),
     "bert_tiny": ModelInfo(
-        lambda _: SpanEncoder(BERT_TINY_TOKENS, layers=2, hidden=64, heads=2, ffn=256, positions=64),
+        lambda _: SpanEncoder(BERT_TINY_TOKENS, layers=2, hidden=128, heads=2, ffn=512, positions=128),
         image_size=0,
         num_classes=BERT_TINY_TOKENS.sequence_length,
         tokens=BERT_TINY_TOKENS,

@@ -4,11 +4,12 @@ Adaptive", OSDI 2020, Fig 6: BERT-base fine-tuning on SQuAD; here a BERT-base-sh
 span head, trained on synthetic tokens: no SQuAD, no pretrained weights).
 
 Points, all in-place elastic runs of `steps` steps: `adaptive` (1 worker at first, the provisioning policy resizing
-through the config server, joiners from a warm standby pool) and fixed-size runs of 1..max_workers workers, the
-largest being `all-at-once` (max_workers from step 0). Plot: cluster throughput and worker count over steps;
-throughput of each fixed size with the adaptive run's settled size marked; samples per worker-second. Summary, per
-run: its size (the settled one for `adaptive`), throughput over its last window, samples per worker-second; on the
-adaptive row the best fixed size, its throughput and the settled size's share of it (from the fixed runs).
+through the config server, joiners from a warm standby pool as far as it goes) and fixed-size runs of
+1..max_workers workers, the largest being `all-at-once` (max_workers from step 0). Plot: cluster throughput and
+worker count over steps; throughput of each fixed size with the adaptive run's settled size marked; samples per
+worker-second. Summary, per run: its size (the settled one for `adaptive`), throughput over its last window,
+samples per worker-second; on the adaptive row the best fixed size, its throughput and the settled size's share of
+it (from the fixed runs).
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
         f"{steps} steps cannot try every size and settle: at least (max_workers + 1) × window_steps = "
         f"{(largest + 1) * window}",
     )
+    require(
+        section["standby"] < largest,
+        ID,
+        "standby",
+        f"{section['standby']} warm standbys, but at most max_workers − 1 = {largest - 1} workers can ever join",
+    )
     threads = threads_per_worker(launcher, largest)  # the same in every run, so that only the worker count differs
     common = {key: section[key] for key in SECTION_KEYS} | {"elastic": "inplace", "schedule": f"{steps}:0"}
     adaptive = Point(
@@ -50,7 +57,7 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
             **common,
             "mode": ADAPTIVE,
             "initial_workers": 1,
-            "standby": largest - 1,  # every joiner comes from the warm pool
+            "standby": section["standby"],
             "policy": "provisioning",
             "alpha": section["alpha"],
             "max_workers": largest,
@@ -169,7 +176,7 @@ def draw_timeline(axis, steps: pd.DataFrame, colours: dict[str, Any]) -> None:
     workers = axis.twinx()
     adaptive = steps[steps["mode"] == ADAPTIVE]
     workers.step(adaptive["step"], adaptive["cluster_size"], where="post", color="grey", linestyle="--")
-    workers.set_ylabel("adaptive run's workers, dashed")
+    workers.set_ylabel("number of workers (adaptive run, dashed)")
     workers.set_ylim(0, steps["cluster_size"].max() + 1)
     workers.yaxis.get_major_locator().set_params(integer=True)
     workers.grid(False)
@@ -207,6 +214,6 @@ def draw_efficiency(axis, summary: pd.DataFrame, colours: dict[str, Any]) -> Non
     bars = axis.bar(summary["mode"], summary["samples_per_worker_s"], color=[colours[m] for m in summary["mode"]])
     plotting.hatch_disturbed(bars, summary["disturbed"])
     plotting.panel_title(axis, "cost: samples per worker-second")
-    axis.set_xlabel("run")
-    axis.set_ylabel("samples per worker-second")
+    axis.set_xlabel("run (fixed-n: n workers from step 0)")
+    axis.set_ylabel("efficiency (samples/worker-s)")
     axis.tick_params(axis="x", labelsize="x-small")
