@@ -13,6 +13,7 @@ from conftest import snakemake
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.figures import figure_points, kungfu_fig6
 from ddlrepro.host.launchers import local_launcher
+from ddlrepro.host.launchers.hosting import peak_workers
 from ddlrepro.host.ledger import verify
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows
@@ -113,6 +114,11 @@ def test_policy_driven_run_grows_then_gives_back_a_worker(tmp_path: Path) -> Non
     )
     workers = [record for record in live_records(tmp_path / "run") if record["kind"] == "worker"]
     assert sorted(worker["rank"] for worker in workers) == [0, 1, 2]  # each process announced once: none restarted
+
+
+def test_a_policy_point_counts_its_pool_once() -> None:
+    """1 worker and 2 warm standbys that become workers 2 and 3: 3 processes at most, not 3 + 2."""
+    assert peak_workers(adaptive_point({1: 1.0, 2: 1.0, 3: 1.0})) == 3
 
 
 @pytest.mark.parametrize(

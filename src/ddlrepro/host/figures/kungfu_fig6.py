@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 ID = "kungfu-fig6"
-TITLE = "KungFu Fig 6: adaptive provisioning (BERT-shaped encoder; no SQuAD, no pretrained weights)"
+TITLE = "KungFu Fig 6: adaptive provisioning"
 DATA = "synthetic tokens and spans: no SQuAD, no pretrained weights"
 SECTION_KEYS = ["model", "batch_size", "dataset_size", "collective_timeout_s", "window_steps"]
 ADAPTIVE = "adaptive"
@@ -144,8 +144,14 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     draw_timeline(timeline, steps_table(table), colours)
     draw_fixed_sizes(sizes, summary, colours)
     draw_efficiency(efficiency, summary, colours)
+    plotting.add_footer(figure, f"Model: {model_label(table)}; {DATA}.")
     plotting.note_disturbed(efficiency, summary, ["mode"])
     return figure, summary.reset_index(drop=True)
+
+
+def model_label(table: pd.DataFrame) -> str:
+    model = str(table["model"].iloc[0])
+    return "BERT-base's encoder" if model == "bert_base" else f"{model}, an encoder of BERT-base's shape family"
 
 
 def mode_colours(summary: pd.DataFrame) -> dict[str, Any]:
@@ -156,8 +162,8 @@ def mode_colours(summary: pd.DataFrame) -> dict[str, Any]:
 
 
 def draw_timeline(axis, steps: pd.DataFrame, colours: dict[str, Any]) -> None:
-    """Cluster throughput over steps, adaptive and all at once (bold) and the other fixed sizes (thin); the
-    adaptive run's worker count on the right axis."""
+    """Cluster throughput over steps, adaptive and all at once (bold) and the other fixed sizes (thin), coloured as
+    in (c); the adaptive run's worker count on the right axis."""
     from ddlrepro.host import plotting
 
     for mode, rows in steps.groupby("mode", sort=False):
@@ -167,12 +173,11 @@ def draw_timeline(axis, steps: pd.DataFrame, colours: dict[str, Any]) -> None:
             rows["img_per_sec"].rolling(3, min_periods=1).median(),
             color=colours[mode],
             linewidth=2.0 if bold else 0.8,
-            label=mode,
         )
     axis.set_xlabel("training step")
     axis.set_ylabel("cluster throughput (samples/s)")
     axis.set_ylim(bottom=0)
-    plotting.panel_title(axis, "throughput; adaptive's workers dashed")
+    plotting.panel_title(axis, "runs coloured as in (c)")
     workers = axis.twinx()
     adaptive = steps[steps["mode"] == ADAPTIVE]
     workers.step(adaptive["step"], adaptive["cluster_size"], where="post", color="grey", linestyle="--")
@@ -180,8 +185,6 @@ def draw_timeline(axis, steps: pd.DataFrame, colours: dict[str, Any]) -> None:
     workers.set_ylim(0, steps["cluster_size"].max() + 1)
     workers.yaxis.get_major_locator().set_params(integer=True)
     workers.grid(False)
-    plotting.legend(axis, title="run")
-    axis.legend_.set_bbox_to_anchor((1.18, 1.0))
 
 
 def draw_fixed_sizes(axis, summary: pd.DataFrame, colours: dict[str, Any]) -> None:
@@ -202,7 +205,7 @@ def draw_fixed_sizes(axis, summary: pd.DataFrame, colours: dict[str, Any]) -> No
     )
     axis.set_xticks(list(fixed["size"]))
     axis.set_xlabel("workers (fixed from step 0)")
-    axis.set_ylabel("cluster throughput, last window (samples/s)")
+    axis.set_ylabel("throughput, last window (samples/s)")
     plotting.panel_title(axis, "which size is best here")
     plotting.legend(axis)
 

@@ -22,9 +22,13 @@ def elastic_runtime(point: Point) -> str | None:
 
 
 def peak_workers(point: Point) -> int:
-    """Worker processes the point runs at once at most: an elastic point's largest cluster plus its standbys."""
+    """Worker processes the point runs at once at most: an elastic point's largest cluster plus its standbys; a
+    policy-driven point's joiners come from its warm pool first and its leavers return to it, so its processes are
+    the pool's or, if more, its largest cluster's (the policy grows one worker at a time)."""
     if elastic_runtime(point) is None:
         return point.workers
+    if point.params.get("policy") is not None:
+        return max(largest_cluster(point.params), point.params["initial_workers"] + point.params["standby"])
     return largest_cluster(point.params) + point.params["standby"]
 
 
