@@ -225,7 +225,23 @@ def synthetic_records(point) -> list[dict]:
                 ("pss_bytes", 1.5e8),
             )
         ] + [{"rank": 0, "step": step, "metric": "loss", "value": 2.0 + loss * step} for step in steps]
+    if params.get("policy") == "provisioning" or params["mode"].startswith(("fixed-", "all-at-once")):
+        return provisioning_records(params)
     return elastic_records(params)
+
+
+def provisioning_records(params: dict) -> list[dict]:
+    """Rank 0's step records of a kungfu-fig6 run: fixed size, or (adaptive) one more worker each window up to
+    max_workers, then back by one; each step 0.1 s, 40 samples/s per worker."""
+    window, steps = params["window_steps"], int(params["schedule"].split(":")[0])
+    largest = params.get("max_workers", params["initial_workers"])
+    sizes = [*range(1, largest + 1), largest - 1] if "policy" in params else [params["initial_workers"]]
+    records = []
+    for step in range(steps):
+        size = sizes[min(step // window, len(sizes) - 1)]
+        for metric, value in (("cluster_size", size), ("img_per_sec", 40.0 * size), ("step_time_s", 0.1)):
+            records.append({"rank": 0, "step": step, "time": 1e9 + 0.1 * step, "metric": metric, "value": value})
+    return records
 
 
 def elastic_records(params: dict) -> list[dict]:

@@ -2,6 +2,9 @@
 
 The ImageNet models follow torchvision's definitions layer for layer (same parameter counts: ResNet-50
 25,557,032; MobileNetV2 3,504,872). The CIFAR ResNets are He et al. (2016) §4.2: depth 6n+2, 16/32/64 channels.
+The span encoders take token ids: `bert_base` is BERT-base's encoder (Devlin et al. 2019: 12 layers, hidden 768,
+12 heads, FFN 3072, vocabulary 30522, 512 positions) with SQuAD's span head, BertForQuestionAnswering's
+108,893,186 parameters; `bert_tiny` the same shape family, small enough for smoke runs on a CPU.
 """
 
 from __future__ import annotations
@@ -14,13 +17,23 @@ from torch import nn
 
 
 @dataclass(frozen=True)
+class TokenShape:
+    """The input of a model that reads token ids: their vocabulary and the sequence length of its samples."""
+
+    vocab_size: int
+    sequence_length: int
+
+
+@dataclass(frozen=True)
 class ModelInfo:
-    """What a model expects as input and how it is built."""
+    """What a model expects as input and how it is built; `tokens` is set for models that read token ids (their
+    labels are span start and end positions, so `num_classes` is the sequence length)."""
 
     build: Callable[[int], nn.Module]
     image_size: int
     num_classes: int
     channels: int = 3
+    tokens: TokenShape | None = None
 
 
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1) -> list[nn.Module]:
@@ -162,6 +175,31 @@ class DigitsNet(nn.Module):
         return self.head(self.features(x))
 
 
+class SpanEncoder(nn.Module):
+    """A BERT-shaped encoder (token, position and segment embeddings, post-norm GELU layers) with a span head: per
+    position a start and an end logit, shaped (batch, positions, 2) so that cross-entropy against (batch, 2) labels
+    is SQuAD's loss, the mean of the start and end losses."""
+
+    def __init__(self, tokens: TokenShape, layers: int, hidden: int, heads: int, ffn: int, positions: int) -> None:
+        super().__init__()
+        self.token = nn.Embedding(tokens.vocab_size, hidden)
+        self.position = nn.Embedding(positions, hidden)
+        self.segment = nn.Embedding(2, hidden)
+        self.norm = nn.LayerNorm(hidden, eps=1e-12)
+        self.dropout = nn.Dropout(0.1)
+        layer = nn.TransformerEncoderLayer(hidden, heads, ffn, 0.1, "gelu", 1e-12, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.span = nn.Linear(hidden, 2)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(token_ids.shape[1], device=token_ids.device)
+        embedded = self.token(token_ids) + self.position(positions) + self.segment(torch.zeros_like(token_ids))
+        return self.span(self.encoder(self.dropout(self.norm(embedded))))
+
+
+BERT_BASE_TOKENS = TokenShape(vocab_size=30522, sequence_length=384)
+BERT_TINY_TOKENS = TokenShape(vocab_size=2048, sequence_length=128)
+
 MODELS: dict[str, ModelInfo] = {
     "resnet50": ModelInfo(ResNet50, image_size=224, num_classes=1000),
     "mobilenet_v2": ModelInfo(MobileNetV2, image_size=224, num_classes=1000),
@@ -169,6 +207,18 @@ MODELS: dict[str, ModelInfo] = {
     "resnet56": ModelInfo(lambda classes: CifarResNet(56, classes), image_size=32, num_classes=10),
     "smallnet": ModelInfo(SmallNet, image_size=16, num_classes=10),
     "digitsnet": ModelInfo(DigitsNet, image_size=8, num_classes=10, channels=1),
+    "bert_base": ModelInfo(
+        lambda _: SpanEncoder(BERT_BASE_TOKENS, layers=12, hidden=768, heads=12, ffn=3072, positions=512),
+        image_size=0,
+        num_classes=BERT_BASE_TOKENS.sequence_length,
+        tokens=BERT_BASE_TOKENS,
+    ),
+    "bert_tiny": ModelInfo(
+        lambda _: SpanEncoder(BERT_TINY_TOKENS, layers=2, hidden=128, heads=2, ffn=512, positions=128),
+        image_size=0,
+        num_classes=BERT_TINY_TOKENS.sequence_length,
+        tokens=BERT_TINY_TOKENS,
+    ),
 }
 
 

@@ -10,7 +10,7 @@ from ddlrepro.host.launchers import inplace, torchrun
 from ddlrepro.host.launchers.base import JobSpec
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
-from ddlrepro.rank.elastic.schedule import largest_size, parse_schedule
+from ddlrepro.rank.elastic.schedule import largest_cluster
 
 RUNTIMES = {"inplace": inplace, "torchrun": torchrun}
 HOSTED_REQUESTS = (inplace.InplaceRequest, torchrun.TorchrunRequest)
@@ -22,11 +22,14 @@ def elastic_runtime(point: Point) -> str | None:
 
 
 def peak_workers(point: Point) -> int:
-    """Worker processes the point runs at once at most: an elastic schedule's largest cluster plus its standbys."""
+    """Worker processes the point runs at once at most: an elastic point's largest cluster plus its standbys; a
+    policy-driven point's joiners come from its warm pool first and its leavers return to it, so its processes are
+    the pool's or, if more, its largest cluster's (the policy grows one worker at a time)."""
     if elastic_runtime(point) is None:
         return point.workers
-    largest = largest_size(parse_schedule(point.params["schedule"]), point.params["initial_workers"])
-    return largest + point.params["standby"]
+    if point.params.get("policy") is not None:
+        return max(largest_cluster(point.params), point.params["initial_workers"] + point.params["standby"])
+    return largest_cluster(point.params) + point.params["standby"]
 
 
 def render_elastic(point: Point, run_dir: Path, launcher: str, timeout_s: float) -> JobSpec[Any]:

@@ -29,7 +29,7 @@ from ddlrepro.host.ledger import LedgerError, verify
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic.cluster import SERVER_ENV, STORE_ENV, TOKEN_ENV, WORKER_ENV, publish_agreed, ready_key
-from ddlrepro.rank.elastic.schedule import largest_size, parse_schedule
+from ddlrepro.rank.elastic.schedule import largest_cluster
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -70,7 +70,7 @@ def request(point: Point, run_dir: Path) -> InplaceRequest:
         schedule=point.params["schedule"],
         initial_workers=point.params["initial_workers"],
         standby=point.params["standby"],
-        max_size=largest_size(parse_schedule(point.params["schedule"]), point.params["initial_workers"]),
+        max_size=largest_cluster(point.params),
     )
 
 

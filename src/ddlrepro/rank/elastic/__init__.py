@@ -2,7 +2,8 @@
 workers re-form their process group when it changes, without restarting (state stays in memory); joiners take the
 state from a survivor.
 
-    schedule.py          the resize schedule `step:size,...` rank 0 follows
+    schedule.py          the resize schedule `step:size,...` rank 0 follows (or, with `policy: provisioning`,
+                         the decisions of ../policies/provisioning.py, taken alike on every rank)
     cluster.py           one version of the desired cluster, as the config server serves it
     client.py            the workers' and tests' client of the config server
     membership.py        membership, agreement and process-group re-formation, as each worker sees them

@@ -1,7 +1,9 @@
 """The in-place elastic worker: `python -m ddlrepro.rank.elastic.inplace_worker POINT_JSON`, started by
 `host/launchers/inplace.py`.
 
-After every step rank 0 reads the config server and broadcasts the version everyone acts on. On a new version,
+After every step rank 0 reads the config server and broadcasts the version everyone acts on. Rank 0 asks the
+config server to resize when the point's fixed schedule says so, or (`policy: provisioning`) when KungFu's
+provisioning policy, fed every step's all-reduced per-worker throughput on every rank, decides. On a new version,
 survivors keep their process, model and optimizer, leave the old process group and form the new one; joiners
 (spawned cold, or warm standbys that built the model in advance) join it and receive the state from a survivor.
 Leavers exit cleanly. If a collective fails (a worker died), survivors elect the launcher's next version, re-form
@@ -25,6 +27,7 @@ from ddlrepro.rank.elastic.cluster import Cluster, publish_agreed, ready_key
 from ddlrepro.rank.elastic.events import IN_PLACE_PHASES, ResizeEvent
 from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import ElasticTrainer, announce, emit_step
+from ddlrepro.rank.policies.provisioning import provisioning_policy
 from ddlrepro.records import emit
 
 
@@ -46,6 +49,9 @@ class InPlaceWorker:
         self.proposed: set[int] = set()
         self.warm = int(self.params.get("standby", 0)) > 0
         self.record_state = bool(self.params.get("record_state", False))
+        self.policy = provisioning_policy(self.params)
+        # Tests only: per-worker throughput by cluster size, fed to the policy instead of the measured one.
+        self.scripted_throughput = self.params.get("scripted_throughput")
 
     @property
     def rank(self) -> int:
@@ -71,17 +77,19 @@ class InPlaceWorker:
             try:
                 step_time = self.trainer.train_step(self.group)
                 self.after_step(step_time)
-                latest = self.agree(self.propose_if_scheduled())
+                latest = self.agree(self.propose(self.policy_target(step_time)))
                 if latest.version != self.cluster.version:
                     self.change_to(latest)
             except RuntimeError as error:  # a collective or a group formation failed: a worker is gone
                 self.recover(error)
 
-    def propose_if_scheduled(self) -> ResizeEvent | None:
-        """Rank 0 proposes the scheduled size to the config server once `step` steps are trained."""
+    def propose(self, policy_target: int | None) -> ResizeEvent | None:
+        """Rank 0 proposes the scheduled size to the config server once `step` steps are trained (the schedule's
+        stop comes first), else the size the policy asks for."""
         step = self.trainer.step
-        size = self.schedule.get(step) if self.rank == 0 and step not in self.proposed else None
-        if size is None:
+        scheduled = self.schedule.get(step) if step not in self.proposed else None
+        size = scheduled if scheduled is not None else policy_target
+        if self.rank != 0 or size is None:
             return None
         self.proposed.add(step)
         event = ResizeEvent(self.trainer.step, self.size, IN_PLACE_PHASES)
@@ -89,6 +97,25 @@ class InPlaceWorker:
         self.client.resize(size)
         event.mark("config")
         return event
+
+    def policy_target(self, step_time: float) -> int | None:
+        """Feed the policy this step's per-worker throughput, all-reduced so that every rank decides alike."""
+        if self.policy is None:
+            return None
+        own = self.trainer.batch_size / step_time
+        if self.scripted_throughput is not None:
+            own = float(self.scripted_throughput[str(self.size)])
+        measured = torch.tensor([own], dtype=torch.float64)
+        self.group.all_reduce(measured)
+        per_worker = float(measured) / self.size
+        window = self.policy.observe(self.size, per_worker)
+        if self.rank == 0:
+            emit("metric", rank=0, step=self.trainer.step - 1, metric="per_worker_throughput", value=per_worker)
+            if window is not None:
+                emit("metric", rank=0, step=self.trainer.step - 1, metric="window_total", value=window.total)
+                target = float(window.size if window.target is None else window.target)
+                emit("metric", rank=0, step=self.trainer.step - 1, metric="policy_target", value=target)
+        return None if window is None else window.target
 
     def after_step(self, step_time: float) -> None:
         self.retire_groups()
@@ -137,6 +164,8 @@ class InPlaceWorker:
         candidate = torch.tensor([self.rank if own_offset == best_offset else self.size], dtype=torch.int64)
         self.group.all_reduce(candidate, dist.ReduceOp.MIN)
         self.trainer.broadcast_state(self.group, int(candidate))
+        if self.policy is not None:
+            self.broadcast_policy(int(candidate))
         if self.rank == 0:
             self.record_resume()
         if self.event is not None:
@@ -145,6 +174,12 @@ class InPlaceWorker:
             self.event.mark("synced")
         if self.record_state:  # after the "synced" mark: hashing the state is not part of the resize's latency
             self.trainer.record_state(self.group, "synced")
+
+    def broadcast_policy(self, source: int) -> None:
+        """Give every member `source`'s policy state (joiners have none), and start a new window at the new size."""
+        state = torch.tensor(self.policy.state(), dtype=torch.float64)
+        self.group.broadcast(state, source)
+        self.policy.load(state.tolist())
 
     def record_resume(self) -> None:
         """Rank 0's ledger note: training resumes at the agreed offset; slices at or beyond it were in a lost step."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -34,3 +35,9 @@ def parse_schedule(text: str) -> list[Resize]:
 
 def largest_size(entries: list[Resize], initial: int) -> int:
     return max(initial, *(entry.size for entry in entries))
+
+
+def largest_cluster(params: dict[str, Any]) -> int:
+    """The largest cluster an elastic point may ask for: its schedule's, or its policy's `max_workers` if larger."""
+    scheduled = largest_size(parse_schedule(params["schedule"]), params["initial_workers"])
+    return max(scheduled, int(params.get("max_workers", 0)))

@@ -1,8 +1,9 @@
 """Elastic training state: model, optimizer and the global sample offset, shared by the in-place workers
 (`inplace_worker.py`) and the torchrun baseline (`torchrun_worker.py`).
 
-The data are `dataset_size` synthetic samples; global step k trains samples [offset, offset + size × batch), rank r
-the slice [offset + r·batch, offset + (r+1)·batch) (modulo the dataset). The offset continues across resizes, so
+The data are `dataset_size` synthetic samples (images, or token ids with span labels for the encoders); global
+step k trains samples [offset, offset + size × batch), rank r the slice [offset + r·batch, offset + (r+1)·batch)
+(modulo the dataset). The offset continues across resizes, so
 no sample is skipped or repeated; every rank prints a `ledger` record of the samples each of its steps trained.
 With `record_state`, every rank also prints a digest of its state after each resize and at the stop (checked to
 be equal across ranks), and rank 0 saves its final state to `final_state.pt`.
@@ -70,7 +71,7 @@ class ElasticTrainer:
         )
         for parameter in self.model.parameters():
             self.optimizer.state[parameter]["momentum_buffer"] = torch.zeros_like(parameter)
-        self.images, self.labels = synthetic_batch(
+        self.inputs, self.labels = synthetic_batch(
             params["model"], params["dataset_size"], params.get("image_size"), torch.device("cpu"), seed=0
         )
         self.offset = 0
@@ -84,7 +85,7 @@ class ElasticTrainer:
         index = torch.arange(start, start + self.batch_size) % len(self.labels)
         torch.manual_seed(slice_seed(self.seed, start))
         self.optimizer.zero_grad(set_to_none=False)
-        F.cross_entropy(self.model(self.images[index]), self.labels[index]).backward()
+        F.cross_entropy(self.model(self.inputs[index]), self.labels[index]).backward()
         emit("ledger", rank=rank, step=self.step, start=start, count=self.batch_size, size=size, version=group.version)
         if size > 1:
             _average_gradients(list(self.model.parameters()), group)

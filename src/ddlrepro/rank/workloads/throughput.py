@@ -38,10 +38,21 @@ def torch_parameter_sum(model: nn.Module) -> Callable[[], float]:
 def synthetic_batch(
     model: str, batch_size: int, image_size: int | None, device: torch.device, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random images in the model's input shape and random labels in [0, classes)."""
+    """Random images in the model's input shape and random labels in [0, classes); for a model that reads tokens,
+    random token ids and random span (start, end) positions."""
     info = MODELS[model]
-    side = image_size or info.image_size
     generator = torch.Generator().manual_seed(seed)
+    if info.tokens is not None:
+        tokens = torch.randint(
+            0, info.tokens.vocab_size, (batch_size, info.tokens.sequence_length), generator=generator
+        )
+        starts = torch.randint(0, info.tokens.sequence_length, (batch_size,), generator=generator)
+        ends = torch.minimum(
+            starts + torch.randint(0, 30, (batch_size,), generator=generator),
+            starts.new_tensor(info.tokens.sequence_length - 1),
+        )
+        return tokens.to(device), torch.stack([starts, ends], dim=1).to(device)
+    side = image_size or info.image_size
     images = torch.randn(batch_size, 3, side, side, generator=generator)
     labels = torch.randint(0, info.num_classes, (batch_size,), generator=generator)
     return images.to(device), labels.to(device)

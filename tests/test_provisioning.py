@@ -1,0 +1,155 @@
+"""KungFu's adaptive provisioning (Fig 6): the policy's exact decisions on scripted throughputs, a real
+policy-driven in-place elastic run, the BERT-base-shaped encoder, bad input, and `snakemake kungfu_fig6`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import snakemake
+
+from ddlrepro.host.config import ConfigError, load_config
+from ddlrepro.host.figures import figure_points, kungfu_fig6
+from ddlrepro.host.launchers import local_launcher
+from ddlrepro.host.launchers.hosting import peak_workers
+from ddlrepro.host.ledger import verify
+from ddlrepro.host.run import run_point
+from ddlrepro.host.tables import run_rows
+from ddlrepro.points import Point
+from ddlrepro.rank.elastic.faults import live_records
+from ddlrepro.rank.policies.provisioning import ProvisioningPolicy
+
+CONFIG = Path(__file__).parents[1] / "config" / "config.yaml"
+
+
+def provisioning_sequence(totals: dict[int, float], windows: int, window_steps: int = 4, max_workers: int = 4) -> list:
+    """The sizes a policy runs at, window after window, when T(n) = totals[n] (every step at n measures T(n)/n)."""
+    policy = ProvisioningPolicy(window_steps, alpha=0.33, max_workers=max_workers)
+    size, sizes = 1, []
+    for _ in range(windows):
+        sizes.append(size)
+        for _ in range(window_steps):
+            end = policy.observe(size, totals[size] / size)
+        size = end.target if end.target is not None else size
+    return sizes
+
+
+def test_policy_grows_while_workers_pay_and_gives_back_the_last() -> None:
+    # T(2) = 190 ≥ (1 + 0.33/2)·100 = 116.5: grow; T(3) = 250 ≥ 1.11·190 = 211.1: grow;
+    # T(4) = 270 < (1 + 0.33/4)·250 = 270.6: back to 3, and stay there.
+    assert provisioning_sequence({1: 100, 2: 190, 3: 250, 4: 270}, windows=7) == [1, 2, 3, 4, 3, 3, 3]
+
+
+def test_policy_stops_at_max_workers_and_at_two_on_two_cores() -> None:
+    assert provisioning_sequence({1: 100, 2: 200, 3: 300, 4: 400}, windows=6) == [1, 2, 3, 4, 4, 4]
+    assert provisioning_sequence({1: 100, 2: 170, 3: 160, 4: 150}, windows=5) == [1, 2, 3, 2, 2]
+    assert provisioning_sequence({1: 100, 2: 116, 3: 300, 4: 400}, windows=4) == [1, 2, 1, 1]
+
+
+def test_policy_measures_the_second_half_of_each_window() -> None:
+    policy = ProvisioningPolicy(window_steps=4, alpha=0.33, max_workers=3)
+    # The first half (a slow first step after a resize) does not count: T(1) = mean(10, 10) × 1.
+    ends = [policy.observe(1, value) for value in (1.0, 2.0, 10.0, 10.0)]
+    assert ends[:3] == [None, None, None] and ends[3].total == 10.0 and ends[3].target == 2
+    # A resize restarts the window: two steps at size 2, then four at size 3 are one window at 3, not two.
+    assert [policy.observe(2, 9.0) for _ in range(2)] == [None, None]
+    ends = [policy.observe(3, 4.0) for _ in range(4)]
+    assert ends[3].total == 12.0 and ends[3].target is None  # no T(2) to compare with, and at max_workers: stay
+
+
+def test_joiner_receives_the_survivors_policy_state() -> None:
+    survivor = ProvisioningPolicy(window_steps=4, alpha=0.33, max_workers=3)
+    for _ in range(4):
+        survivor.observe(1, 100.0)
+    for _ in range(4):
+        survivor.observe(2, 60.0)
+    joiner = ProvisioningPolicy(window_steps=4, alpha=0.33, max_workers=3)
+    joiner.load(survivor.state())
+    assert joiner.totals == survivor.totals == {1: 100.0, 2: 120.0}
+    assert [joiner.observe(3, 38.0) for _ in range(4)][-1].target == survivor.decide(3, 114.0) == 2
+
+
+def test_bert_base_has_bert_base_parameters() -> None:
+    from ddlrepro.rank.models import build_model
+
+    # BertForQuestionAnswering (bert-base-uncased): 108,893,186 parameters.
+    assert sum(parameter.numel() for parameter in build_model("bert_base").parameters()) == 108_893_186
+
+
+def adaptive_point(scripted: dict[int, float], steps: int = 28) -> Point:
+    params = {
+        "model": "bert_tiny",
+        "batch_size": 2,
+        "dataset_size": 64,
+        "initial_workers": 1,
+        "schedule": f"{steps}:0",
+        "mode": "adaptive",
+        "elastic": "inplace",
+        "standby": 2,
+        "collective_timeout_s": 30,
+        "policy": "provisioning",
+        "window_steps": 4,
+        "alpha": 0.33,
+        "max_workers": 3,
+        "scripted_throughput": {str(size): value for size, value in scripted.items()},
+    }
+    return Point("kungfu-fig6", "elastic", 3, 1, params)
+
+
+def test_policy_driven_run_grows_then_gives_back_a_worker(tmp_path: Path) -> None:
+    """A real in-place run whose ranks feed the policy scripted throughputs: 1 → 2 → 3 → back to 2, from the warm
+    pool, the same processes throughout, no sample lost or repeated."""
+    point = adaptive_point({1: 100.0, 2: 90.0, 3: 50.0})  # T: 100, 180, 150
+    result = run_point(point, tmp_path / "run", local_launcher(240))
+    rows = run_rows(tmp_path / "run")
+    sizes = rows[rows["metric"] == "cluster_size"].set_index("step")["value"].astype(int)
+    assert sizes.to_dict() == {step: 1 if step < 4 else 2 if step < 8 else 3 if step < 12 else 2 for step in range(28)}
+    targets = rows[rows["metric"] == "policy_target"].set_index("step")["value"].astype(int).to_dict()
+    assert targets == {3: 2, 7: 3, 11: 2, 15: 2, 19: 2, 23: 2, 27: 2}
+    verify(
+        [json.loads(line) for line in (tmp_path / "run" / "ledger.jsonl").read_text().splitlines()],
+        result["summary"]["samples"],
+    )
+    workers = [record for record in live_records(tmp_path / "run") if record["kind"] == "worker"]
+    assert sorted(worker["rank"] for worker in workers) == [0, 1, 2]  # each process announced once: none restarted
+
+
+def test_a_policy_point_counts_its_pool_once() -> None:
+    """1 worker and 2 warm standbys that become workers 2 and 3: 3 processes at most, not 3 + 2."""
+    assert peak_workers(adaptive_point({1: 1.0, 2: 1.0, 3: 1.0})) == 3
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("alpha", 0, "alpha"),
+        ("window_steps", 3, "window_steps"),
+        ("max_workers", 1, "max_workers"),
+        ("steps", 8, "steps"),
+        ("standby", 3, "standby"),
+    ],
+)
+def test_bad_input_names_the_key(tmp_path: Path, key: str, value: float, message: str) -> None:
+    overlay = tmp_path / "bad.yaml"
+    overlay.write_text(f"figures:\n  kungfu-fig6:\n    {key}: {value}\n")
+    with pytest.raises(ConfigError, match=rf"figures\.kungfu-fig6\.{message}"):
+        figure_points(load_config(CONFIG, overlay))
+
+
+@pytest.mark.slow
+def test_snakemake_builds_fig6(workflow_copy: Path) -> None:
+    """`snakemake kungfu_fig6`: the adaptive run, the fixed-size runs, the table, the figure and the checks."""
+    overlay = workflow_copy / "fig6.yaml"
+    overlay.write_text("launcher:\n  local: {exclusive: true}\nfigures:\n  kungfu-fig6: {enabled: true}\n")
+    built = snakemake(workflow_copy, "kungfu_fig6", "--configfile", "tests/configs/tiny.yaml", str(overlay))
+    assert built.returncode == 0, built.stderr[-3000:]
+    results = workflow_copy / "results"
+    assert (results / "figures" / "kungfu-fig6.png").stat().st_size > 0
+    summary = pd.read_csv(results / "tables" / "kungfu-fig6.summary.csv").set_index("mode")
+    assert {"adaptive", "all-at-once"} <= set(summary.index)
+    assert summary.loc["adaptive", "settled_size"] in range(1, 4)
+    checks = pd.read_csv(results / "checks" / "kungfu-fig6.tsv", sep="\t").set_index("check")
+    assert set(checks["status"]) <= {"pass", "fail", "disturbed"}
+    assert kungfu_fig6.ID == "kungfu-fig6"
