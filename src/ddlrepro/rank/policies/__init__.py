@@ -1,0 +1,1 @@
+"""KungFu's adaptation policies: small objects fed each step's measurements, deciding on a collective."""
