@@ -7,4 +7,5 @@ WORKLOADS = {
     "throughput": "ddlrepro.rank.workloads.throughput",
     "consistent": "ddlrepro.rank.workloads.consistent",
     "allreduce": "ddlrepro.rank.workloads.allreduce",
+    "adaptive_strategy": "ddlrepro.rank.workloads.adaptive_strategy",
 }
