@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 FIGURES = {
+    "kungfu-fig5": "ddlrepro.host.figures.kungfu_fig5",
     "kungfu-fig7": "ddlrepro.host.figures.kungfu_fig7",
     "kungfu-fig8": "ddlrepro.host.figures.kungfu_fig8",
     "kungfu-fig9": "ddlrepro.host.figures.kungfu_fig9",
