@@ -54,7 +54,9 @@ def test_bad_input_stops_the_workflow_before_any_job(workflow_copy: Path) -> Non
     bad.write_text(yaml.safe_dump({"figures": {FIGURE: {"interference_step": 40}}}))
     done = snakemake(workflow_copy, "-n", "kungfu_fig5", "--configfile", "config/config.yaml", str(bad), timeout=120)
     assert done.returncode != 0
-    assert "figures.kungfu-fig5.interference_step: 40 is not before the run's end (steps: 16)" in done.stdout + done.stderr
+    assert (
+        "figures.kungfu-fig5.interference_step: 40 is not before the run's end (steps: 16)" in done.stdout + done.stderr
+    )
     assert not (workflow_copy / "results").exists()
 
 

@@ -59,7 +59,9 @@ def placement(params: dict[str, Any], workers: int, run_dir: Path) -> TestbedPla
     if hosts < workers + 1:
         raise ValueError(f"testbed_hosts {hosts}: {workers} ranks need {workers + 1} hosts (the last sends traffic)")
     owner = "r" + secrets.token_hex(5)  # one testbed per run, even for runs of the same point at once
-    return TestbedPlacement(owner, hosts, params["link_rate"], str(run_dir.resolve() / FLOWS_FILE), params.get("traffic"))
+    return TestbedPlacement(
+        owner, hosts, params["link_rate"], str(run_dir.resolve() / FLOWS_FILE), params.get("traffic")
+    )
 
 
 def planned_testbed(where: TestbedPlacement) -> Testbed:
@@ -81,6 +83,15 @@ def placed_workers(workers: list[WorkerSpec], where: TestbedPlacement) -> tuple[
     return placed, master
 
 
+def requests_traffic(line: str) -> bool:
+    """Whether a line is rank 0's `interference_requested` record (a cheap test first: every line passes here)."""
+    return (
+        TRIGGER in line
+        and line.startswith(RECORD_PREFIX)
+        and json.loads(line[len(RECORD_PREFIX) :]).get("metric") == TRIGGER
+    )
+
+
 class Interference:
     """Starts the placement's traffic when rank 0 asks for it, once; files its outcome when stopped."""
 
@@ -93,9 +104,8 @@ class Interference:
 
     def add_line(self, rank: int | None, stream: str, line: str) -> None:
         self.output.add_line(rank, stream, line)
-        if rank == 0 and stream == "stdout" and TRIGGER in line and line.startswith(RECORD_PREFIX):
-            if json.loads(line[len(RECORD_PREFIX) :]).get("metric") == TRIGGER:
-                self.start()
+        if rank == 0 and stream == "stdout" and requests_traffic(line):
+            self.start()
 
     def start(self) -> None:
         if self.where.traffic is None:
