@@ -14,7 +14,7 @@ from conftest import REPO, snakemake
 
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.figures import figure_points
-from ddlrepro.host.run import run_point
+from ddlrepro.host.run import run_point, unmet_requirement
 from ddlrepro.host.testbed import remove_leftovers
 from ddlrepro.host.testbed.limits import unavailable_reason
 from ddlrepro.host.testbed.network import NETNS_RUN
@@ -67,6 +67,12 @@ def test_points_are_skipped_without_root(smoke: dict, tmp_path: Path, monkeypatc
     for point in points.values():
         record = run_point(point, tmp_path / point.id)
         assert (record["status"], record["reason"]) == ("skipped", "skipped: needs root for network namespaces")
+
+
+def test_points_are_skipped_under_another_launcher(smoke: dict) -> None:
+    point = next(iter(figure_points(smoke)[FIGURE].values()))
+    reason = unmet_requirement(point, "slurm")
+    assert reason == "skipped: runs on testbed hosts, which the local launcher makes, not the slurm launcher"
 
 
 def our_namespaces() -> set[str]:

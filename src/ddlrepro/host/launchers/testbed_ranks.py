@@ -129,13 +129,16 @@ class Interference:
             if self.running is None:
                 return
             self.running.stop()
-        for line in Path(self.where.flows_file).read_text().splitlines():
+        flows = Path(self.where.flows_file)
+        for line in flows.read_text().splitlines() if flows.exists() else []:
             flow = json.loads(line)
-            first, last = flow.get("first_byte") or 0.0, flow.get("last_byte") or 0.0
+            first, last = flow.get("first_byte"), flow.get("last_byte")
+            if first is None or last is None:  # no byte arrived: the figure's traffic windows stay unmeasured
+                continue
             for metric, time, value in (
                 ("traffic_start", first, first),
-                ("traffic_received_bytes", last, flow.get("received_bytes", 0)),
-                ("traffic_achieved_bps", last, flow.get("achieved_bps", 0.0)),
+                ("traffic_received_bytes", last, flow["received_bytes"]),
+                ("traffic_achieved_bps", last, flow["achieved_bps"]),
             ):
                 self.output.add_record({"kind": "metric", "time": time, "metric": metric, "value": value})
 
