@@ -4,7 +4,9 @@ on real testbed hosts (as root) whose checks hold."""
 from __future__ import annotations
 
 import copy
+import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +16,8 @@ from conftest import REPO, snakemake
 
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.figures import figure_points
+from ddlrepro.host.launchers import local_launcher
+from ddlrepro.host.launchers.base import RunFailed
 from ddlrepro.host.run import run_point, unmet_requirement
 from ddlrepro.host.testbed import remove_leftovers
 from ddlrepro.host.testbed.limits import unavailable_reason
@@ -79,6 +83,19 @@ def our_namespaces() -> set[str]:
     return set(os.listdir(NETNS_RUN)) if NETNS_RUN.exists() else set()
 
 
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+def test_a_failed_run_leaves_no_testbed(smoke: dict, tmp_path: Path) -> None:
+    """Rank 1 fails on its host: the run fails naming it, and its testbed is gone (hosts, state) all the same."""
+    point = next(point for point in figure_points(smoke)[FIGURE].values() if point.params["run"] == "adaptive")
+    broken = replace(point, params={**point.params, "strategy": "RING"})  # the workload refuses it on every rank
+    before = our_namespaces()
+    with pytest.raises(RunFailed, match="STAR and at least 2 workers"):
+        run_point(broken, tmp_path / "run", local_launcher(120))
+    assert our_namespaces() <= before
+    owner = json.loads((tmp_path / "run" / "jobspec.json").read_text())["testbed"]["owner"]
+    assert not remove_leftovers(owner)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_snakemake_kungfu_fig5_on_testbed_hosts(workflow_copy: Path) -> None:
@@ -92,7 +109,7 @@ def test_snakemake_kungfu_fig5_on_testbed_hosts(workflow_copy: Path) -> None:
     assert summary.loc["adaptive", "switches"] == 1 and summary.loc["quiet", "switches"] == 0
     assert summary.loc["no adaptation", "switches"] == 0
     checks = pd.read_csv(results / "checks" / f"{FIGURE}.tsv", sep="\t").set_index("check")
-    relations = ["one-switch", "switch-after-traffic", "quiet-run-never-switches"]
+    relations = ["one-switch", "at-most-one-switch", "switch-after-traffic", "quiet-run-never-switches"]
     assert (checks.loc[relations, "status"] == "pass").all(), checks.loc[relations]
     for timing in ["adaptive-beats-fixed-under-interference", "recovers-after-switch"]:
         assert checks.loc[timing, "status"] in ("pass", "disturbed"), checks.loc[timing].to_dict()
