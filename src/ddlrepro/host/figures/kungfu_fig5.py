@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 ID = "kungfu-fig5"
 TITLE = "KungFu Fig 5: adaptive communication strategy under network interference"
+SECTION_KEYS = [
+    *["model", "image_size", "batch_size", "steps", "reference_step", "threshold", "interference_step"],
+    *["strategy", "link_rate"],
+]
 RUNS = {"adaptive": (True, True), "no adaptation": (False, True), "quiet": (True, False)}  # adapt, traffic
 
 
@@ -67,20 +71,8 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     check_section(section)
     workers = section["workers"]
     traffic = {"connections": section["traffic_connections"], "rate": section["traffic_rate"]}
-    common = {
-        "model": section["model"],
-        "image_size": section["image_size"],
-        "batch_size": section["batch_size"],
-        "steps": section["steps"],
-        "reference_step": section["reference_step"],
-        "threshold": section["threshold"],
-        "interference_step": section["interference_step"],
-        "strategy": section["strategy"],
-        "testbed_hosts": workers + 1,
-        "link_rate": section["link_rate"],
-        "backend": "gloo",
-        "sample_interval_s": launcher["sample_interval_s"],
-    }
+    common = {key: section[key] for key in SECTION_KEYS if key in section}
+    common |= {"testbed_hosts": workers + 1, "backend": "gloo", "sample_interval_s": launcher["sample_interval_s"]}
     return [
         Point(
             figure=ID,
