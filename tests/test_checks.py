@@ -225,6 +225,8 @@ def synthetic_records(point) -> list[dict]:
                 ("pss_bytes", 1.5e8),
             )
         ] + [{"rank": 0, "step": step, "metric": "loss", "value": 2.0 + loss * step} for step in steps]
+    if point.workload == "adaptive_strategy":
+        return adaptive_strategy_records(params, ranks)
     if params.get("policy") == "provisioning" or params["mode"].startswith(("fixed-", "all-at-once")):
         return provisioning_records(params)
     return elastic_records(params)
@@ -241,6 +243,31 @@ def provisioning_records(params: dict) -> list[dict]:
         size = sizes[min(step // window, len(sizes) - 1)]
         for metric, value in (("cluster_size", size), ("img_per_sec", 40.0 * size), ("step_time_s", 0.1)):
             records.append({"rank": 0, "step": step, "time": 1e9 + 0.1 * step, "metric": metric, "value": value})
+    return records
+
+
+def adaptive_strategy_records(params: dict, ranks: range) -> list[dict]:
+    """Steps at 50 img/s; the traffic's first byte just after the interference step began; from the next step
+    25 img/s, until the step the adaptive run's root moves (that next step), back to 50 after it."""
+    interference, records, start = params["interference_step"], [], 1000.0
+    switch = interference + 1 if params["traffic"] and params["adapt"] else None
+    for step in range(params["steps"]):
+        slowed = params["traffic"] and step > interference and (switch is None or step <= switch)
+        rate = 25.0 if slowed else 50.0
+        end = start + params["batch_size"] / rate
+        for metric, value in (("img_per_sec", rate), ("allreduce_mib_per_s", rate / 10)):
+            records += [{"rank": rank, "step": step, "time": end, "metric": metric, "value": value} for rank in ranks]
+        if step == switch:
+            records.append({"rank": 0, "step": step, "time": end, "metric": "root_switch", "value": 1})
+        if step == interference and params["traffic"]:
+            records.append({"time": start + 0.01, "metric": "traffic_start", "value": start + 0.01})
+        start = end
+    phases = {"start": 0.0, "interference": 1e7, "end": 3e7}
+    records += [
+        {"rank": rank, "metric": "node_rx_bytes", "phase": phase, "interface": "eth0", "value": value * (rank + 1)}
+        for rank in ranks
+        for phase, value in phases.items()
+    ]
     return records
 
 

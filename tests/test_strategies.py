@@ -80,3 +80,43 @@ def test_strategy_hooks_train_as_ddp_does(tmp_path: Path) -> None:
 def test_unknown_strategy_is_refused() -> None:
     with pytest.raises(ValueError, match="valid strategies: RING, STAR"):
         reducer("MULTI_RING", 1)
+
+
+def train_moving_root(rank: int, steps: int, move_at: int | None) -> dict[str, object]:
+    """DDP steps under STAR whose root moves from rank 0 to rank 1 before step `move_at` (None: never)."""
+    torch.manual_seed(0)
+    model = DistributedDataParallel(
+        nn.Sequential(nn.Linear(16, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 3))
+    )
+    hook = apply_strategy(model, "STAR", group_size=1)
+    assert hook is not None
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(100 + rank)
+    reduced = []
+    for step in range(steps):
+        hook.root = 1 if move_at is not None and step >= move_at else 0
+        x, y = torch.randn(32, 16, generator=generator), torch.randint(0, 3, (32,), generator=generator)
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        volume = hook.throughput()
+        reduced.append((volume.bytes, volume.seconds, volume.mib_per_s))
+    return {"parameters": [p.detach().clone() for p in model.parameters()], "reduced": reduced}
+
+
+def train_moving_and_still(rank: int, steps: int) -> dict[str, dict[str, object]]:
+    return {"moved": train_moving_root(rank, steps, move_at=2), "still": train_moving_root(rank, steps, None)}
+
+
+def test_moving_star_root_mid_run_changes_no_bit(tmp_path: Path) -> None:
+    """STAR adds in rank order whoever the root is: moving it mid-run leaves every parameter bit-equal, and the
+    hook counts each step's reduced bytes (the whole gradient, once) and a time for them."""
+    results = spawn_gloo(train_moving_and_still, 4, tmp_path, 5)
+    gradient_bytes = sum(p.numel() * p.element_size() for p in results[0]["still"]["parameters"])
+    for rank_result in results:
+        moved, still = rank_result["moved"]["parameters"], rank_result["still"]["parameters"]
+        assert all(torch.equal(a, b) for a, b in zip(moved, still, strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(moved, results[0]["moved"]["parameters"], strict=True))
+        for reduced_bytes, seconds, mib_per_s in rank_result["moved"]["reduced"]:
+            assert reduced_bytes == gradient_bytes
+            assert seconds > 0 and mib_per_s > 0

@@ -2,7 +2,8 @@
 
 Every strategy sums one tensor over all ranks and leaves the same bits on every rank:
 - RING: torch.distributed.all_reduce (gloo's ring all-reduce; DDP's default, so no hook is registered for it).
-- STAR: every rank sends its tensor to rank 0, which adds them in rank order and sends the sum back.
+- STAR: every rank sends its tensor to the root (rank 0 unless moved: `StrategyHook.root`), which adds them in
+  rank order, whoever the root is (so moving it changes no bit of the sum), and sends the sum back.
 - BINARY_TREE: partial sums flow up the binary tree of ranks (parent of r: (r-1)//2), the total flows down.
 - BINARY_TREE_STAR: a star inside each group of `group_size` consecutive ranks (a machine: its local ranks), a
   binary tree among the groups' first ranks, then the sum back down the tree and out along each star.
@@ -13,13 +14,16 @@ the all-reduce's sum, on floats the same sum up to the order of additions. Tenso
 cut into chunks (at most MAX_CHUNKS) exchanged at once, each on its own thread and message tag, so that one
 chunk's sum travels back while the next one is still arriving (a pipeline, as KungFu's chunked all-reduce). The
 hook runs each bucket's exchange on one background thread, in bucket order (the same on every rank), so
-communication still overlaps the rest of the backward pass, as DDP's own all-reduce does.
+communication still overlaps the rest of the backward pass, as DDP's own all-reduce does, and counts the bytes it
+reduced and the seconds it took (`StrategyHook.throughput`: KungFu's per-step all-reduce throughput).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -48,19 +52,36 @@ def _send(tensor: torch.Tensor, destinations: list[int], tag: int) -> None:
         work.wait()
 
 
-def _star_reduce(tensor: torch.Tensor, members: list[int], tag: int) -> None:
-    """The first member ends with the sum over `members` (its own tensor first); the others send theirs."""
-    leader = members[0]
-    if dist.get_rank() == leader:
+def _add_in_member_order(tensor: torch.Tensor, members: list[int], tag: int) -> None:
+    """`tensor` (this rank's, a member) becomes the sum of every member's, added in the order of `members`."""
+    rank = dist.get_rank()
+    others = [member for member in members if member != rank]
+    received = {member: torch.empty_like(tensor) for member in others}
+    for work in [dist.irecv(received[member], src=member, tag=tag) for member in others]:
+        work.wait()
+    parts = [tensor if member == rank else received[member] for member in members]
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total.add_(part)
+    tensor.copy_(total)
+
+
+def _star_reduce(tensor: torch.Tensor, members: list[int], tag: int, leader: int | None = None) -> None:
+    """The leader (the first member unless given) ends with the sum over `members`, added in member order; the
+    others send theirs."""
+    leader = members[0] if leader is None else leader
+    if dist.get_rank() != leader:
+        dist.send(tensor, dst=leader, tag=tag)
+    elif leader == members[0]:
         _add_received(tensor, members[1:], tag)
     else:
-        dist.send(tensor, dst=leader, tag=tag)
+        _add_in_member_order(tensor, members, tag)
 
 
-def _star_broadcast(tensor: torch.Tensor, members: list[int], tag: int) -> None:
-    leader = members[0]
+def _star_broadcast(tensor: torch.Tensor, members: list[int], tag: int, leader: int | None = None) -> None:
+    leader = members[0] if leader is None else leader
     if dist.get_rank() == leader:
-        _send(tensor, members[1:], tag)
+        _send(tensor, [member for member in members if member != leader], tag)
     else:
         dist.recv(tensor, src=leader, tag=tag)
 
@@ -82,10 +103,11 @@ def ring(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def star(tensor: torch.Tensor, tag: int = 0) -> torch.Tensor:
+def star(tensor: torch.Tensor, tag: int = 0, root: int = 0) -> torch.Tensor:
+    """The sum at `root` (added in rank order whatever the root), then sent back to every rank."""
     everyone = list(range(dist.get_world_size()))
-    _star_reduce(tensor, everyone, tag)
-    _star_broadcast(tensor, everyone, tag)
+    _star_reduce(tensor, everyone, tag, root)
+    _star_broadcast(tensor, everyone, tag, root)
     return tensor
 
 
@@ -121,15 +143,17 @@ def clique(tensor: torch.Tensor, tag: int = 0) -> torch.Tensor:
     return tensor.copy_(total)
 
 
-def chunked(exchange: Callable[..., torch.Tensor]) -> Reducer:
-    """`exchange(tensor, tag=...)` on chunks of a large tensor at once (one thread and tag each), in place."""
+def chunked(exchange: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`exchange(tensor, tag=..., **options)` on chunks of a large tensor at once (one thread and tag each), in
+    place."""
 
-    def reduce(tensor: torch.Tensor) -> torch.Tensor:
+    def reduce(tensor: torch.Tensor, **options: int) -> torch.Tensor:
         pieces = min(MAX_CHUNKS, max(1, tensor.numel() * tensor.element_size() // CHUNK_BYTES))
         if pieces == 1 or not tensor.is_contiguous():
-            return exchange(tensor, tag=0)
+            return exchange(tensor, tag=0, **options)
         running = [
-            _chunk_threads.submit(exchange, chunk, tag=tag) for tag, chunk in enumerate(tensor.view(-1).chunk(pieces))
+            _chunk_threads.submit(exchange, chunk, tag=tag, **options)
+            for tag, chunk in enumerate(tensor.view(-1).chunk(pieces))
         ]
         for future in running:
             future.result()
@@ -152,27 +176,63 @@ def reducer(strategy: str, group_size: int) -> Reducer:
     return reducers[strategy]
 
 
-def strategy_hook(strategy: str, group_size: int) -> Callable[[object, dist.GradBucket], torch.futures.Future]:
-    """A DDP communication hook averaging each gradient bucket with `strategy`, off the backward thread."""
-    reduce = reducer(strategy, group_size)
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"strategy-{strategy.lower()}")
+@dataclass
+class ReducedVolume:
+    """Bytes reduced and seconds spent reducing them, summed over buckets since the last `take`."""
 
-    def exchange(tensor: torch.Tensor, future: torch.futures.Future) -> None:
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def take(self) -> ReducedVolume:
+        taken = ReducedVolume(self.bytes, self.seconds)
+        self.bytes, self.seconds = 0, 0.0
+        return taken
+
+    @property
+    def mib_per_s(self) -> float:
+        return self.bytes / 2**20 / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class StrategyHook:
+    """A DDP communication hook averaging each gradient bucket with `strategy`, off the backward thread, counting
+    what it reduced. `root`: STAR's root, changed between steps (never during one) the same way on every rank."""
+
+    strategy: str
+    group_size: int
+    root: int = 0
+    reduced: ReducedVolume = field(default_factory=ReducedVolume)
+
+    def __post_init__(self) -> None:
+        self.reduce = reducer(self.strategy, self.group_size)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"strategy-{self.strategy.lower()}")
+
+    def throughput(self) -> ReducedVolume:
+        """What the hook reduced since the last call (call it after a step's backward pass has been waited for)."""
+        return self.reduced.take()
+
+    def exchange(self, tensor: torch.Tensor, future: torch.futures.Future) -> None:
         try:
-            future.set_result(reduce(tensor.div_(dist.get_world_size())))
+            started = time.perf_counter()
+            options = {"root": self.root} if self.strategy == "STAR" else {}
+            result = self.reduce(tensor.div_(dist.get_world_size()), **options)
+            self.reduced.bytes += tensor.numel() * tensor.element_size()
+            self.reduced.seconds += time.perf_counter() - started
+            future.set_result(result)
         except Exception as error:  # handed to DDP, which raises it in the training thread
             future.set_exception(error)
 
-    def hook(state, bucket):  # unannotated: DDP compares annotations with the real types, not strings
+    def communicate(self, state, bucket):  # unannotated: DDP compares annotations with the real types, not strings
         future: torch.futures.Future = torch.futures.Future()
-        executor.submit(exchange, bucket.buffer(), future)
+        self.executor.submit(self.exchange, bucket.buffer(), future)
         return future
 
-    return hook
 
-
-def apply_strategy(model: DistributedDataParallel, strategy: str, group_size: int) -> None:
-    """Make `model` average its gradients with `strategy` (RING keeps DDP's own all-reduce)."""
+def apply_strategy(model: DistributedDataParallel, strategy: str, group_size: int) -> StrategyHook | None:
+    """Make `model` average its gradients with `strategy` (RING keeps DDP's own all-reduce: no hook)."""
     reducer(strategy, group_size)
-    if strategy != "RING":
-        model.register_comm_hook(None, strategy_hook(strategy, group_size))
+    if strategy == "RING":
+        return None
+    hook = StrategyHook(strategy, group_size)
+    model.register_comm_hook(None, hook.communicate)
+    return hook

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 FIGURES = {
     "kungfu-fig4": "ddlrepro.host.figures.kungfu_fig4",
+    "kungfu-fig5": "ddlrepro.host.figures.kungfu_fig5",
     "kungfu-fig6": "ddlrepro.host.figures.kungfu_fig6",
     "kungfu-fig7": "ddlrepro.host.figures.kungfu_fig7",
     "kungfu-fig8": "ddlrepro.host.figures.kungfu_fig8",

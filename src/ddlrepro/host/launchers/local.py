@@ -11,7 +11,8 @@ Three ways to start the ranks, by what the point runs (`launch_mode`):
   output lines are filed under the rank their tag names.
 
 With `images.build` podman or docker, every rank runs in the built image (its own container on the host's network).
-Elastic points run under their runtime (hosting.py), as processes on this machine.
+Elastic points run under their runtime (hosting.py), as processes on this machine. A point whose params name
+`testbed_hosts` runs its ranks one per host of its own testbed, with competing traffic (testbed_ranks.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any, ClassVar, Self
 
 from ddlrepro.host.config import ConfigError
 from ddlrepro.host.hostload import process_tree_cpu
-from ddlrepro.host.launchers import hosting
+from ddlrepro.host.launchers import hosting, testbed_ranks
 from ddlrepro.host.launchers.base import CpuCounter, JobSpec, RunFailed, WorkerSpec
 from ddlrepro.host.launchers.hosting import peak_workers
 from ddlrepro.host.launchers.processes import (
@@ -93,6 +94,7 @@ class LocalRequest:
     tensorflow_workers: list[str] = field(default_factory=list)
     containers: list[str] = field(default_factory=list)
     container_engine: list[str] = field(default_factory=list)
+    testbed: testbed_ranks.TestbedPlacement | None = None
 
 
 def check_fits_machine(point: Point, oversubscription: float, cores: int | None = None) -> None:
@@ -178,8 +180,14 @@ class LocalLauncher:
             if in_image:
                 command = in_container(container_run, container, container_name(point, rank), env, run_dir, command)
             workers.append(WorkerSpec(rank, command, env))
+        placed = testbed_ranks.placement(point.params, point.workers, run_dir)
+        if placed:
+            if in_image or mode != "ranks" or tensorflow:
+                raise ValueError(f"point {point.id}: testbed hosts run plain torch ranks, not {mode} or images")
+            workers, rendezvous["master_addr"] = testbed_ranks.placed_workers(workers, placed)
         return LocalRequest(
             **rendezvous,
+            testbed=placed,
             workers=workers,
             horovod_port=horovod_port,
             tensorflow_workers=tensorflow_workers,
@@ -239,14 +247,24 @@ def _execute_ranks(spec: JobSpec[LocalRequest], output: OutputCollector) -> None
     workers: list[Started] = []
     port = job.horovod_port
     server = taskenv.rendezvous_server([(taskenv.LOCALHOST, job.ranks)], port) if port else contextlib.nullcontext()
-    with server:
+    with server, _line_handler(job, output) as on_line:
         try:
             for worker in job.workers:
-                workers.append(start(worker, partial(output.add_line, worker.rank)))
+                workers.append(start(worker, partial(on_line, worker.rank)))
             _wait(workers, spec.timeout_s, output)
         finally:
             stop(workers)
             remove_containers(job)
+
+
+@contextlib.contextmanager
+def _line_handler(job: LocalRequest, output: OutputCollector) -> Iterator[testbed_ranks.LineHandler]:
+    """Where the ranks' lines go: the collector, through the testbed's traffic trigger when on testbed hosts."""
+    if job.testbed is None:
+        yield output.add_line
+        return
+    with testbed_ranks.hosted(job.testbed, output) as on_line:
+        yield on_line
 
 
 MPIRUN_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$")

@@ -8,4 +8,5 @@ WORKLOADS = {
     "consistent": "ddlrepro.rank.workloads.consistent",
     "allreduce": "ddlrepro.rank.workloads.allreduce",
     "adaptive_batch": "ddlrepro.rank.workloads.adaptive_batch",
+    "adaptive_strategy": "ddlrepro.rank.workloads.adaptive_strategy",
 }

@@ -1,0 +1,164 @@
+"""A point's ranks one per testbed host (`testbed_hosts` in its params), and the competing traffic into rank 0's host.
+
+The run owns its testbed: created before the first rank starts and destroyed after the last one ended, whatever
+happened (Testbed's context manager: exceptions, SIGTERM). Host i+1 runs rank i through the testbed's exec
+prefix (its network namespace and hostname); MASTER_ADDR is host 1's 198.18.x address; the host after the last
+rank's only sends the traffic. Every link has the point's `link_rate`.
+
+The traffic (`traffic` in the params: connections, offered rate, seconds) is real TCP from that extra host into
+host 1 (rank 0, STAR's first root), started when rank 0 prints its `interference_requested` record: the host side
+reacts to what a rank reports, the ranks decide nothing by a clock. It stops after its seconds or when the run
+ends. Its outcome (testbed/traffic.py's flow record) is filed into the run's metrics: `traffic_start` (time and
+value: the first byte's arrival), `traffic_received_bytes` and `traffic_achieved_bps`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ddlrepro.host.launchers.base import WorkerSpec
+from ddlrepro.host.rundir import OutputCollector
+from ddlrepro.host.testbed import Testbed, traffic
+from ddlrepro.host.testbed.network import plan_hosts, run
+from ddlrepro.records import RECORD_PREFIX
+
+SUBNET = "198.18.0.0/24"
+TRIGGER = "interference_requested"
+FLOWS_FILE = "flows.jsonl"
+RTO_MIN = "10ms"
+
+LineHandler = Callable[[int | None, str, str], None]
+
+
+@dataclass(frozen=True)
+class TestbedPlacement:
+    """Where a point's ranks run: its own testbed (owner, hosts, link rate) and the traffic into host 1, if any."""
+
+    __test__ = False  # not a pytest test class despite its name
+
+    owner: str
+    hosts: int
+    link_rate: str
+    flows_file: str
+    traffic: dict[str, Any] | None
+
+
+def placement(params: dict[str, Any], workers: int, run_dir: Path) -> TestbedPlacement | None:
+    """The point's testbed, None when it runs on this machine's loopback (no `testbed_hosts`)."""
+    hosts = params.get("testbed_hosts")
+    if not hosts:
+        return None
+    if hosts < workers + 1:
+        raise ValueError(f"testbed_hosts {hosts}: {workers} ranks need {workers + 1} hosts (the last sends traffic)")
+    owner = "r" + secrets.token_hex(5)  # one testbed per run, even for runs of the same point at once
+    return TestbedPlacement(
+        owner, hosts, params["link_rate"], str(run_dir.resolve() / FLOWS_FILE), params.get("traffic")
+    )
+
+
+def planned_testbed(where: TestbedPlacement) -> Testbed:
+    """The testbed as it will be (names, addresses), before it exists: what renders the ranks' commands."""
+    hosts = plan_hosts(where.owner, where.hosts, ipaddress.ip_network(SUBNET))
+    return Testbed(where.owner, hosts, SUBNET, {}, 0)
+
+
+def placed_workers(workers: list[WorkerSpec], where: TestbedPlacement) -> tuple[list[WorkerSpec], str]:
+    """Rank i's command run on host i+1, each rank alone on its host; and MASTER_ADDR (host 1's address)."""
+    testbed = planned_testbed(where)
+    master = testbed.hosts[0].address
+    placed = []
+    for worker in workers:
+        assert worker.rank is not None
+        env = {**worker.env, "MASTER_ADDR": master, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+        env["GLOO_SOCKET_IFNAME"] = testbed.hosts[worker.rank].interface
+        placed.append(replace(worker, command=[*testbed.exec_prefix(worker.rank + 1), *worker.command], env=env))
+    return placed, master
+
+
+def requests_traffic(line: str) -> bool:
+    """Whether a line is rank 0's `interference_requested` record (a cheap test first: every line passes here)."""
+    return (
+        TRIGGER in line
+        and line.startswith(RECORD_PREFIX)
+        and json.loads(line[len(RECORD_PREFIX) :]).get("metric") == TRIGGER
+    )
+
+
+class Interference:
+    """Starts the placement's traffic when rank 0 asks for it, once; files its outcome when stopped."""
+
+    def __init__(self, testbed: Testbed, where: TestbedPlacement, output: OutputCollector) -> None:
+        self.testbed = testbed
+        self.where = where
+        self.output = output
+        self.running: traffic.Traffic | None = None
+        self._lock = threading.Lock()
+
+    def add_line(self, rank: int | None, stream: str, line: str) -> None:
+        self.output.add_line(rank, stream, line)
+        if rank == 0 and stream == "stdout" and requests_traffic(line):
+            self.start()
+
+    def start(self) -> None:
+        if self.where.traffic is None:
+            return
+        with self._lock:
+            if self.running is not None:
+                return
+            settings = self.where.traffic
+            flow = traffic.Flow(
+                source=self.testbed.hosts[-1].name,
+                destination=self.testbed.hosts[0].name,
+                connections=settings["connections"],
+                rate=settings["rate"],
+                start_s=0.0,
+                stop_s=float(settings["seconds"]),
+            )
+            self.running = traffic.start(self.testbed, [flow], Path(self.where.flows_file))
+
+    def stop(self) -> None:
+        with self._lock:
+            if self.running is None:
+                return
+            self.running.stop()
+        flows = Path(self.where.flows_file)
+        for line in flows.read_text().splitlines() if flows.exists() else []:
+            flow = json.loads(line)
+            first, last = flow.get("first_byte"), flow.get("last_byte")
+            if first is None or last is None:  # no byte arrived: the figure's traffic windows stay unmeasured
+                continue
+            for metric, time, value in (
+                ("traffic_start", first, first),
+                ("traffic_received_bytes", last, flow["received_bytes"]),
+                ("traffic_achieved_bps", last, flow["achieved_bps"]),
+            ):
+                self.output.add_record({"kind": "metric", "time": time, "metric": metric, "value": value})
+
+
+def datacenter_retransmits(testbed: Testbed) -> None:
+    """A lost packet retransmitted after RTO_MIN, not Linux's default 200 ms: on these sub-millisecond links a
+    lost tail packet of a gradient (three ranks bursting into the root's queue at once) would otherwise stall a
+    0.3 s step by 0.2 s and read as interference; data-centre hosts lower it the same way."""
+    for host in testbed.hosts:
+        route = f"{testbed.subnet} dev {host.interface} proto kernel scope link src {host.address} rto_min {RTO_MIN}"
+        run(["ip", "-n", host.namespace, "route", "replace", *route.split()])
+
+
+@contextmanager
+def hosted(where: TestbedPlacement, output: OutputCollector) -> Iterator[LineHandler]:
+    """The placement's testbed while the ranks run; yields the handler their output lines go through."""
+    with Testbed.create(where.owner, where.hosts, where.link_rate, SUBNET) as testbed:
+        datacenter_retransmits(testbed)
+        interference = Interference(testbed, where, output)
+        try:
+            yield interference.add_line
+        finally:
+            interference.stop()

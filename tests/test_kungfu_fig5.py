@@ -1,0 +1,118 @@
+"""KungFu Fig 5 end to end: bad input refused before any job, skipped without root, and `snakemake kungfu_fig5`
+on real testbed hosts (as root) whose checks hold."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import REPO, snakemake
+
+from ddlrepro.host.config import ConfigError, load_config
+from ddlrepro.host.figures import figure_points
+from ddlrepro.host.launchers import local_launcher
+from ddlrepro.host.launchers.base import RunFailed
+from ddlrepro.host.run import run_point, unmet_requirement
+from ddlrepro.host.testbed import remove_leftovers
+from ddlrepro.host.testbed.limits import unavailable_reason
+from ddlrepro.host.testbed.network import NETNS_RUN
+
+REASON = unavailable_reason()
+FIGURE = "kungfu-fig5"
+
+
+@pytest.fixture(scope="module")
+def smoke() -> dict:
+    return load_config(REPO / "config" / "config.yaml")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"link_rate": "0mbit"}, r"figures\.kungfu-fig5\.link_rate: link rate '0mbit' must be above 0"),
+        ({"traffic_rate": "fast"}, r"figures\.kungfu-fig5\.traffic_rate: link rate 'fast' is not a rate"),
+        ({"interference_step": 20}, r"figures\.kungfu-fig5\.interference_step: 20 is not before the run's end"),
+        ({"strategy": "RING"}, r"figures\.kungfu-fig5\.strategy: 'RING': KungFu's policy moves the root of a STAR"),
+        ({"workers": 1}, r"figures\.kungfu-fig5\.workers: 1 is less than the minimum of 2"),
+        ({"reference_step": 7}, r"figures\.kungfu-fig5\.reference_step: 7 must come before interference_step 7"),
+    ],
+)
+def test_bad_input_names_the_key(smoke: dict, change: dict, message: str) -> None:
+    config = copy.deepcopy(smoke)
+    config["figures"][FIGURE].update(change)
+    with pytest.raises(ConfigError, match=message):
+        from ddlrepro.host.config import validate_config
+
+        validate_config(config)
+        figure_points(config)
+
+
+def test_bad_input_stops_the_workflow_before_any_job(workflow_copy: Path) -> None:
+    bad = workflow_copy / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"figures": {FIGURE: {"interference_step": 40}}}))
+    done = snakemake(workflow_copy, "-n", "kungfu_fig5", "--configfile", "config/config.yaml", str(bad), timeout=120)
+    assert done.returncode != 0
+    assert (
+        "figures.kungfu-fig5.interference_step: 40 is not before the run's end (steps: 20)" in done.stdout + done.stderr
+    )
+    assert not (workflow_copy / "results").exists()
+
+
+def test_points_are_skipped_without_root(smoke: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ddlrepro.host.run.testbed_unavailable_reason", lambda: "needs root for network namespaces")
+    points = figure_points(smoke)[FIGURE]
+    assert sorted(point.params["run"] for point in points.values()) == ["adaptive", "no adaptation", "quiet"]
+    for point in points.values():
+        record = run_point(point, tmp_path / point.id)
+        assert (record["status"], record["reason"]) == ("skipped", "skipped: needs root for network namespaces")
+
+
+def test_points_are_skipped_under_another_launcher(smoke: dict) -> None:
+    point = next(iter(figure_points(smoke)[FIGURE].values()))
+    reason = unmet_requirement(point, "slurm")
+    assert reason == "skipped: runs on testbed hosts, which the local launcher makes, not the slurm launcher"
+
+
+def our_namespaces() -> set[str]:
+    return set(os.listdir(NETNS_RUN)) if NETNS_RUN.exists() else set()
+
+
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+def test_a_failed_run_leaves_no_testbed(smoke: dict, tmp_path: Path) -> None:
+    """Rank 1 fails on its host: the run fails naming it, and its testbed is gone (hosts, state) all the same."""
+    point = next(point for point in figure_points(smoke)[FIGURE].values() if point.params["run"] == "adaptive")
+    broken = replace(point, params={**point.params, "strategy": "RING"})  # the workload refuses it on every rank
+    before = our_namespaces()
+    with pytest.raises(RunFailed, match="STAR and at least 2 workers"):
+        run_point(broken, tmp_path / "run", local_launcher(120))
+    assert our_namespaces() <= before
+    owner = json.loads((tmp_path / "run" / "jobspec.json").read_text())["testbed"]["owner"]
+    assert not remove_leftovers(owner)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+def test_snakemake_kungfu_fig5_on_testbed_hosts(workflow_copy: Path) -> None:
+    """The three runs on 5 testbed hosts each; every testbed gone afterwards; the paper's relations hold."""
+    before = our_namespaces()
+    done = snakemake(workflow_copy, "kungfu_fig5", "--configfile", "config/config.yaml", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert our_namespaces() <= before  # each run destroyed its testbed
+    results = workflow_copy / "results"
+    summary = pd.read_csv(results / "tables" / f"{FIGURE}.summary.csv").set_index("run")
+    assert summary.loc["adaptive", "switches"] == 1 and summary.loc["quiet", "switches"] == 0
+    assert summary.loc["no adaptation", "switches"] == 0
+    checks = pd.read_csv(results / "checks" / f"{FIGURE}.tsv", sep="\t").set_index("check")
+    relations = ["one-switch", "at-most-one-switch", "switch-after-traffic", "quiet-run-never-switches"]
+    assert (checks.loc[relations, "status"] == "pass").all(), checks.loc[relations]
+    for timing in ["adaptive-beats-fixed-under-interference", "recovers-after-switch"]:
+        assert checks.loc[timing, "status"] in ("pass", "disturbed"), checks.loc[timing].to_dict()
+    for run_dir in (results / "runs" / FIGURE).iterdir():
+        jobspec = yaml.safe_load((run_dir / "jobspec.json").read_text())
+        assert not remove_leftovers(jobspec["testbed"]["owner"])  # nothing of it was left to remove
