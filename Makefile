@@ -65,6 +65,7 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/elastic_resize.py
 	$(BIN)/python benchmarks/testbed_setup.py
 	$(BIN)/python benchmarks/link_bandwidth.py
+	$(BIN)/python benchmarks/adaptive_policies.py
 	$(BIN)/python benchmarks/report.py
 	$(BIN)/python benchmarks/readme_table.py
 

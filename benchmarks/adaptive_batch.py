@@ -8,7 +8,7 @@ changes (one step each: a single step is at the mercy of foreign load), the larg
 ids before and after every change must be the same (no restart). Target (targets.yaml, `adaptive_policies`): a batch
 change costs ≤ 1 step and no restart.
 
-    python benchmarks/adaptive_batch.py [--batches 8 12 16 ... 64] [--steady 8]
+    python benchmarks/adaptive_policies.py --parts batch [--batches 8 12 16 ... 64] [--steady 8]
 """
 
 from __future__ import annotations
@@ -97,15 +97,3 @@ def measure(record: BenchmarkRecord, args: argparse.Namespace) -> None:
     )
     record.add("batch-change-cost-steps-max", "largest extra time of a batch change", max(costs), "steps", load)
     record.add("batch-change-restarts", "processes restarted by the batch changes", restarts, "", load)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    args = parser.parse_args()
-    with BenchmarkRecord(__file__, args) as record:
-        measure(record, args)
-
-
-if __name__ == "__main__":
-    main()

@@ -11,7 +11,7 @@
 The throughputs the ranks feed the policy are scripted (`scripted_throughput`: 1 → 2 → … → max_workers, then back
 by one) so that every kind of event happens whatever this machine's speed; the latencies are measured.
 
-    python benchmarks/adaptive_provisioning.py [--max-workers 3]
+    python benchmarks/adaptive_policies.py --parts provisioning [--max-workers 3]
 """
 
 from __future__ import annotations
@@ -87,15 +87,3 @@ def resize_events(run_dir: Path) -> list[dict[str, float]]:
 def process_ids(run_dir: Path) -> set[int]:
     """The process ids the run's workers announced (each process once, at its start)."""
     return {record["pid"] for record in live_records(run_dir) if record["kind"] == "worker"}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    args = parser.parse_args()
-    with BenchmarkRecord(__file__, args) as record:
-        measure(record, args)
-
-
-if __name__ == "__main__":
-    main()

@@ -5,7 +5,7 @@ the local launcher. Figures: the slowest switch after the first step run fully u
 seconds (targets: ≤ 3 steps and ≤ 2 s), and the switches of all quiet runs together (target 0). As root (network
 namespaces); otherwise it says why and records nothing.
 
-    python benchmarks/adaptive_strategy.py [--adaptive-runs 2] [--quiet-runs 5]
+    python benchmarks/adaptive_policies.py --parts strategy [--adaptive-runs 2] [--quiet-runs 5]
 """
 
 from __future__ import annotations
@@ -86,16 +86,3 @@ def measure(record: BenchmarkRecord, args: argparse.Namespace) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adaptive-runs", type=int, default=2, help="runs of kungfu-fig5's adaptive point")
     parser.add_argument("--quiet-runs", type=int, default=5, help="runs of kungfu-fig5's quiet point")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    args = parser.parse_args()
-    # Filed as adaptive_policies (the benchmark this part belongs to), so that its targets are checked.
-    with BenchmarkRecord(str(Path(__file__).with_name("adaptive_policies.py")), args) as record:
-        measure(record, args)
-
-
-if __name__ == "__main__":
-    main()
