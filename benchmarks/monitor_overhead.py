@@ -5,6 +5,8 @@ All settings live in the same two processes (one DDP model each, same weights) a
 divided by plain DDP's in the same round; the overhead is 1 − the median of those ratios (pairing within a round
 cancels the drift between rounds). Targets (targets.yaml): noise-scale@1 ≤ 2 %, variance@1 ≤ 10 %, variance@8 ≤ 2 %.
 
+A setting may name the noise scale's micro-batches per worker: `noise-scale@1/k4` (default k = 1).
+
     python benchmarks/monitor_overhead.py [--model resnet20] [--batch-size 32] [--image-size N] [--rounds 20]
 """
 
@@ -36,9 +38,12 @@ WORLD = 2
 def trainer(model: torch.nn.Module, setting: str, batch: tuple[torch.Tensor, torch.Tensor], size: int):
     ddp = DistributedDataParallel(copy.deepcopy(model))
     monitor = None
-    parsed = parse_setting(setting)
+    figure_setting, _, micro_batches = setting.partition("/k")
+    parsed = parse_setting(figure_setting)
     if parsed["monitor"] != "none":
-        monitor = GradientMonitor(parsed["monitor"], parsed["monitor_interval"], size, WORLD)
+        monitor = GradientMonitor(
+            parsed["monitor"], parsed["monitor_interval"], size, WORLD, micro_batches=int(micro_batches or 1)
+        )
         monitor.attach(ddp)
     step = make_train_step(ddp, *batch)
 
@@ -84,21 +89,29 @@ def report(rates: dict[str, list[float]], args: argparse.Namespace, load: HostLo
             record.add(f"{setting}-overhead", f"{setting}: overhead vs no monitor", overhead, "%", load)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser, settings: list[str] = SETTINGS) -> None:
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=None, help="default: the model's own")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--settings", nargs="+", default=SETTINGS, help="none first: the baseline")
+    parser.add_argument("--settings", nargs="+", default=settings, help="none first: the baseline")
+
+
+def measure(record: BenchmarkRecord, args: argparse.Namespace) -> None:
+    with ForeignLoadMeter() as meter, mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(worker, args=(free_loopback_port(), args, out), nprocs=WORLD, join=True)
+        rates = dict(out)
+    report(rates, args, meter.load, record)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
     args = parser.parse_args()
     with BenchmarkRecord(__file__, args) as record:
-        with ForeignLoadMeter() as meter, mp.Manager() as manager:
-            out = manager.dict()
-            mp.spawn(worker, args=(free_loopback_port(), args, out), nprocs=WORLD, join=True)
-            rates = dict(out)
-        report(rates, args, meter.load, record)
+        measure(record, args)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Both run on every `interval`-th step and leave the gradients (hence training) ex
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
 from typing import Any
 
 import torch

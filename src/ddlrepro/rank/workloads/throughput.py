@@ -81,7 +81,8 @@ def data_parallel(model: nn.Module, ctx: RankContext) -> nn.Module:
 
 
 def attach_monitor(model: nn.Module, params: dict[str, Any], ctx: RankContext) -> GradientMonitor | None:
-    """The configured online monitor (`monitor`, `monitor_interval`, `noise_scale_alpha`), if any."""
+    """The configured online monitor (`monitor`, `monitor_interval`, `noise_scale_alpha`,
+    `noise_scale_micro_batches`), if any."""
     kind = params.get("monitor", "none")
     if kind == "none":
         return None
@@ -93,6 +94,7 @@ def attach_monitor(model: nn.Module, params: dict[str, Any], ctx: RankContext) -
         params["batch_size"],
         ctx.world_size,
         params.get("noise_scale_alpha", 0.6),
+        params.get("noise_scale_micro_batches", 1),
     )
     monitor.attach(model)
     return monitor
@@ -114,9 +116,9 @@ def torch_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
 
     def step() -> torch.Tensor:
         loss = train_step()
-        measured = monitor.end_step() if monitor else None
-        if measured:
-            emit("metric", rank=ctx.rank, step=monitor.step - 1, metric=measured[0], value=measured[1])
+        if monitor and monitor.end_step():
+            for metric, value in monitor.measurements.items():
+                emit("metric", rank=ctx.rank, step=monitor.step - 1, metric=metric, value=value)
         return loss
 
     settings = {"framework": "torch", "strategy": strategy, "monitor": params.get("monitor", "none")}

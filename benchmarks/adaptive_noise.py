@@ -1,0 +1,32 @@
+"""The noise-scale monitor's cost on KungFu Fig 8's own model (MobileNetV2, 32 px, batch 32, 2 workers × 1 thread),
+the measurement of benchmarks/monitor_overhead.py (paired rounds in the same two processes): every step with the
+local gradient's norm (k = 1), and with 4 micro-batches per worker (k = 4, what Fig 4's policy can use at 2 workers).
+
+    python benchmarks/adaptive_noise.py [--rounds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import monitor_overhead
+from _common import BenchmarkRecord
+
+SETTINGS = ["none", "noise-scale@1", "noise-scale@1/k4"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    monitor_overhead.add_arguments(parser, SETTINGS)
+    parser.set_defaults(model="mobilenet_v2", image_size=32)
+
+
+def measure(record: BenchmarkRecord, args: argparse.Namespace) -> None:
+    monitor_overhead.measure(record, args)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    arguments = parser.parse_args()
+    with BenchmarkRecord(__file__, arguments) as record:
+        measure(record, arguments)
