@@ -1,6 +1,6 @@
 """The noise-scale monitor's cost on KungFu Fig 8's own model (MobileNetV2, 32 px, batch 32, 2 workers × 1 thread),
-the measurement of benchmarks/monitor_overhead.py (paired rounds in the same two processes): every step with the
-local gradient's norm (k = 1), and with 4 micro-batches per worker (k = 4, what Fig 4's policy can use at 2 workers).
+the measurement of benchmarks/monitor_overhead.py (paired rounds in the same two processes), every step and every
+8th step. (Micro-batches, `noise-scale@1/k4`, need a model without BatchNorm: pass `--model` and `--settings`.)
 
     python benchmarks/adaptive_noise.py [--rounds 20]
 """
@@ -12,7 +12,7 @@ import argparse
 import monitor_overhead
 from _common import BenchmarkRecord
 
-SETTINGS = ["none", "noise-scale@1", "noise-scale@1/k4"]
+SETTINGS = ["none", "noise-scale@1", "noise-scale@8"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -33,6 +33,12 @@ class MicroBatchNorms:
                 f"micro-batch gradient norms support {', '.join(kind.__name__ for kind in SUPPORTED)}; "
                 f"the model has parameters in {', '.join(sorted(set(unsupported)))}"
             )
+        coupled = [type(module).__name__ for module in self.layers if _couples_samples(module)]
+        if coupled:
+            raise ValueError(
+                f"micro-batch gradient norms need layers that treat samples independently; {coupled[0]} in "
+                "training mode couples them through its batch statistics (use 1 micro-batch)"
+            )
         self._squares: list[torch.Tensor] = []
 
     def attach(self) -> None:
@@ -82,13 +88,13 @@ def _own_parameters(module: nn.Module) -> bool:
     return any(parameter.requires_grad for parameter in module.parameters(recurse=False))
 
 
+def _couples_samples(module: nn.Module) -> bool:
+    return isinstance(module, nn.modules.batchnorm._BatchNorm) and (module.training or module.running_mean is None)
+
+
 def _normalised(layer: nn.modules.batchnorm._BatchNorm, features: torch.Tensor) -> torch.Tensor:
-    """x̂ as the layer computed it: batch statistics in training (or without running ones), running ones else."""
-    dims = [0, *range(2, features.dim())]
-    if layer.training or layer.running_mean is None:
-        mean, variance = features.mean(dims), features.var(dims, unbiased=False)
-    else:
-        mean, variance = layer.running_mean, layer.running_var
+    """x̂ as the layer computes it in evaluation mode, from its running statistics."""
+    mean, variance = layer.running_mean, layer.running_var
     shape = [1, -1] + [1] * (features.dim() - 2)
     return (features - mean.reshape(shape)) * torch.rsqrt(variance.reshape(shape) + layer.eps)
 

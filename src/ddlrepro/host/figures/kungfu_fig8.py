@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ddlrepro.host.figures.common import require, throughput_point
+from ddlrepro.host.figures.common import throughput_point
 from ddlrepro.points import Point
 
 if TYPE_CHECKING:
@@ -35,13 +35,6 @@ def parse_setting(setting: str) -> dict[str, Any]:
 
 
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
-    micro_batches = section["noise_scale_micro_batches"]
-    require(
-        section["batch_size"] % micro_batches == 0,
-        ID,
-        "noise_scale_micro_batches",
-        f"{micro_batches} micro-batches do not divide batch_size {section['batch_size']}",
-    )
     return [
         throughput_point(
             ID,
@@ -50,7 +43,6 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
             section["workers"],
             launcher,
             noise_scale_alpha=section["noise_scale_alpha"],
-            noise_scale_micro_batches=micro_batches,
             **parse_setting(setting),
         )
         for setting in section["monitors"]
@@ -147,14 +139,9 @@ def plot_noise_scale(noise: Axes, parts: Axes, monitored: pd.DataFrame, table: p
 
 
 def smoothing(table: pd.DataFrame) -> str:
-    """The smoothing the noise-scale runs used, e.g. `EMA α=0.6, k=4`."""
-    runs = table[table["monitor"] == "noise-scale"]
-    alpha = runs["noise_scale_alpha"].dropna().unique() if "noise_scale_alpha" in runs else []
-    micro = runs["noise_scale_micro_batches"].dropna().unique() if "noise_scale_micro_batches" in runs else []
-    parts = [f"EMA α={alpha[0]:g}" if len(alpha) == 1 else "EMA"]
-    if len(micro) == 1:
-        parts.append(f"k={int(micro[0])}")
-    return ", ".join(parts)
+    """The smoothing the noise-scale runs used, e.g. `EMAs α=0.9`."""
+    alpha = table.loc[table["monitor"] == "noise-scale", "noise_scale_alpha"].dropna().unique()
+    return f"EMAs α={alpha[0]:g}" if len(alpha) == 1 else "EMAs"
 
 
 def plot_variance(axis: Axes, monitored: pd.DataFrame) -> None:

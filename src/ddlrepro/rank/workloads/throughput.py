@@ -81,8 +81,7 @@ def data_parallel(model: nn.Module, ctx: RankContext) -> nn.Module:
 
 
 def attach_monitor(model: nn.Module, params: dict[str, Any], ctx: RankContext) -> GradientMonitor | None:
-    """The configured online monitor (`monitor`, `monitor_interval`, `noise_scale_alpha`,
-    `noise_scale_micro_batches`), if any."""
+    """The configured online monitor (`monitor`, `monitor_interval`, `noise_scale_alpha`), if any."""
     kind = params.get("monitor", "none")
     if kind == "none":
         return None
@@ -94,7 +93,6 @@ def attach_monitor(model: nn.Module, params: dict[str, Any], ctx: RankContext) -
         params["batch_size"],
         ctx.world_size,
         params.get("noise_scale_alpha", 0.6),
-        params.get("noise_scale_micro_batches", 1),
     )
     monitor.attach(model)
     return monitor
