@@ -70,7 +70,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     paper_ratios = plotting.drawn_references(references, "measured_ratio", "setting", scale)
     summary["paper_ratio"] = summary["setting"].map(paper_ratios.set_index("setting")["value"])
 
-    figure, (rates, noise, parts, variance) = plotting.new_figure(4, TITLE, panel_size=(4.6, 4.4))
+    figure, (rates, noise, parts, variance) = plotting.new_figure(4, TITLE, panel_size=(5.0, 4.4))
     positions = range(len(summary))
     bars = rates.bar(
         positions, summary["per_worker"], yerr=summary["confidence"], capsize=4, alpha=0.8, label="measured"
