@@ -83,6 +83,7 @@ def micro_batch_run(rank: int) -> dict:
     return values
 
 
+@pytest.mark.slow
 def test_noise_scale_spread_shrinks_with_micro_batches(tmp_path: Path) -> None:
     """B_simple = tr(Σ)/|G|² = 21 here; more small-batch samples a step give a steadier estimate near it."""
     results = spawn_gloo(micro_batch_run, WORLD, tmp_path)

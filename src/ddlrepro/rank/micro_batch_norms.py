@@ -5,8 +5,10 @@ and the gradient of micro-batch m alone (the mean over its B/k samples) is g_m =
 parameter gradient is a sum over samples (Linear: Σ δ_i x_iᵀ; Conv2d: the same over positions; BatchNorm's scale
 and shift: Σ δ_i·x̂_i and Σ δ_i), so a micro-batch's share is that sum over its own samples: computed here beside
 the backward pass from the input the forward pass saw and the output gradient autograd computes, leaving the
-accumulated gradients (hence training) untouched. BatchNorm's batch statistics couple the samples: a micro-batch's
-share is then the part of the full gradient its samples carry (the shares still sum exactly to it).
+accumulated gradients (hence training) untouched. BatchNorm in training mode is refused: its batch statistics
+couple the samples (its backward centres the output gradients over the batch), so one worker's micro-batch shares
+are anti-correlated rather than independent micro-batch gradients (on ResNet-20, random data, batch 32, k = 4:
+S 1.6 times that from the workers' whole gradients, |G|² below 0). In evaluation mode it treats samples alone.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class MicroBatchNorms:
             return
         if output.shape[0] % self.micro_batches:
             raise ValueError(f"a batch of {output.shape[0]} does not split into {self.micro_batches} micro-batches")
+        if _couples_samples(layer):
+            raise ValueError(f"{type(layer).__name__} in training mode: micro-batch norms need it in eval mode")
         features = inputs[0].detach()
         if isinstance(layer, nn.modules.batchnorm._BatchNorm):
             features = _normalised(layer, features)
