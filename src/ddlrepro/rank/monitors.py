@@ -5,9 +5,10 @@
   B_simple = S_ema / |G|²_ema. |G_big|² is the norm of the all-reduced gradient (B_big = B·workers). |G_small|² is
   the workers' mean of either their local gradient's norm (B_small = B; read at the end of the backward pass,
   before DDP copies the all-reduced gradient back) or, with k micro-batches, of the mean over each worker's k
-  micro-batch gradients (B_small = B/k; micro_batch_norms.py): k·workers small-batch samples a step instead of
-  `workers`, which at 2 workers is what makes the estimate usable. One scalar all-reduce a monitored step; no
-  communication hook, so DDP's own C++ all-reduce runs every step.
+  micro-batch gradients (B_small = B/k; micro_batch_norms.py; models without BatchNorm in training mode):
+  k·workers small-batch samples a step instead of `workers`. One scalar all-reduce a monitored step, started at
+  the end of the backward pass behind the last bucket; no communication hook, so DDP's own C++ all-reduce runs
+  every step.
 - Gradient variance: one extra all-reduce, of the squared local gradients, on monitored steps only, started
   beside the gradient's own all-reduce in a communication hook. Per tensor var = E[g²] − E[g]²; reported value:
   the sum over tensors of the Frobenius norms of var.
@@ -107,7 +108,8 @@ class GradientMonitor:
         """Every value of the last monitored step: the reported one and what it was computed from."""
         self._model: DistributedDataParallel | None = None
         self._micro_batches: MicroBatchNorms | None = None
-        self._local_sq: torch.Tensor | None = None
+        self._small_sq = torch.zeros(1, dtype=torch.float64)
+        self._small_sq_reduced: dist.Work | None = None
         # Keyed by bucket index: reduction callbacks may finish in a different order on each rank, and the sums
         # must be taken in one order for every rank to report the same float.
         self._variance_norms: dict[int, torch.Tensor] = {}
@@ -121,16 +123,16 @@ class GradientMonitor:
         self._model = model
         if self.kind == "variance":
             model.register_comm_hook(self, GradientMonitor._hook)
-        elif self.kind == "noise-scale" and self.micro_batches > 1:
-            self._micro_batches = MicroBatchNorms(model.module, self.micro_batches, lambda: self.active)
-            self._micro_batches.attach()
         elif self.kind == "noise-scale":
-            if model.gradient_as_bucket_view:
+            if self.micro_batches > 1:
+                self._micro_batches = MicroBatchNorms(model.module, self.micro_batches, lambda: self.active)
+                self._micro_batches.attach()
+            elif model.gradient_as_bucket_view:
                 raise ValueError("the noise scale reads the local gradient: DDP's gradient_as_bucket_view must be off")
             model.register_forward_hook(self._forward)
 
     def _forward(self, model: nn.Module, inputs: tuple, output: Any) -> None:
-        """On monitored steps, have the coming backward pass measure the local gradient at its end."""
+        """On monitored steps, have the coming backward pass measure the local |G_small|² at its end."""
         if self.active and torch.is_grad_enabled():
             leaf = next(leaf for leaf in tree_leaves(output) if isinstance(leaf, torch.Tensor) and leaf.requires_grad)
             leaf.register_hook(self._queue_local_norm)
@@ -141,7 +143,14 @@ class GradientMonitor:
         Variable._execution_engine.queue_callback(self._read_local_norm)
 
     def _read_local_norm(self) -> None:
-        self._local_sq = _squared_norm(self._model.module)
+        """Start averaging this worker's |G_small|² over the workers; it queues behind the last gradient bucket
+        and is done by the time `end_step` waits for it, so no rank blocks on a round trip of its own."""
+        if self._micro_batches is not None:
+            local_sq = self._micro_batches.take_small_squared()
+        else:
+            local_sq = _squared_norm(self._model.module)
+        self._small_sq = local_sq.detach().double().reshape(1)
+        self._small_sq_reduced = dist.all_reduce(self._small_sq, async_op=True)
 
     def _hook(self, bucket):  # unannotated: DDP rejects string annotations on hooks
         """Runs once per gradient bucket; returns the future of the averaged bucket, as DDP expects."""
@@ -166,15 +175,10 @@ class GradientMonitor:
         return mean
 
     def _noise_scale(self) -> dict[str, float]:
-        if self._micro_batches is not None:
-            local_sq = self._micro_batches.take_small_squared()
-        elif self._local_sq is not None:
-            local_sq = self._local_sq
-        else:
+        if self._small_sq_reduced is None:
             raise RuntimeError("no backward pass ran through the monitored model on this step")
-        small_sq = local_sq.detach().double().reshape(1)
-        dist.all_reduce(small_sq)  # every rank gets the same sum, hence the same value
-        small_sq = float(small_sq) / self.world_size
+        self._small_sq_reduced.wait()  # every rank gets the same sum, hence the same value
+        small_sq = float(self._small_sq) / self.world_size
         big_sq = float(_squared_norm(self._model.module))
         estimator = self.noise_scale
         value = estimator.update(small_sq, big_sq)
@@ -193,7 +197,7 @@ class GradientMonitor:
         elif self.active and self.kind == "variance":
             self.measurements = {"gradient_variance": float(_sum_by_index(self._variance_norms))}
             measured = ("gradient_variance", self.measurements["gradient_variance"])
-        self._local_sq = None
+        self._small_sq_reduced = None
         self._variance_norms.clear()
         self.step += 1
         return measured
