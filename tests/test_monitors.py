@@ -13,6 +13,7 @@ from conftest import spawn_gloo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddlrepro.rank.micro_batch_norms import MicroBatchNorms
 from ddlrepro.rank.monitors import Ema, GradientMonitor, NoiseScaleEstimator
 
 WORLD = 2
@@ -53,6 +54,87 @@ def test_noise_scale_matches_closed_form(tmp_path: Path) -> None:
     assert mean_gradient == pytest.approx(truth_gradient_sq, rel=0.10)
     assert mean_trace == pytest.approx(truth_trace, rel=0.10)
     assert mean_trace / mean_gradient == pytest.approx(truth_trace / truth_gradient_sq, rel=0.10)
+
+
+MICRO_BATCHES, SPREAD_STEPS, BURN_IN = (1, 4, 16), 300, 50
+
+
+def micro_batch_run(rank: int) -> dict:
+    """The same linear-regression batches measured with 1, 4 and 16 micro-batches per worker."""
+    torch.manual_seed(1000 + rank)
+    delta = torch.full((DIM,), 1 / math.sqrt(DIM))
+    models, monitors = [], []
+    for k in MICRO_BATCHES:
+        model = DistributedDataParallel(nn.Linear(DIM, 1, bias=False))
+        with torch.no_grad():
+            model.module.weight.copy_(delta)
+        monitor = GradientMonitor("noise-scale", 1, BATCH, WORLD, alpha=0.9, micro_batches=k)
+        monitor.attach(model)
+        models.append(model)
+        monitors.append(monitor)
+    values: dict[int, list[float]] = {k: [] for k in MICRO_BATCHES}
+    for _ in range(SPREAD_STEPS):
+        x = torch.randn(BATCH, DIM)
+        y = SIGMA * torch.randn(BATCH)
+        for k, model, monitor in zip(MICRO_BATCHES, models, monitors, strict=True):
+            model.zero_grad()
+            (0.5 * (model(x).squeeze(1) - y).square().mean()).backward()
+            values[k].append(monitor.end_step()[1])
+    return values
+
+
+@pytest.mark.slow
+def test_noise_scale_spread_shrinks_with_micro_batches(tmp_path: Path) -> None:
+    """B_simple = tr(Σ)/|G|² = 21 here; more small-batch samples a step give a steadier estimate near it."""
+    results = spawn_gloo(micro_batch_run, WORLD, tmp_path)
+    assert results[0] == results[1]
+    truth = (DIM + 1) + DIM * SIGMA**2
+    spreads = []
+    for k in MICRO_BATCHES:
+        values = torch.tensor(results[0][k][BURN_IN:], dtype=torch.float64)
+        spreads.append(float(values.std() / values.mean()))
+        if k > 1:
+            assert float(values.mean()) == pytest.approx(truth, rel=0.15), k
+    # S's spread shrinks with the samples; |G|²'s own (≈ 4·GᵀΣG / (B·workers)) does not: the gain flattens.
+    assert spreads[0] > 2 * spreads[1] and spreads[1] > spreads[2], spreads
+
+
+def shares_network() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, stride=2, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(inplace=True),
+        nn.Conv2d(4, 4, 3, padding=1, groups=2, bias=False),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(4 * 4 * 4, 3),
+    )
+
+
+@pytest.mark.parametrize("micro_batches", [1, 4])
+def test_micro_batch_norms_equal_each_micro_batch_gradient(micro_batches: int) -> None:
+    """Σ_m |c_m|² from the layer hooks equals that of each micro-batch's own backward (BatchNorm in eval mode:
+    samples independent)."""
+    torch.manual_seed(0)
+    model = shares_network().double().eval()
+    norms = MicroBatchNorms(model, micro_batches, lambda: True)
+    norms.attach()
+    x, y = torch.randn(8, 3, 8, 8, dtype=torch.float64), torch.randint(0, 3, (8,))
+    F.cross_entropy(model(x), y).backward()
+    measured = float(norms.take_small_squared())
+    expected = 0.0
+    for rows in torch.arange(8).chunk(micro_batches):
+        model.zero_grad()
+        (F.cross_entropy(model(x), y, reduction="none")[rows].sum() / 8).backward()
+        expected += sum(float(p.grad.square().sum()) for p in model.parameters()) * micro_batches
+    assert measured == pytest.approx(expected, rel=1e-9)
+
+
+def test_micro_batch_norms_reject_unsupported_layers() -> None:
+    with pytest.raises(ValueError, match="parameters in LayerNorm"):
+        MicroBatchNorms(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)), 2, lambda: True)
+    with pytest.raises(ValueError, match="BatchNorm2d in training mode couples them"):
+        MicroBatchNorms(shares_network(), 2, lambda: True)
 
 
 def small_network() -> nn.Module:
@@ -97,11 +179,43 @@ def test_variance_equals_variance_of_gathered_gradients(tmp_path: Path) -> None:
     assert all(value > 0 for value in results[0]["measured"])
 
 
-def training_run(rank: int, kind: str, interval: int, world: int) -> dict:
+def first_estimates_run(rank: int, micro_batches: int) -> dict:
+    """The monitor's first |G|² and S (an EMA starts at its first sample) beside those computed from every
+    worker's micro-batch gradients and the mean gradient, gathered directly."""
+    torch.manual_seed(0)
+    reference = small_network()
+    model = DistributedDataParallel(small_network(), bucket_cap_mb=0.0001)  # several buckets
+    model.module.load_state_dict(reference.state_dict())
+    monitor = GradientMonitor("noise-scale", 1, 8, WORLD, micro_batches=micro_batches)
+    monitor.attach(model)
+    x, y = batch(rank, 0)
+    F.cross_entropy(model(x), y).backward()
+    monitor.end_step()
+    small = []
+    for rows in torch.arange(8).chunk(micro_batches):
+        reference.zero_grad()
+        F.cross_entropy(reference(x[rows]), y[rows]).backward()
+        small.append(sum(parameter.grad.double().square().sum() for parameter in reference.parameters()))
+    small_sq = torch.stack(small).mean().reshape(1)
+    dist.all_reduce(small_sq)
+    big_sq = sum(float(parameter.grad.double().square().sum()) for parameter in model.module.parameters())
+    expected = monitor.noise_scale.estimates(float(small_sq) / WORLD, big_sq)
+    measured = (monitor.measurements["noise_scale_gradient_sq"], monitor.measurements["noise_scale_trace"])
+    return {"measured": measured, "expected": expected}
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_noise_scale_estimates_from_gathered_gradients(tmp_path: Path, micro_batches: int) -> None:
+    results = spawn_gloo(first_estimates_run, WORLD, tmp_path, micro_batches)
+    assert results[0]["measured"] == results[1]["measured"]
+    assert results[0]["measured"] == pytest.approx(results[0]["expected"], rel=1e-4)
+
+
+def training_run(rank: int, kind: str, interval: int, world: int, micro_batches: int = 1) -> dict:
     torch.manual_seed(0)
     model = DistributedDataParallel(small_network(), bucket_cap_mb=0.0001)
     if kind != "none":
-        monitor = GradientMonitor(kind, interval, 8, world)
+        monitor = GradientMonitor(kind, interval, 8, world, micro_batches=micro_batches)
         monitor.attach(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     for step in range(6):
@@ -121,10 +235,15 @@ def plain_training(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("kind", "interval"), [("noise-scale", 1), ("variance", 1), ("variance", 4)])
-def test_monitoring_does_not_change_training(plain_training, tmp_path: Path, kind: str, interval: int) -> None:
+@pytest.mark.parametrize(
+    ("kind", "interval", "micro_batches"),
+    [("noise-scale", 1, 1), ("noise-scale", 1, 4), ("variance", 1, 1), ("variance", 4, 1)],
+)
+def test_monitoring_does_not_change_training(
+    plain_training, tmp_path: Path, kind: str, interval: int, micro_batches: int
+) -> None:
     world = len(plain_training)
-    monitored = spawn_gloo(training_run, world, tmp_path, kind, interval, world)
+    monitored = spawn_gloo(training_run, world, tmp_path, kind, interval, world, micro_batches)
     for rank in range(world):
         for name, tensor in plain_training[rank].items():
             assert torch.equal(tensor, monitored[rank][name]), (rank, name)
@@ -148,3 +267,5 @@ def test_monitor_rejects_bad_settings() -> None:
         GradientMonitor("variance", 0, 8, 2)
     with pytest.raises(ValueError, match="at least 2 workers"):
         GradientMonitor("noise-scale", 1, 8, 1)
+    with pytest.raises(ValueError, match="divide the batch of 8, got 3"):
+        GradientMonitor("noise-scale", 1, 8, 2, micro_batches=3)

@@ -1,12 +1,17 @@
-"""Online training monitors (KungFu Fig 8), computed inside DDP's gradient all-reduce so they cost little.
+"""Online training monitors (KungFu Fig 8), measured beside DDP's own gradient all-reduce so they cost little.
 
-- Gradient noise scale (McCandlish et al. 2018): |G_small|² of this worker's gradient before the all-reduce that
-  DDP does anyway, |G_big|² of the averaged gradient after it. The workers' |G_small|² are averaged by riding as
-  one extra element on the step's last gradient all-reduce: no exchange of its own. Unbiased estimates of |G|²
-  and of S = tr(Σ) from the two batch sizes, each smoothed by an EMA; reported value S_ema / G_ema.
+- Gradient noise scale (McCandlish et al. 2018, appendix A): |G_small|² at B_small and |G_big|² at B_big give
+  unbiased estimates of |G|² and S = tr(Σ); each is smoothed by its own EMA and the value reported is
+  B_simple = S_ema / |G|²_ema. |G_big|² is the norm of the all-reduced gradient (B_big = B·workers). |G_small|² is
+  the workers' mean of either their local gradient's norm (B_small = B; read at the end of the backward pass,
+  before DDP copies the all-reduced gradient back) or, with k micro-batches, of the mean over each worker's k
+  micro-batch gradients (B_small = B/k; micro_batch_norms.py; models without BatchNorm in training mode):
+  k·workers small-batch samples a step instead of `workers`. One scalar all-reduce a monitored step, started at
+  the end of the backward pass behind the last bucket; no communication hook, so DDP's own C++ all-reduce runs
+  every step.
 - Gradient variance: one extra all-reduce, of the squared local gradients, on monitored steps only, started
-  beside the gradient's own all-reduce. Per tensor var = E[g²] − E[g]²; reported value: the sum over tensors of
-  the Frobenius norms of var.
+  beside the gradient's own all-reduce in a communication hook. Per tensor var = E[g²] − E[g]²; reported value:
+  the sum over tensors of the Frobenius norms of var.
 
 Both run on every `interval`-th step and leave the gradients (hence training) exactly as plain DDP would.
 """
@@ -14,10 +19,17 @@ Both run on every `interval`-th step and leave the gradients (hence training) ex
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel
+from torch.nn.utils import get_total_norm
+from torch.utils._pytree import tree_leaves
+
+from ddlrepro.rank.micro_batch_norms import MicroBatchNorms
 
 MONITORS = ("none", "noise-scale", "variance")
 
@@ -63,26 +75,43 @@ class NoiseScaleEstimator:
 
 
 class GradientMonitor:
-    """A DDP communication hook that all-reduces the gradient (as DDP's default hook) and, on monitored steps,
-    measures the noise scale or the gradient variance on the way. Call `end_step()` after each backward."""
+    """Measures the noise scale or the gradient variance of a DDP model on every `interval`-th step. Call
+    `end_step()` after each backward, before the gradients are cleared; with `micro_batches` = k > 1 the loss
+    must be the batch's mean and the batch split into k equal micro-batches."""
 
-    def __init__(self, kind: str, interval: int, batch_size: int, world_size: int, alpha: float = 0.6) -> None:
+    def __init__(
+        self,
+        kind: str,
+        interval: int,
+        batch_size: int,
+        world_size: int,
+        alpha: float = 0.6,
+        micro_batches: int = 1,
+    ) -> None:
         if kind not in MONITORS:
             raise ValueError(f"unknown monitor {kind!r}; valid monitors: {', '.join(MONITORS)}")
         if interval < 1:
             raise ValueError(f"monitor interval must be >= 1, got {interval}")
+        if micro_batches < 1 or batch_size % micro_batches:
+            raise ValueError(f"micro_batches must be >= 1 and divide the batch of {batch_size}, got {micro_batches}")
         self.kind = kind
         self.interval = interval
         self.world_size = world_size
+        self.micro_batches = micro_batches
         self.step = 0
         self.noise_scale = (
-            NoiseScaleEstimator(batch_size, batch_size * world_size, alpha) if kind == "noise-scale" else None
+            NoiseScaleEstimator(batch_size // micro_batches, batch_size * world_size, alpha)
+            if kind == "noise-scale"
+            else None
         )
-        self._small_sq: list[torch.Tensor] = []
-        self._small_sq_mean = torch.zeros(())
+        self.measurements: dict[str, float] = {}
+        """Every value of the last monitored step: the reported one and what it was computed from."""
+        self._model: DistributedDataParallel | None = None
+        self._micro_batches: MicroBatchNorms | None = None
+        self._small_sq = torch.zeros(1, dtype=torch.float64)
+        self._small_sq_reduced: dist.Work | None = None
         # Keyed by bucket index: reduction callbacks may finish in a different order on each rank, and the sums
         # must be taken in one order for every rank to report the same float.
-        self._big_sq: dict[int, torch.Tensor] = {}
         self._variance_norms: dict[int, torch.Tensor] = {}
 
     def set_batch_size(self, batch_size: int) -> None:
@@ -98,39 +127,52 @@ class GradientMonitor:
         return self.kind != "none" and self.step % self.interval == 0
 
     def attach(self, model: DistributedDataParallel) -> None:
-        model.register_comm_hook(self, GradientMonitor._hook)
+        self._model = model
+        if self.kind == "variance":
+            model.register_comm_hook(self, GradientMonitor._hook)
+        elif self.kind == "noise-scale":
+            if self.micro_batches > 1:
+                self._micro_batches = MicroBatchNorms(model.module, self.micro_batches, lambda: self.active)
+                self._micro_batches.attach()
+            elif model.gradient_as_bucket_view:
+                raise ValueError("the noise scale reads the local gradient: DDP's gradient_as_bucket_view must be off")
+            model.register_forward_hook(self._forward)
+
+    def _forward(self, model: nn.Module, inputs: tuple, output: Any) -> None:
+        """On monitored steps, have the coming backward pass measure the local |G_small|² at its end."""
+        if self.active and torch.is_grad_enabled():
+            leaf = next(leaf for leaf in tree_leaves(output) if isinstance(leaf, torch.Tensor) and leaf.requires_grad)
+            leaf.register_hook(self._queue_local_norm)
+
+    def _queue_local_norm(self, gradient: torch.Tensor) -> None:
+        # Queued as the backward starts, so it runs before DDP's own end-of-backward callback, which DDP queues
+        # once the last bucket is ready and which copies the all-reduced buckets into the gradients.
+        Variable._execution_engine.queue_callback(self._read_local_norm)
+
+    def _read_local_norm(self) -> None:
+        """Start averaging this worker's |G_small|² over the workers; it queues behind the last gradient bucket
+        and is done by the time `end_step` waits for it, so no rank blocks on a round trip of its own."""
+        if self._micro_batches is not None:
+            local_sq = self._micro_batches.take_small_squared()
+        else:
+            local_sq = _squared_norm(self._model.module)
+        self._small_sq = local_sq.detach().double().reshape(1)
+        self._small_sq_reduced = dist.all_reduce(self._small_sq, async_op=True)
 
     def _hook(self, bucket):  # unannotated: DDP rejects string annotations on hooks
         """Runs once per gradient bucket; returns the future of the averaged bucket, as DDP expects."""
         gradient = bucket.buffer()
-        active = self.active
-        carries_small_sq = active and self.kind == "noise-scale" and bucket.is_last()
-        if active and self.kind == "noise-scale":
-            self._small_sq.append(torch.dot(gradient, gradient))
-        if carries_small_sq:
-            gradient = torch.cat([gradient, torch.stack(self._small_sq).sum().reshape(1).to(gradient.dtype)])
-        squares = gradient.square() if active and self.kind == "variance" else None
+        squares = gradient.square() if self.active else None
         # DDP's own path multiplies by the reciprocal (Reducer: grad * (1 / world_size)); x / 3 and x * (1 / 3)
         # differ in the last bit, so dividing here would change training at 3 workers.
         gradient.mul_(1.0 / self.world_size)
         reduced = dist.all_reduce(gradient, async_op=True).get_future()
         if squares is None:
-            return (
-                reduced.then(lambda done: self._after_reduce(done, bucket.index(), carries_small_sq))
-                if active
-                else reduced.then(_first_tensor)
-            )
+            return reduced.then(_first_tensor)
         squares_reduced = dist.all_reduce(squares, async_op=True).get_future()
         sizes = [parameter.numel() for parameter in bucket.parameters()]
         both = torch.futures.collect_all([reduced, squares_reduced])
         return both.then(lambda done: self._variance(done, bucket.index(), sizes))
-
-    def _after_reduce(self, reduced: torch.futures.Future, index: int, carries_small_sq: bool) -> torch.Tensor:
-        mean = reduced.value()[0]
-        if carries_small_sq:
-            self._small_sq_mean, mean = mean[-1], mean[:-1]
-        self._big_sq[index] = torch.dot(mean, mean)
-        return mean
 
     def _variance(self, done: torch.futures.Future, index: int, sizes: list[int]) -> torch.Tensor:
         mean_future, squares_future = done.value()
@@ -139,19 +181,39 @@ class GradientMonitor:
         self._variance_norms[index] = torch.stack([part.norm() for part in variance.split(sizes)]).sum()
         return mean
 
+    def _noise_scale(self) -> dict[str, float]:
+        if self._small_sq_reduced is None:
+            raise RuntimeError("no backward pass ran through the monitored model on this step")
+        self._small_sq_reduced.wait()  # every rank gets the same sum, hence the same value
+        small_sq = float(self._small_sq) / self.world_size
+        big_sq = float(_squared_norm(self._model.module))
+        estimator = self.noise_scale
+        value = estimator.update(small_sq, big_sq)
+        return {
+            "noise_scale": value,
+            "noise_scale_gradient_sq": estimator.gradient_ema.value,
+            "noise_scale_trace": estimator.trace_ema.value,
+        }
+
     def end_step(self) -> tuple[str, float] | None:
         """Finish the step's measurement: (metric name, value) on monitored steps, else None."""
         measured = None
         if self.active and self.kind == "noise-scale":
-            big_sq = _sum_by_index(self._big_sq)
-            measured = ("noise_scale", self.noise_scale.update(float(self._small_sq_mean), float(big_sq)))
+            self.measurements = self._noise_scale()
+            measured = ("noise_scale", self.measurements["noise_scale"])
         elif self.active and self.kind == "variance":
-            measured = ("gradient_variance", float(_sum_by_index(self._variance_norms)))
-        self._small_sq.clear()
-        self._big_sq.clear()
+            self.measurements = {"gradient_variance": float(_sum_by_index(self._variance_norms))}
+            measured = ("gradient_variance", self.measurements["gradient_variance"])
+        self._small_sq_reduced = None
         self._variance_norms.clear()
         self.step += 1
         return measured
+
+
+def _squared_norm(module: nn.Module) -> torch.Tensor:
+    """Σ |∂L/∂θ|² over the module's gradients, summed in parameter order (the same on every rank)."""
+    gradients = [parameter.grad for parameter in module.parameters() if parameter.grad is not None]
+    return get_total_norm(gradients, 2.0).double().square()
 
 
 def _first_tensor(reduced: torch.futures.Future) -> torch.Tensor:

@@ -3,7 +3,8 @@ Adaptive", OSDI 2020, Fig 8; artifact lsds/KungFu).
 
 Points: one throughput run per monitor setting (`none`, `noise-scale@k`, `variance@k`: monitor on every k-th
 step), same model, batch and workers. Plot: per-worker img/s (mean ± 1.96·std) with the overhead against `none`
-and the paper's ratios drawn in; the monitored values over steps.
+and the paper's ratios drawn in; the monitored values over steps: the noise scale, beside the smoothed |G|² and S
+it is the ratio of, and the gradient variance.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from ddlrepro.points import Point
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 ID = "kungfu-fig8"
 TITLE = "KungFu Fig 8: throughput cost of online monitoring"
 
-MONITORED_METRICS = {"noise-scale": "noise_scale", "variance": "gradient_variance"}
-# The gradient noise scale B_simple = tr(Σ)/|G|² is a batch size; the variance is of the gradient's elements.
-MONITORED_UNITS = {"noise_scale": "samples", "gradient_variance": "Σ‖Var g‖, grad²"}
+# The noise scale's two smoothed estimates, |G|² and S = tr(Σ), both in squared gradient units.
+NOISE_PARTS = {"noise_scale_gradient_sq": "|G|² (EMA)", "noise_scale_trace": "S = tr Σ (EMA)"}
 
 
 def parse_setting(setting: str) -> dict[str, Any]:
@@ -69,7 +70,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     paper_ratios = plotting.drawn_references(references, "measured_ratio", "setting", scale)
     summary["paper_ratio"] = summary["setting"].map(paper_ratios.set_index("setting")["value"])
 
-    figure, (rates, noise, variance) = plotting.new_figure(3, TITLE, panel_size=(5.0, 4.4))
+    figure, (rates, noise, parts, variance) = plotting.new_figure(4, TITLE, panel_size=(5.0, 4.4))
     positions = range(len(summary))
     bars = rates.bar(
         positions, summary["per_worker"], yerr=summary["confidence"], capsize=4, alpha=0.8, label="measured"
@@ -100,17 +101,57 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     rates.margins(y=0.15)  # room above the bars for the overheads
     plotting.legend(rates)
 
-    for axis, (monitor, metric) in zip((noise, variance), MONITORED_METRICS.items(), strict=True):
-        values = table[(table["metric"] == metric) & (table["rank"] == 0)]
-        for setting, rows in values.groupby("setting", sort=True):
-            axis.plot(rows["step"], rows["value"], marker=".", label=setting)
-        plotting.panel_title(axis, metric.replace("_", " "))
-        axis.set_xlabel("training step")
-        axis.set_ylabel(f"{metric.replace('_', ' ')} (rank 0, {MONITORED_UNITS[metric]})")
-        if values.empty:
-            axis.text(0.5, 0.5, f"no {monitor} point configured", ha="center", transform=axis.transAxes)
-        else:
-            plotting.legend(axis)
+    monitored = table[table["rank"] == 0]
+    plot_noise_scale(noise, parts, monitored, table)
+    plot_variance(variance, monitored)
     columns = ["setting", "workers", "per_worker", "confidence", "overhead_percent", "measured_ratio", "paper_ratio"]
     columns += plotting.HOST_LOAD_COLUMNS
     return figure, summary[columns]
+
+
+def monitored_lines(axis: Axes, values: pd.DataFrame, label: str = "{setting}", **style: Any) -> None:
+    for setting, rows in values.groupby("setting", sort=True):
+        axis.plot(rows["step"], rows["value"], marker=".", label=label.format(setting=setting), **style)
+    axis.set_xlabel("training step")
+
+
+def plot_noise_scale(noise: Axes, parts: Axes, monitored: pd.DataFrame, table: pd.DataFrame) -> None:
+    """(b) B_simple = S_ema / |G|²_ema; (c) the two EMAs it divides, on a symmetric log scale (|G|² may dip below 0)."""
+    from ddlrepro.host import plotting
+
+    values = monitored[monitored["metric"] == "noise_scale"]
+    monitored_lines(noise, values)
+    noise.set_ylabel("noise scale B_simple (rank 0, samples)")
+    plotting.panel_title(noise, f"noise scale, {smoothing(table)}")
+    for (metric, label), style in zip(NOISE_PARTS.items(), ("-", "--"), strict=True):
+        monitored_lines(parts, monitored[monitored["metric"] == metric], f"{label}, {{setting}}", linestyle=style)
+    parts.set_ylabel("estimate (rank 0, grad²)")
+    plotting.panel_title(parts, "what (b) divides: S / |G|²")
+    if values.empty:
+        for axis in (noise, parts):
+            axis.text(0.5, 0.5, "no noise-scale point configured", ha="center", transform=axis.transAxes)
+        return
+    parts.set_yscale(
+        "symlog", linthresh=1e-3 * float(monitored[monitored["metric"].isin(NOISE_PARTS)]["value"].abs().max())
+    )
+    plotting.legend(noise)
+    plotting.legend(parts)
+
+
+def smoothing(table: pd.DataFrame) -> str:
+    """The smoothing the noise-scale runs used, e.g. `EMAs α=0.9`."""
+    alpha = table.loc[table["monitor"] == "noise-scale", "noise_scale_alpha"].dropna().unique()
+    return f"EMAs α={alpha[0]:g}" if len(alpha) == 1 else "EMAs"
+
+
+def plot_variance(axis: Axes, monitored: pd.DataFrame) -> None:
+    from ddlrepro.host import plotting
+
+    values = monitored[monitored["metric"] == "gradient_variance"]
+    monitored_lines(axis, values)
+    plotting.panel_title(axis, "gradient variance")
+    axis.set_ylabel("gradient variance (rank 0, Σ‖Var g‖, grad²)")
+    if values.empty:
+        axis.text(0.5, 0.5, "no variance point configured", ha="center", transform=axis.transAxes)
+    else:
+        plotting.legend(axis)

@@ -125,9 +125,9 @@ def torch_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
 
     def step() -> torch.Tensor:
         loss = train_step()
-        measured = monitor.end_step() if monitor else None
-        if measured:
-            emit("metric", rank=ctx.rank, step=monitor.step - 1, metric=measured[0], value=measured[1])
+        if monitor and monitor.end_step():
+            for metric, value in monitor.measurements.items():
+                emit("metric", rank=ctx.rank, step=monitor.step - 1, metric=metric, value=value)
         return loss
 
     settings = {"framework": "torch", "strategy": strategy, "monitor": params.get("monitor", "none")}
