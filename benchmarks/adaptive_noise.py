@@ -22,4 +22,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def measure(record: BenchmarkRecord, args: argparse.Namespace) -> None:
     monitor_overhead.measure(record, args)
-
