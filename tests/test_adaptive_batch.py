@@ -31,11 +31,19 @@ def schedule(policy: AdaptiveBatchPolicy, ratios_per_epoch: list[list[float]]) -
 
 
 def test_policy_gives_the_exact_batch_schedule() -> None:
-    """Weight 0.5 so the schedule can be followed by hand: EMA 10 → 15 (20 clipped at 2·10), growth 1.5, B 4 → 6;
-    60 clipped at 30, EMA 22.5, B 9; 1 clipped at 11.25, EMA falls, B stays; then 1.5× per epoch up to the cap."""
+    """Weight 0.5 so the schedule can be followed by hand; each cycle's first is its EMA after its own first step.
+    EMA 10 (first) → 15 (20), growth 1.5, B 4 → 6; 30 → 22.5 (first), 60 clipped at 45 → 33.75, growth 1.5, B 9 (the
+    old cycle's 15 as first would give 2.25, clamped: 12); 1s clipped, the EMA falls, B stays; then 1.5× per
+    cycle up to the cap."""
     policy = AdaptiveBatchPolicy(batch_size=4, cap=20, cycle_epochs=1, ema_weight=0.5)
-    huge = [1e6]
-    assert schedule(policy, [[10, 20], [60], [1], huge, huge, huge, huge]) == [6, 9, 9, 13, 19, 20, 20]
+    huge = [1e6, 1e6]
+    assert schedule(policy, [[10, 20], [30, 60], [1, 1], huge, huge, huge, huge]) == [6, 9, 9, 13, 19, 20, 20]
+
+
+def test_policy_keeps_the_batch_a_multiple_of_the_micro_batches() -> None:
+    policy = AdaptiveBatchPolicy(batch_size=8, cap=62, cycle_epochs=1, ema_weight=0.5, multiple=4)
+    huge = [1e6, 1e6]
+    assert schedule(policy, [[10, 20], huge, huge, huge, huge, huge]) == [12, 16, 24, 36, 52, 60]  # 54, 62: rounded
 
 
 def test_policy_grows_at_most_twofold_per_cycle_and_only_at_its_end() -> None:
@@ -59,6 +67,7 @@ def test_policy_never_shrinks_nor_exceeds_the_cap() -> None:
         ({"batch_size": 64, "cap": 32}, "cap 32"),
         ({"batch_size": 8, "cap": 32, "cycle_epochs": 0}, "at least 1 epoch"),
         ({"batch_size": 8, "cap": 32, "ema_weight": 1.0}, "strictly between 0 and 1"),
+        ({"batch_size": 6, "cap": 32, "multiple": 4}, "not a multiple of 4"),
     ],
 )
 def test_policy_refuses_bad_settings(arguments: dict, problem: str) -> None:

@@ -14,7 +14,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddlrepro.rank.micro_batch_norms import MicroBatchNorms
-from ddlrepro.rank.monitors import Ema, GradientMonitor, NoiseScaleEstimator
+from ddlrepro.rank.ema import Ema
+from ddlrepro.rank.monitors import GradientMonitor, NoiseScaleEstimator
 
 WORLD = 2
 
