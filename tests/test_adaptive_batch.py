@@ -4,6 +4,7 @@ real gloo ranks, the bad input refused before any job, and `snakemake kungfu_fig
 from __future__ import annotations
 
 import copy
+import json
 import os
 import random
 from pathlib import Path
@@ -80,20 +81,29 @@ def test_learning_rate_rules() -> None:
     assert learning_rate("linear", 0.1, 32, 64) == pytest.approx(0.2)
 
 
-def _train_across_a_change(rank: int) -> dict:
-    """Two steps at batch 8, an in-place change to batch 24 (linear rule), two more steps."""
+def process_identity() -> tuple[int, float]:
+    """This process's id and start time: a restarted rank differs in one or both."""
+    import psutil
+
+    return os.getpid(), psutil.Process().create_time()
+
+
+def _train_across_a_change(rank: int, out_dir: str) -> dict:
+    """Two steps at batch 8, an in-place change to batch 24 (linear rule), two more steps. The rank's process
+    identity is filed before the change, so a process that replaced it could not report the old one."""
     from ddlrepro.rank.runtime import RankContext
     from ddlrepro.rank.workloads.adaptive_batch import AdaptiveBatchTrainer
 
     ctx = RankContext(rank, 2, rank, 2, 1, "gloo", torch.device("cpu"))
     params = {"dataset": "digits", "model": "digitsnet", "batch_size": 8, "cap": 32, "adaptive": True, "seed": 0}
     params |= {"test_fraction": 0.25, "learning_rate": 0.05, "momentum": 0.9, "lr_rule": "linear"}
-    params |= {"cycle_epochs": 1, "ema_weight": 0.9, "noise_scale_alpha": 0.6}
+    params |= {"cycle_epochs": 1, "ema_weight": 0.9, "noise_scale_alpha": 0.9, "micro_batches": 4}
     trainer = AdaptiveBatchTrainer(params, ctx)
-    noise, shapes, process = [], [], os.getpid()
+    noise, shapes = [], []
     batches = trainer.epoch_batches(1)
     for change in (None, 24):
         if change:
+            (Path(out_dir) / f"before{rank}.json").write_text(json.dumps(process_identity()))
             trainer.set_batch_size(change)
             batches = trainer.epoch_batches(2)
         for _ in range(2):
@@ -109,17 +119,19 @@ def _train_across_a_change(rank: int) -> dict:
         "noise": noise,
         "shapes": shapes,
         "lr": rate,
-        "same_process": process == os.getpid(),
+        "process": process_identity(),
     }
 
 
 def test_batch_change_in_place_keeps_every_ranks_parameters_equal(tmp_path: Path) -> None:
-    first, second = spawn_gloo(_train_across_a_change, 2, tmp_path)
+    first, second = spawn_gloo(_train_across_a_change, 2, tmp_path, str(tmp_path))
     assert first["shapes"] == second["shapes"] == [8, 8, 24, 24]
     assert torch.equal(first["before"], second["before"]) and torch.equal(first["after"], second["after"])
     assert not torch.equal(first["before"], first["after"])  # it trained at the new batch
     assert first["noise"] == second["noise"]  # the policy's input is bit-identical on every rank
-    assert first["lr"] == pytest.approx(0.05 * 24 / 8) and first["same_process"]
+    assert first["lr"] == pytest.approx(0.05 * 24 / 8)
+    for rank, result in enumerate([first, second]):  # no restart: the process before the change is the one after
+        assert tuple(json.loads((tmp_path / f"before{rank}.json").read_text())) == result["process"]
 
 
 @pytest.fixture
