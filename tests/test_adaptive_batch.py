@@ -19,6 +19,7 @@ from ddlrepro.host.figures import figure_points
 from ddlrepro.rank.policies.batch import AdaptiveBatchPolicy, learning_rate
 
 TINY = ["--configfile", "tests/configs/tiny.yaml"]
+RUNS = ["small", "large", "adaptive"]
 
 
 def schedule(policy: AdaptiveBatchPolicy, ratios_per_epoch: list[list[float]]) -> list[int]:
@@ -194,6 +195,10 @@ def test_snakemake_kungfu_fig4_end_to_end(workflow_copy: Path) -> None:
     assert list(summary.index) == ["small", "large", "adaptive"]
     assert list(summary["start_batch"]) == [8, 32, 8] and (summary["max_batch"] <= 32).all()
     checks = pd.read_csv(results / "checks" / "kungfu-fig4.tsv", sep="\t").set_index("check")
+    assert summary.loc["adaptive", "final_batch"] > summary.loc["adaptive", "start_batch"]  # the policy acted
+    table = pd.read_csv(results / "tables" / "kungfu-fig4.csv")
+    accuracies = {run: list(table[(table["run"] == run) & (table["metric"] == "accuracy")]["value"]) for run in RUNS}
+    assert accuracies["adaptive"] != accuracies["small"]
     assert checks.loc["batch-never-shrinks", "status"] == "pass"
     assert checks.loc["batch-within-cap", "status"] == "pass"
     assert len(checks) == 5
