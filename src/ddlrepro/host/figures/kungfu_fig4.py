@@ -191,7 +191,7 @@ def draw_noise(axis, table: pd.DataFrame) -> None:
         axis.text(0.5, 0.5, "no adaptive run", ha="center", transform=axis.transAxes)
         return
     alpha, weight, k = (adaptive[key].iloc[0] for key in ("noise_scale_alpha", "ema_weight", "micro_batches"))
-    label = f"|B_simple| ÷ B (monitor's EMAs α={alpha:g}, {k:g} micro-batches)"
+    label = f"|B_simple| ÷ B (EMAs α={alpha:g}, k={k:g})"
     axis.plot(wide["step"], wide["ratio"], ".", markersize=2, alpha=0.4, label=label)
     axis.plot(wide["step"], wide["ratio_ema"], label=f"policy's clipped EMA ({weight:g})")
     axis.set_yscale("log")
