@@ -4,6 +4,7 @@ real gloo ranks, the bad input refused before any job, and `snakemake kungfu_fig
 from __future__ import annotations
 
 import copy
+import json
 import os
 import random
 from pathlib import Path
@@ -18,6 +19,7 @@ from ddlrepro.host.figures import figure_points
 from ddlrepro.rank.policies.batch import AdaptiveBatchPolicy, learning_rate
 
 TINY = ["--configfile", "tests/configs/tiny.yaml"]
+RUNS = ["small", "large", "adaptive"]
 
 
 def schedule(policy: AdaptiveBatchPolicy, ratios_per_epoch: list[list[float]]) -> list[int]:
@@ -31,11 +33,19 @@ def schedule(policy: AdaptiveBatchPolicy, ratios_per_epoch: list[list[float]]) -
 
 
 def test_policy_gives_the_exact_batch_schedule() -> None:
-    """Weight 0.5 so the schedule can be followed by hand: EMA 10 → 15 (20 clipped at 2·10), growth 1.5, B 4 → 6;
-    60 clipped at 30, EMA 22.5, B 9; 1 clipped at 11.25, EMA falls, B stays; then 1.5× per epoch up to the cap."""
+    """Weight 0.5 so the schedule can be followed by hand; each cycle's first is its EMA after its own first step.
+    EMA 10 (first) → 15 (20), growth 1.5, B 4 → 6; 30 → 22.5 (first), 60 clipped at 45 → 33.75, growth 1.5, B 9 (the
+    old cycle's 15 as first would give 2.25, clamped: 12); 1s clipped, the EMA falls, B stays; then 1.5× per
+    cycle up to the cap."""
     policy = AdaptiveBatchPolicy(batch_size=4, cap=20, cycle_epochs=1, ema_weight=0.5)
-    huge = [1e6]
-    assert schedule(policy, [[10, 20], [60], [1], huge, huge, huge, huge]) == [6, 9, 9, 13, 19, 20, 20]
+    huge = [1e6, 1e6]
+    assert schedule(policy, [[10, 20], [30, 60], [1, 1], huge, huge, huge, huge]) == [6, 9, 9, 13, 19, 20, 20]
+
+
+def test_policy_keeps_the_batch_a_multiple_of_the_micro_batches() -> None:
+    policy = AdaptiveBatchPolicy(batch_size=8, cap=62, cycle_epochs=1, ema_weight=0.5, multiple=4)
+    huge = [1e6, 1e6]
+    assert schedule(policy, [[10, 20], huge, huge, huge, huge, huge]) == [12, 16, 24, 36, 52, 60]  # 54, 62: rounded
 
 
 def test_policy_grows_at_most_twofold_per_cycle_and_only_at_its_end() -> None:
@@ -59,6 +69,7 @@ def test_policy_never_shrinks_nor_exceeds_the_cap() -> None:
         ({"batch_size": 64, "cap": 32}, "cap 32"),
         ({"batch_size": 8, "cap": 32, "cycle_epochs": 0}, "at least 1 epoch"),
         ({"batch_size": 8, "cap": 32, "ema_weight": 1.0}, "strictly between 0 and 1"),
+        ({"batch_size": 6, "cap": 32, "multiple": 4}, "not a multiple of 4"),
     ],
 )
 def test_policy_refuses_bad_settings(arguments: dict, problem: str) -> None:
@@ -71,20 +82,29 @@ def test_learning_rate_rules() -> None:
     assert learning_rate("linear", 0.1, 32, 64) == pytest.approx(0.2)
 
 
-def _train_across_a_change(rank: int) -> dict:
-    """Two steps at batch 8, an in-place change to batch 24 (linear rule), two more steps."""
+def process_identity() -> tuple[int, float]:
+    """This process's id and start time: a restarted rank differs in one or both."""
+    import psutil
+
+    return os.getpid(), psutil.Process().create_time()
+
+
+def _train_across_a_change(rank: int, out_dir: str) -> dict:
+    """Two steps at batch 8, an in-place change to batch 24 (linear rule), two more steps. The rank's process
+    identity is filed before the change, so a process that replaced it could not report the old one."""
     from ddlrepro.rank.runtime import RankContext
     from ddlrepro.rank.workloads.adaptive_batch import AdaptiveBatchTrainer
 
     ctx = RankContext(rank, 2, rank, 2, 1, "gloo", torch.device("cpu"))
     params = {"dataset": "digits", "model": "digitsnet", "batch_size": 8, "cap": 32, "adaptive": True, "seed": 0}
     params |= {"test_fraction": 0.25, "learning_rate": 0.05, "momentum": 0.9, "lr_rule": "linear"}
-    params |= {"cycle_epochs": 1, "ema_weight": 0.9, "noise_scale_alpha": 0.6}
+    params |= {"cycle_epochs": 1, "ema_weight": 0.9, "noise_scale_alpha": 0.9, "micro_batches": 4}
     trainer = AdaptiveBatchTrainer(params, ctx)
-    noise, shapes, process = [], [], os.getpid()
+    noise, shapes = [], []
     batches = trainer.epoch_batches(1)
     for change in (None, 24):
         if change:
+            (Path(out_dir) / f"before{rank}.json").write_text(json.dumps(process_identity()))
             trainer.set_batch_size(change)
             batches = trainer.epoch_batches(2)
         for _ in range(2):
@@ -100,17 +120,19 @@ def _train_across_a_change(rank: int) -> dict:
         "noise": noise,
         "shapes": shapes,
         "lr": rate,
-        "same_process": process == os.getpid(),
+        "process": process_identity(),
     }
 
 
 def test_batch_change_in_place_keeps_every_ranks_parameters_equal(tmp_path: Path) -> None:
-    first, second = spawn_gloo(_train_across_a_change, 2, tmp_path)
+    first, second = spawn_gloo(_train_across_a_change, 2, tmp_path, str(tmp_path))
     assert first["shapes"] == second["shapes"] == [8, 8, 24, 24]
     assert torch.equal(first["before"], second["before"]) and torch.equal(first["after"], second["after"])
     assert not torch.equal(first["before"], first["after"])  # it trained at the new batch
     assert first["noise"] == second["noise"]  # the policy's input is bit-identical on every rank
-    assert first["lr"] == pytest.approx(0.05 * 24 / 8) and first["same_process"]
+    assert first["lr"] == pytest.approx(0.05 * 24 / 8)
+    for rank, result in enumerate([first, second]):  # no restart: the process before the change is the one after
+        assert tuple(json.loads((tmp_path / f"before{rank}.json").read_text())) == result["process"]
 
 
 @pytest.fixture
@@ -173,6 +195,10 @@ def test_snakemake_kungfu_fig4_end_to_end(workflow_copy: Path) -> None:
     assert list(summary.index) == ["small", "large", "adaptive"]
     assert list(summary["start_batch"]) == [8, 32, 8] and (summary["max_batch"] <= 32).all()
     checks = pd.read_csv(results / "checks" / "kungfu-fig4.tsv", sep="\t").set_index("check")
+    assert summary.loc["adaptive", "final_batch"] > summary.loc["adaptive", "start_batch"]  # the policy acted
+    table = pd.read_csv(results / "tables" / "kungfu-fig4.csv")
+    accuracies = {run: list(table[(table["run"] == run) & (table["metric"] == "accuracy")]["value"]) for run in RUNS}
+    assert accuracies["adaptive"] != accuracies["small"]
     assert checks.loc["batch-never-shrinks", "status"] == "pass"
     assert checks.loc["batch-within-cap", "status"] == "pass"
     assert len(checks) == 5

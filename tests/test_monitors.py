@@ -13,8 +13,9 @@ from conftest import spawn_gloo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddlrepro.rank.ema import Ema
 from ddlrepro.rank.micro_batch_norms import MicroBatchNorms
-from ddlrepro.rank.monitors import Ema, GradientMonitor, NoiseScaleEstimator
+from ddlrepro.rank.monitors import GradientMonitor, NoiseScaleEstimator
 
 WORLD = 2
 

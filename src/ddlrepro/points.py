@@ -17,6 +17,9 @@ class Point:
     workers: int
     threads_per_worker: int
     params: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, str] = field(default_factory=dict)
+    """Where the run's inputs lie on this machine (a user's data folder): handed to the workload beside `params`,
+    but outside the id and the tables; what they hold belongs in `params` (e.g. a digest of the files)."""
 
     @property
     def id(self) -> str:

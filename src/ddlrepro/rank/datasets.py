@@ -4,6 +4,8 @@ CIFAR-10 from a user's folder at paper scale (never downloaded). Torch-free: the
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import math
 import pickle
 from dataclasses import dataclass
@@ -43,6 +45,27 @@ def check_cifar10(data_dir: str | Path) -> None:
             raise FileNotFoundError(
                 f"{path}: {path.stat().st_size} bytes, too small for 10,000 CIFAR-10 images ({CIFAR10_MIN_BYTES})"
             )
+
+
+@functools.cache
+def _digest(files: tuple[tuple[str, int, int], ...]) -> str:
+    hasher = hashlib.sha256()
+    for path, _, _ in files:
+        with open(path, "rb") as stream:
+            hasher.update(hashlib.file_digest(stream, "sha256").digest())
+    return hasher.hexdigest()[:16]
+
+
+def cifar10_digest(data_dir: str | Path) -> str:
+    """A digest of CIFAR-10's python batches' contents (computed once per files' size and modification time): it
+    identifies the data in a point's id, so new files give new runs, while the folder's path stays out of it."""
+    folder = Path(data_dir)
+    return _digest(
+        tuple(
+            (str(folder / name), (folder / name).stat().st_size, (folder / name).stat().st_mtime_ns)
+            for name in CIFAR10_FILES
+        )
+    )
 
 
 def train_samples(dataset: str, test_fraction: float) -> int:

@@ -29,21 +29,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils import get_total_norm
 from torch.utils._pytree import tree_leaves
 
+from ddlrepro.rank.ema import Ema
 from ddlrepro.rank.micro_batch_norms import MicroBatchNorms
 
 MONITORS = ("none", "noise-scale", "variance")
-
-
-@dataclass
-class Ema:
-    """v ← α·v + (1−α)·x, the first sample initialising v."""
-
-    alpha: float
-    value: float | None = None
-
-    def update(self, sample: float) -> float:
-        self.value = sample if self.value is None else self.alpha * self.value + (1 - self.alpha) * sample
-        return self.value
 
 
 @dataclass
@@ -117,8 +106,10 @@ class GradientMonitor:
     def set_batch_size(self, batch_size: int) -> None:
         """The per-worker batch changed in place (adaptive batch size): the noise scale's batch sizes follow; its
         EMAs of |G|² and S carry on (both estimate quantities that do not depend on the batch)."""
+        if batch_size % self.micro_batches:
+            raise ValueError(f"a batch of {batch_size} does not split into {self.micro_batches} micro-batches")
         if self.noise_scale is not None:
-            self.noise_scale.batch_small = batch_size
+            self.noise_scale.batch_small = batch_size // self.micro_batches
             self.noise_scale.batch_big = batch_size * self.world_size
 
     @property

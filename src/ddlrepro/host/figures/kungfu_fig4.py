@@ -26,14 +26,13 @@ RUNS = ["small", "large", "adaptive"]
 THRESHOLD_POINTS = 1.0  # the threshold: best small-batch accuracy minus this many percentage points
 ZOOM_POINTS = 15.0  # panel (a) shows accuracies from the threshold less this many points
 SECTION_KEYS = ["dataset", "model", "learning_rate", "lr_rule", "momentum", "cycle_epochs", "seed", "test_fraction"]
-ADAPTIVE_KEYS = ["ema_weight", "noise_scale_alpha"]
+ADAPTIVE_KEYS = ["ema_weight", "noise_scale_alpha", "micro_batches"]
 
 
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     check_section(section)
     common = {
         **{key: section[key] for key in SECTION_KEYS},
-        "data_dir": section["data_dir"],
         "cap": section["cap"],
         "backend": launcher["backend"],
         "sample_interval_s": launcher["sample_interval_s"],
@@ -48,9 +47,15 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
             **{key: section[key] for key in ADAPTIVE_KEYS},
         },
     }
+    # The data folder's path stays out of the id and the tables (it is this machine's); its contents' digest is in.
+    inputs = {}
+    if section["dataset"] == "cifar10":
+        inputs = {"data_dir": str(section["data_dir"])}
+        common["data_digest"] = datasets.cifar10_digest(section["data_dir"])
     workers = section["workers"]
+    threads = threads_per_worker(launcher, workers)
     return [
-        Point(ID, "adaptive_batch", workers, threads_per_worker(launcher, workers), {**common, "run": run, **params})
+        Point(ID, "adaptive_batch", workers, threads, {**common, "run": run, **params}, inputs)
         for run, params in runs.items()
     ]
 
@@ -69,6 +74,12 @@ def check_section(section: dict[str, Any]) -> None:
             datasets.check_cifar10(section["data_dir"])
         except FileNotFoundError as error:
             require(False, ID, "data_dir", str(error))
+    require(
+        section["batch_size"] % section["micro_batches"] == 0,
+        ID,
+        "micro_batches",
+        f"{section['micro_batches']} does not divide the starting batch_size {section['batch_size']}",
+    )
     samples = datasets.train_samples(section["dataset"], section["test_fraction"])
     require(
         section["cap"] * section["workers"] <= samples,
@@ -78,18 +89,21 @@ def check_section(section: dict[str, Any]) -> None:
     )
 
 
+def per_epoch(table: pd.DataFrame, metrics: list[str]) -> pd.DataFrame:
+    """One row per run and epoch (`iteration`), a column per metric, from rank 0's records."""
+    rows = table[table["metric"].isin(metrics) & (table["rank"] == 0)]
+    wide = rows.pivot_table(index=["run", "iteration"], columns="metric", values="value").reset_index()
+    return wide.rename(columns={"iteration": "epoch"})
+
+
 def evaluations(table: pd.DataFrame) -> pd.DataFrame:
     """One row per run and evaluation: epoch, accuracy (%) and the training time before it (s)."""
-    rows = table[table["metric"].isin(["accuracy", "eval_train_time_s"]) & (table["rank"] == 0)]
-    wide = rows.pivot_table(index=["run", "iteration"], columns="metric", values="value").reset_index()
-    return wide.rename(columns={"iteration": "epoch", "eval_train_time_s": "train_time_s"})
+    return per_epoch(table, ["accuracy", "eval_train_time_s"]).rename(columns={"eval_train_time_s": "train_time_s"})
 
 
 def epochs(table: pd.DataFrame) -> pd.DataFrame:
     """One row per run and epoch: the per-worker batch and the epoch's training time."""
-    rows = table[table["metric"].isin(["batch_size", "epoch_time_s"]) & (table["rank"] == 0)]
-    wide = rows.pivot_table(index=["run", "iteration"], columns="metric", values="value").reset_index()
-    return wide.rename(columns={"iteration": "epoch"})
+    return per_epoch(table, ["batch_size", "epoch_time_s"])
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
@@ -165,18 +179,22 @@ def draw_batches(axis, table: pd.DataFrame, summary: pd.DataFrame) -> None:
 
 
 def draw_noise(axis, table: pd.DataFrame) -> None:
-    """The adaptive run's input: |noise scale| ÷ B per step and the policy's clipped EMA of it."""
+    """The adaptive run's input: the monitor's smoothed noise scale B_simple ÷ B per step and the policy's clipped
+    EMA of it."""
     from ddlrepro.host import plotting
 
-    rows = table[(table["run"] == "adaptive") & table["metric"].isin(["ratio", "ratio_ema"])]
+    adaptive = table[table["run"] == "adaptive"]
+    rows = adaptive[adaptive["metric"].isin(["ratio", "ratio_ema"])]
     wide = rows.pivot_table(index="step", columns="metric", values="value").reset_index()
     plotting.panel_title(axis, "adaptive run: the policy's input")
     if wide.empty:
         axis.text(0.5, 0.5, "no adaptive run", ha="center", transform=axis.transAxes)
         return
-    axis.plot(wide["step"], wide["ratio"], ".", markersize=2, alpha=0.4, label="|S| ÷ B per step")
-    axis.plot(wide["step"], wide["ratio_ema"], label="clipped EMA (0.9)")
+    alpha, weight, k = (adaptive[key].iloc[0] for key in ("noise_scale_alpha", "ema_weight", "micro_batches"))
+    label = f"|B_simple| ÷ B (EMAs α={alpha:g}, k={k:g})"
+    axis.plot(wide["step"], wide["ratio"], ".", markersize=2, alpha=0.4, label=label)
+    axis.plot(wide["step"], wide["ratio_ema"], label=f"policy's clipped EMA ({weight:g})")
     axis.set_yscale("log")
     axis.set_xlabel("training step")
-    axis.set_ylabel("noise scale per sample (ratio)")
+    axis.set_ylabel("noise scale per sample (B_simple ÷ B)")
     plotting.legend(axis)

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
             NodeInterfaceCounter(ctx.rank, ctx.local_rank),
             ResourceSampler(ctx, point.params.get("sample_interval_s", 1.0)),
         ):
-            workload.run(point.params, ctx)
+            workload.run({**point.params, **point.inputs}, ctx)
     finally:
         dist.destroy_process_group()
 

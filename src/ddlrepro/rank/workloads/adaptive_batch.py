@@ -20,13 +20,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from ddlrepro.rank import datasets
 from ddlrepro.rank.models import build_model
 from ddlrepro.rank.monitors import GradientMonitor
 from ddlrepro.rank.policies.batch import AdaptiveBatchPolicy, learning_rate
 from ddlrepro.rank.runtime import RankContext
+from ddlrepro.rank.workloads.throughput import data_parallel
 from ddlrepro.records import emit
 
 
@@ -46,8 +46,7 @@ class AdaptiveBatchTrainer:
         self.test_images, self.test_labels = torch.from_numpy(split.test_images), torch.from_numpy(split.test_labels)
         torch.manual_seed(params["seed"])
         self.module = build_model(params["model"]).to(ctx.device)
-        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        self.model = DistributedDataParallel(self.module, device_ids=device_ids)
+        self.model = data_parallel(self.module, ctx)
         self.base_batch = params["batch_size"]
         self.batch_size = self.base_batch
         self.optimizer = torch.optim.SGD(
@@ -56,12 +55,13 @@ class AdaptiveBatchTrainer:
         self.monitor: GradientMonitor | None = None
         self.policy: AdaptiveBatchPolicy | None = None
         if params["adaptive"]:
+            micro_batches = params["micro_batches"]
             self.monitor = GradientMonitor(
-                "noise-scale", 1, self.batch_size, ctx.world_size, params["noise_scale_alpha"]
+                "noise-scale", 1, self.batch_size, ctx.world_size, params["noise_scale_alpha"], micro_batches
             )
             self.monitor.attach(self.model)
             self.policy = AdaptiveBatchPolicy(
-                self.batch_size, params["cap"], params["cycle_epochs"], params["ema_weight"]
+                self.batch_size, params["cap"], params["cycle_epochs"], params["ema_weight"], micro_batches
             )
 
     def epoch_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -148,6 +148,8 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
                 emit("metric", rank=0, step=step, metric="noise_scale", value=noise_scale)
                 emit("metric", rank=0, step=step, metric="ratio", value=abs(noise_scale) / trainer.batch_size)
                 emit("metric", rank=0, step=step, metric="ratio_ema", value=trainer.policy.ema.value)
+                for metric in ("noise_scale_gradient_sq", "noise_scale_trace"):
+                    emit("metric", rank=0, step=step, metric=metric, value=trainer.monitor.measurements[metric])
             step += 1
         ctx.synchronize()
         elapsed = time.perf_counter() - started
