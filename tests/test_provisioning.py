@@ -71,6 +71,15 @@ def test_joiner_receives_the_survivors_policy_state() -> None:
     assert [joiner.observe(3, 38.0) for _ in range(4)][-1].target == survivor.decide(3, 114.0) == 2
 
 
+@pytest.mark.parametrize(
+    ("window_steps", "alpha", "max_workers", "key"),
+    [(3, 0.33, 3, "window_steps"), (2, 0.33, 3, "window_steps"), (4, 0.0, 3, "alpha"), (4, 0.33, 1, "max_workers")],
+)
+def test_policy_refuses_each_bad_argument_by_name(window_steps: int, alpha: float, max_workers: int, key: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{key} must be"):
+        ProvisioningPolicy(window_steps, alpha, max_workers)
+
+
 def test_bert_base_has_bert_base_parameters() -> None:
     from ddlrepro.rank.models import build_model
 

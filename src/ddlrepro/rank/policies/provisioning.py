@@ -24,12 +24,17 @@ class WindowEnd:
     target: int | None
 
 
+MIN_WINDOW_STEPS = 4  # the and the config schema's bound: a window's second half needs at least 2 steps
+
+
 class ProvisioningPolicy:
     def __init__(self, window_steps: int, alpha: float, max_workers: int) -> None:
-        if window_steps < 2 or alpha <= 0 or max_workers < 1:
-            raise ValueError(
-                f"window_steps >= 2, alpha > 0, max_workers >= 1; got {window_steps}, {alpha}, {max_workers}"
-            )
+        if window_steps < MIN_WINDOW_STEPS:
+            raise ValueError(f"window_steps must be at least {MIN_WINDOW_STEPS}, got {window_steps}")
+        if not alpha > 0:
+            raise ValueError(f"alpha must be > 0, got {alpha}")
+        if max_workers < 2:
+            raise ValueError(f"max_workers must be at least 2 (a policy needs two sizes to compare), got {max_workers}")
         self.window_steps = window_steps
         self.alpha = alpha
         self.max_workers = max_workers
