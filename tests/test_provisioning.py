@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from conftest import snakemake
 
+from ddlrepro.host.checks import check_figure, load_references
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.figures import figure_points, kungfu_fig6
 from ddlrepro.host.launchers import local_launcher
@@ -22,6 +23,7 @@ from ddlrepro.rank.elastic.faults import live_records
 from ddlrepro.rank.policies.provisioning import ProvisioningPolicy
 
 CONFIG = Path(__file__).parents[1] / "config" / "config.yaml"
+REFERENCES = Path(__file__).parents[1] / "config" / "references.yaml"
 
 
 def provisioning_sequence(totals: dict[int, float], windows: int, window_steps: int = 4, max_workers: int = 4) -> list:
@@ -128,6 +130,27 @@ def test_policy_driven_run_grows_then_gives_back_a_worker(tmp_path: Path) -> Non
 def test_a_policy_point_counts_its_pool_once() -> None:
     """1 worker and 2 warm standbys that become workers 2 and 3: 3 processes at most, not 3 + 2."""
     assert peak_workers(adaptive_point({1: 1.0, 2: 1.0, 3: 1.0})) == 3
+
+
+def test_a_missing_fixed_run_at_the_settled_size_is_a_declared_gap() -> None:
+    """The recorded table's adaptive run settled at 1 worker; with fixed-1 skipped, the share is NaN with the reason,
+    its check is skipped for that reason, the other check still runs, and the figure marks the empty slot."""
+    table = pd.read_csv(Path(__file__).parent / "data" / "tables" / "kungfu-fig6.csv")
+    fixed_1 = table[table["mode"] == "fixed-1"]
+    skipped_row = fixed_1.iloc[[0]].assign(metric="skipped", value=float("nan"), status="skipped", reason="skipped: x")
+    table = pd.concat([table[table["mode"] != "fixed-1"], skipped_row], ignore_index=True)
+    summary = kungfu_fig6.summarize(table).set_index("mode")
+    assert summary.loc["adaptive", "settled_size"] == 1 and pd.isna(summary.loc["adaptive", "settled_share"])
+    assert summary.loc["adaptive", "settled_share_skipped"] == "no fixed-size run at the settled size 1 (skipped: x)"
+    assert summary.loc["adaptive", "best_fixed_size"] == 2
+    assert (summary.loc["fixed-1", "status"], summary.loc["fixed-1", "size"]) == ("skipped", 1)
+    figure, drawn = kungfu_fig6.plot(table, "smoke", [])
+    checks = check_figure(kungfu_fig6.ID, drawn, load_references(REFERENCES)[kungfu_fig6.ID], "smoke")
+    statuses = checks.set_index("check")["status"].to_dict()
+    assert statuses["settles-at-best-fixed-size"] == "skipped"
+    assert statuses["adaptive-cheaper-than-all-at-once"] in {"pass", "fail", "disturbed"}
+    texts = [text.get_text() for axis in figure.axes for text in axis.texts]
+    assert "skipped: x" in texts
 
 
 @pytest.mark.parametrize(
