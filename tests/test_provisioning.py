@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -12,6 +13,7 @@ from conftest import snakemake
 
 from ddlrepro.host.checks import check_figure, load_references
 from ddlrepro.host.config import ConfigError, load_config
+from ddlrepro.host.configserver import ClusterConfig, ConfigServer
 from ddlrepro.host.figures import figure_points, kungfu_fig6
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.launchers.hosting import peak_workers
@@ -125,6 +127,22 @@ def test_policy_driven_run_grows_then_gives_back_a_worker(tmp_path: Path) -> Non
     )
     workers = [record for record in live_records(tmp_path / "run") if record["kind"] == "worker"]
     assert sorted(worker["rank"] for worker in workers) == [0, 1, 2]  # each process announced once: none restarted
+
+
+def test_the_policy_removes_the_last_worker_and_adds_by_resizing() -> None:
+    """KungFu's provisioning gives back the last worker with `/remove`; it grows with `/resize`."""
+    from ddlrepro.rank.elastic.client import ConfigClient
+    from ddlrepro.rank.elastic.inplace_worker import InPlaceWorker
+
+    config = ClusterConfig([0, 1, 2], lambda count, members: [3 + index for index in range(count)], max_size=3)
+    with ConfigServer(config, "token") as server:
+        worker = InPlaceWorker(adaptive_point({1: 1.0}), 0, ConfigClient(server.address, "token"), store=None)
+        worker.cluster, worker.group = config.latest, SimpleNamespace(rank=0, size=3)
+        worker.propose(2)
+        assert (config.latest.members, config.latest.reason) == ([0, 1], "worker 2 removed")
+        worker.cluster, worker.group = config.latest, SimpleNamespace(rank=0, size=2)
+        worker.propose(3)
+        assert (config.latest.members, config.latest.reason) == ([0, 1, 3], "resize to 3")
 
 
 def test_a_policy_point_counts_its_pool_once() -> None:

@@ -2,12 +2,13 @@
 `host/launchers/inplace.py`.
 
 After every step rank 0 reads the config server and broadcasts the version everyone acts on. Rank 0 asks the
-config server to resize when the point's fixed schedule says so, or (`policy: provisioning`) when KungFu's
-provisioning policy, fed every step's all-reduced per-worker throughput on every rank, decides. On a new version,
-survivors keep their process, model and optimizer, leave the old process group and form the new one; joiners
-(spawned cold, or warm standbys that built the model in advance) join it and receive the state from a survivor.
-Leavers exit cleanly. If a collective fails (a worker died), survivors elect the launcher's next version, re-form
-without it, and continue from their in-memory state, losing at most the step in flight.
+config server to resize when the point's fixed schedule says so, or (`policy: provisioning`) to add a worker or
+remove the last one when KungFu's provisioning policy decides, fed every step's all-reduced per-worker throughput
+on every rank. On a new version, survivors keep their process, model and optimizer, leave the old process group
+and form the new one; joiners (spawned cold, or warm standbys that built the model in advance) join it and receive
+the state from a survivor. Leavers exit cleanly. If a collective fails (a worker died), survivors elect the
+launcher's next version, re-form without it, and continue from their in-memory state, losing at most the step in
+flight.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class InPlaceWorker:
 
     def propose(self, policy_target: int | None) -> ResizeEvent | None:
         """Rank 0 proposes the scheduled size to the config server once `step` steps are trained (the schedule's
-        stop comes first), else the size the policy asks for."""
+        stop comes first), else the size the policy asks for: one more worker (`/resize`), or, as KungFu's
+        provisioning does, the removal of the last worker (`/remove`), the one whose addition did not pay."""
         step = self.trainer.step
         scheduled = self.schedule.get(step) if step not in self.proposed else None
         size = scheduled if scheduled is not None else policy_target
@@ -94,7 +96,10 @@ class InPlaceWorker:
         self.proposed.add(step)
         event = ResizeEvent(self.trainer.step, self.size, IN_PLACE_PHASES)
         event.mark("seen")
-        self.client.resize(size)
+        if scheduled is None and size < self.size:
+            self.client.remove(self.cluster.members[-1])
+        else:
+            self.client.resize(size)
         event.mark("config")
         return event
 
