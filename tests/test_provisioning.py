@@ -22,7 +22,7 @@ from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic.faults import live_records
-from ddlrepro.rank.policies.provisioning import ProvisioningPolicy
+from ddlrepro.rank.policies.provisioning import ProvisioningPolicy, throughput_source
 
 CONFIG = Path(__file__).parents[1] / "config" / "config.yaml"
 REFERENCES = Path(__file__).parents[1] / "config" / "references.yaml"
@@ -82,6 +82,15 @@ def test_joiner_receives_the_survivors_policy_state() -> None:
 def test_policy_refuses_each_bad_argument_by_name(window_steps: int, alpha: float, max_workers: int, key: str) -> None:
     with pytest.raises(ValueError, match=rf"^{key} must be"):
         ProvisioningPolicy(window_steps, alpha, max_workers)
+
+
+def test_the_policy_is_fed_measured_throughput_unless_a_test_scripts_it() -> None:
+    assert throughput_source({"max_workers": 2})(size=2, batch_size=8, step_time=0.5) == 16.0
+    scripted = throughput_source({"max_workers": 2, "scripted_throughput": {"1": 100.0, "2": 90.0}})
+    assert scripted(size=2, batch_size=8, step_time=0.5) == 90.0
+    for bad in ({"1": 100.0}, {"1": 100.0, "2": 0.0}):
+        with pytest.raises(ValueError, match="scripted_throughput must give a positive throughput for each size"):
+            throughput_source({"max_workers": 2, "scripted_throughput": bad})
 
 
 def test_bert_base_has_bert_base_parameters() -> None:

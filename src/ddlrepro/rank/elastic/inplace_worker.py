@@ -28,14 +28,26 @@ from ddlrepro.rank.elastic.cluster import Cluster, publish_agreed, ready_key
 from ddlrepro.rank.elastic.events import IN_PLACE_PHASES, ResizeEvent
 from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import ElasticTrainer, announce, emit_step
-from ddlrepro.rank.policies.provisioning import provisioning_policy
+from ddlrepro.rank.policies.provisioning import (
+    ThroughputSource,
+    measured_throughput,
+    provisioning_policy,
+    throughput_source,
+)
 from ddlrepro.records import emit
 
 
 class InPlaceWorker:
     """One elastic worker process: its trainer, its current cluster version and group, and rank 0's resize event."""
 
-    def __init__(self, point: Point, worker: int, client: ConfigClient, store: dist.Store) -> None:
+    def __init__(
+        self,
+        point: Point,
+        worker: int,
+        client: ConfigClient,
+        store: dist.Store,
+        throughput: ThroughputSource = measured_throughput,
+    ) -> None:
         self.params = point.params
         self.worker = worker
         self.client = client
@@ -51,8 +63,7 @@ class InPlaceWorker:
         self.warm = int(self.params.get("standby", 0)) > 0
         self.record_state = bool(self.params.get("record_state", False))
         self.policy = provisioning_policy(self.params)
-        # Tests only: per-worker throughput by cluster size, fed to the policy instead of the measured one.
-        self.scripted_throughput = self.params.get("scripted_throughput")
+        self.throughput = throughput
 
     @property
     def rank(self) -> int:
@@ -107,9 +118,7 @@ class InPlaceWorker:
         """Feed the policy this step's per-worker throughput, all-reduced so that every rank decides alike."""
         if self.policy is None:
             return None
-        own = self.trainer.batch_size / step_time
-        if self.scripted_throughput is not None:
-            own = float(self.scripted_throughput[str(self.size)])
+        own = self.throughput(self.size, self.trainer.batch_size, step_time)
         measured = torch.tensor([own], dtype=torch.float64)
         self.group.all_reduce(measured)
         per_worker = float(measured) / self.size
@@ -248,7 +257,7 @@ def main(argv: list[str]) -> None:
     server, store_address, token, worker = membership.worker_environment()
     store = membership.connect_store(store_address, float(point.params["collective_timeout_s"]))
     announce(worker)
-    elastic_worker = InPlaceWorker(point, worker, ConfigClient(server, token), store)
+    elastic_worker = InPlaceWorker(point, worker, ConfigClient(server, token), store, throughput_source(point.params))
     store.set(ready_key(worker), str(time.time()))
     elastic_worker.run()
 
