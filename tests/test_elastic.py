@@ -259,6 +259,9 @@ def test_several_grows_and_shrinks_in_place(tmp_path: Path, standby: int) -> Non
     phases = events[[c for c in events.columns if c.endswith("_s") and c not in _TOTALS]].sum(axis=1)
     assert (phases - events["resize_latency_s"]).abs().max() < 1e-6
     assert (events["resize_latency_s"] < 30).all()
+    if standby:  # the pool's processes never exit before the stop: every process started is one peak_workers counts
+        started = {record["pid"] for record in live_records(tmp_path / "run") if record["kind"] == "worker"}
+        assert len(started) == peak_workers(point) == 3
 
 
 _TOTALS = {"resize_latency_s", "resize_to_sync_s"}
@@ -404,15 +407,20 @@ def test_slurm_gives_an_elastic_point_one_node() -> None:
 
 
 def test_slurm_counts_an_elastic_points_standbys_as_the_local_launcher_does() -> None:
-    """Slurm sizes an elastic point by its peak processes (largest cluster + standbys), as local and Kubernetes do."""
+    """Slurm sizes an elastic point by its peak processes, as local and Kubernetes do: 1 worker and 2 warm standbys
+    at the start, the standbys joining to make 3, one more started for 4, and leavers back in the pool: 4 at most
+    (not the largest cluster plus the standbys: the standbys are among its members). With 3 standbys, 4 at the
+    start and never more."""
     point = elastic_point("10:4,20:1,30:0", standby=2)
     settings = slurm_launcher(tasks_per_node=2).resources(point)
-    assert peak_workers(point) == 6
-    assert (settings["nodes"], settings["tasks"], settings["tasks_per_node"]) == (1, 6, 6)
-    with pytest.raises(ConfigError, match="6 workers"):
-        check_fits_machine(point, oversubscription=1, cores=5)
-    with pytest.raises(ConfigError, match="6 workers"):
-        slurm_launcher(tasks_per_node=2, cpus_per_node=5).check_fits(point)
+    assert peak_workers(point) == 4
+    assert peak_workers(elastic_point("10:4,20:1,30:0", standby=3)) == 4
+    assert peak_workers(elastic_point("10:2,30:0", standby=3)) == 4
+    assert (settings["nodes"], settings["tasks"], settings["tasks_per_node"]) == (1, 4, 4)
+    with pytest.raises(ConfigError, match="4 workers"):
+        check_fits_machine(point, oversubscription=1, cores=3)
+    with pytest.raises(ConfigError, match="4 workers"):
+        slurm_launcher(tasks_per_node=2, cpus_per_node=3).check_fits(point)
 
 
 def test_elastic_runs_are_hosted_where_the_launcher_can_and_refused_naming_the_figure_where_not(

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 from conftest import snakemake
 
+from ddlrepro.host.checks import check_figure, load_references
 from ddlrepro.host.config import ConfigError, load_config
+from ddlrepro.host.configserver import ClusterConfig, ConfigServer
 from ddlrepro.host.figures import figure_points, kungfu_fig6
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.launchers.hosting import peak_workers
@@ -19,9 +22,10 @@ from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic.faults import live_records
-from ddlrepro.rank.policies.provisioning import ProvisioningPolicy
+from ddlrepro.rank.policies.provisioning import ProvisioningPolicy, throughput_source
 
 CONFIG = Path(__file__).parents[1] / "config" / "config.yaml"
+REFERENCES = Path(__file__).parents[1] / "config" / "references.yaml"
 
 
 def provisioning_sequence(totals: dict[int, float], windows: int, window_steps: int = 4, max_workers: int = 4) -> list:
@@ -71,6 +75,24 @@ def test_joiner_receives_the_survivors_policy_state() -> None:
     assert [joiner.observe(3, 38.0) for _ in range(4)][-1].target == survivor.decide(3, 114.0) == 2
 
 
+@pytest.mark.parametrize(
+    ("window_steps", "alpha", "max_workers", "key"),
+    [(3, 0.33, 3, "window_steps"), (2, 0.33, 3, "window_steps"), (4, 0.0, 3, "alpha"), (4, 0.33, 1, "max_workers")],
+)
+def test_policy_refuses_each_bad_argument_by_name(window_steps: int, alpha: float, max_workers: int, key: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{key} must be"):
+        ProvisioningPolicy(window_steps, alpha, max_workers)
+
+
+def test_the_policy_is_fed_measured_throughput_unless_a_test_scripts_it() -> None:
+    assert throughput_source({"max_workers": 2})(size=2, batch_size=8, step_time=0.5) == 16.0
+    scripted = throughput_source({"max_workers": 2, "scripted_throughput": {"1": 100.0, "2": 90.0}})
+    assert scripted(size=2, batch_size=8, step_time=0.5) == 90.0
+    for bad in ({"1": 100.0}, {"1": 100.0, "2": 0.0}):
+        with pytest.raises(ValueError, match="scripted_throughput must give a positive throughput for each size"):
+            throughput_source({"max_workers": 2, "scripted_throughput": bad})
+
+
 def test_bert_base_has_bert_base_parameters() -> None:
     from ddlrepro.rank.models import build_model
 
@@ -116,9 +138,46 @@ def test_policy_driven_run_grows_then_gives_back_a_worker(tmp_path: Path) -> Non
     assert sorted(worker["rank"] for worker in workers) == [0, 1, 2]  # each process announced once: none restarted
 
 
+def test_the_policy_removes_the_last_worker_and_adds_by_resizing() -> None:
+    """KungFu's provisioning gives back the last worker with `/remove`; it grows with `/resize`."""
+    from ddlrepro.rank.elastic.client import ConfigClient
+    from ddlrepro.rank.elastic.inplace_worker import InPlaceWorker
+
+    config = ClusterConfig([0, 1, 2], lambda count, members: [3 + index for index in range(count)], max_size=3)
+    with ConfigServer(config, "token") as server:
+        worker = InPlaceWorker(adaptive_point({1: 1.0}), 0, ConfigClient(server.address, "token"), store=None)
+        worker.cluster, worker.group = config.latest, SimpleNamespace(rank=0, size=3)
+        worker.propose(2)
+        assert (config.latest.members, config.latest.reason) == ([0, 1], "worker 2 removed")
+        worker.cluster, worker.group = config.latest, SimpleNamespace(rank=0, size=2)
+        worker.propose(3)
+        assert (config.latest.members, config.latest.reason) == ([0, 1, 3], "resize to 3")
+
+
 def test_a_policy_point_counts_its_pool_once() -> None:
     """1 worker and 2 warm standbys that become workers 2 and 3: 3 processes at most, not 3 + 2."""
     assert peak_workers(adaptive_point({1: 1.0, 2: 1.0, 3: 1.0})) == 3
+
+
+def test_a_missing_fixed_run_at_the_settled_size_is_a_declared_gap() -> None:
+    """The recorded table's adaptive run settled at 1 worker; with fixed-1 skipped, the share is NaN with the reason,
+    its check is skipped for that reason, the other check still runs, and the figure marks the empty slot."""
+    table = pd.read_csv(Path(__file__).parent / "data" / "tables" / "kungfu-fig6.csv")
+    fixed_1 = table[table["mode"] == "fixed-1"]
+    skipped_row = fixed_1.iloc[[0]].assign(metric="skipped", value=float("nan"), status="skipped", reason="skipped: x")
+    table = pd.concat([table[table["mode"] != "fixed-1"], skipped_row], ignore_index=True)
+    summary = kungfu_fig6.summarize(table).set_index("mode")
+    assert summary.loc["adaptive", "settled_size"] == 1 and pd.isna(summary.loc["adaptive", "settled_share"])
+    assert summary.loc["adaptive", "settled_share_skipped"] == "no fixed-size run at the settled size 1 (skipped: x)"
+    assert summary.loc["adaptive", "best_fixed_size"] == 2
+    assert (summary.loc["fixed-1", "status"], summary.loc["fixed-1", "size"]) == ("skipped", 1)
+    figure, drawn = kungfu_fig6.plot(table, "smoke", [])
+    checks = check_figure(kungfu_fig6.ID, drawn, load_references(REFERENCES)[kungfu_fig6.ID], "smoke")
+    statuses = checks.set_index("check")["status"].to_dict()
+    assert statuses["settles-at-best-fixed-size"] == "skipped"
+    assert statuses["adaptive-cheaper-than-all-at-once"] in {"pass", "fail", "disturbed"}
+    texts = [text.get_text() for axis in figure.axes for text in axis.texts]
+    assert "skipped: x" in texts
 
 
 @pytest.mark.parametrize(
@@ -147,9 +206,24 @@ def test_snakemake_builds_fig6(workflow_copy: Path) -> None:
     assert built.returncode == 0, built.stderr[-3000:]
     results = workflow_copy / "results"
     assert (results / "figures" / "kungfu-fig6.png").stat().st_size > 0
+    configs = (workflow_copy / "config" / "config.yaml", workflow_copy / "tests" / "configs" / "tiny.yaml", overlay)
+    section = load_config(*configs)["figures"]["kungfu-fig6"]
+    largest, window, steps = section["max_workers"], section["window_steps"], section["steps"]
+    table = pd.read_csv(results / "tables" / "kungfu-fig6.csv")
+    sizes = table[table["metric"] == "cluster_size"].pivot_table(index="step", columns="mode", values="value")
+    assert set(sizes.columns) == {"adaptive", "all-at-once", *(f"fixed-{n}" for n in range(1, largest))}
+    assert len(sizes) == steps and sizes.notna().all().all()  # every run trained every step
+    assert sizes.isin(range(1, largest + 1)).all().all()
+    adaptive = sizes["adaptive"]
+    assert adaptive.iloc[0] == 1 and (adaptive.diff().abs() == 1).sum() >= 1  # grew (the first window always does)
+    assert set(adaptive.diff().dropna()) <= {-1, 0, 1}  # one worker at a time
+    assert all((sizes[f"fixed-{n}"] == n).all() for n in range(1, largest)) and (sizes["all-at-once"] == largest).all()
+    targets = table[(table["metric"] == "policy_target") & (table["mode"] == "adaptive")]
+    assert len(targets) == steps // window  # one decision per window
     summary = pd.read_csv(results / "tables" / "kungfu-fig6.summary.csv").set_index("mode")
-    assert {"adaptive", "all-at-once"} <= set(summary.index)
-    assert summary.loc["adaptive", "settled_size"] in range(1, 4)
+    assert summary.loc["adaptive", "settled_size"] == adaptive.iloc[-1]
+    assert summary.loc["adaptive", "best_fixed_size"] in range(1, largest + 1)
     checks = pd.read_csv(results / "checks" / "kungfu-fig6.tsv", sep="\t").set_index("check")
-    assert set(checks["status"]) <= {"pass", "fail", "disturbed"}
-    assert kungfu_fig6.ID == "kungfu-fig6"
+    # Both checks evaluated on this run (a fail or a disturbed machine is a finding, not a test failure).
+    assert set(checks.index) == {"settles-at-best-fixed-size", "adaptive-cheaper-than-all-at-once"}
+    assert checks["measured"].notna().all() and set(checks["status"]) <= {"pass", "fail", "disturbed"}

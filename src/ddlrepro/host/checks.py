@@ -2,11 +2,12 @@
 
 Every reference gives one row of checks.tsv: pass or fail with the measured value and the reference; skipped only
 for a declared reason (a paper-scale number below paper scale, a point this machine cannot run such as NCCL
-without CUDA, a check the config excludes); disturbed for a timing check whose runs shared the host with too much
-foreign CPU load (the summary's `disturbed` column, decided per run from `checks.max_foreign_share`); inconclusive
-for a relation whose measured value's declared `noise` reaches its threshold. A failed check is a finding. A
-reference that cannot be evaluated (unknown column, no matching row, ambiguous selection, a value that was not
-measured) is an error naming the figure and the reference, never a skip.
+without CUDA, a value the figure could not compute because a run it needs is missing: the reason in the summary's
+`<column>_skipped` beside the NaN, a check the config excludes); disturbed for a timing check whose runs shared the
+host with too much foreign CPU load (the summary's `disturbed` column, decided per run from
+`checks.max_foreign_share`); inconclusive for a relation whose measured value's declared `noise` reaches its
+threshold. A failed check is a finding. A reference that cannot be evaluated (unknown column, no matching row,
+ambiguous selection, a value that was not measured) is an error naming the figure and the reference, never a skip.
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ def select(summary: pd.DataFrame, selector: dict[str, Any], name: str) -> float:
     column = selector["column"]
     value = float(rows[column].agg(selector.get("aggregate", "mean")))
     if math.isnan(value):
+        declared = rows.get(f"{column}_skipped", pd.Series(dtype=str)).fillna("").astype(str)
+        if (declared != "").any():  # the figure says why the value could not be measured (a run it needs is missing)
+            raise DeclaredSkip(declared[declared != ""].iloc[0])
         raise ReferenceError(f"reference {name}: {column} is NaN (not measured) for {describe_where(selector)}")
     return value * selector.get("factor", 1.0)
 

@@ -14,6 +14,7 @@ it (from the fixed runs).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from ddlrepro.host.figures.common import require, threads_per_worker
@@ -104,23 +105,52 @@ def run_summary(rows: pd.DataFrame, window: int, batch: int) -> dict[str, float]
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per run (skipped runs too, with their reason); on the adaptive row the comparison with the fixed
+    sizes, NaN where the run it needs is missing, with the reason in `settled_share_skipped`."""
     import pandas as pd
 
+    from ddlrepro.host import plotting
+
     window, batch = int(table["window_steps"].iloc[0]), int(table["batch_size"].iloc[0])
-    per_run = steps_table(table)
-    summary = pd.DataFrame(
-        [{"mode": mode, **run_summary(rows, window, batch)} for mode, rows in per_run.groupby("mode", sort=False)]
-    )
-    fixed = summary[summary["mode"] != ADAPTIVE].set_index("size")["throughput"]
-    adaptive = summary["mode"] == ADAPTIVE
-    settled = int(summary.loc[adaptive, "size"].iloc[0])
-    summary.loc[adaptive, "settled_size"] = settled
-    summary.loc[adaptive, "best_fixed_size"] = int(fixed.idxmax())
-    summary.loc[adaptive, "best_fixed_throughput"] = fixed.max()
-    summary.loc[adaptive, "settled_share"] = fixed[settled] / fixed.max()
+    skipped = plotting.skipped_points(table, ["mode"]).rename(columns={"workers": "size"})
+    per_run = steps_table(table[~table["mode"].isin(skipped["mode"])])
+    measured = [
+        {"mode": mode, **run_summary(rows, window, batch)} for mode, rows in per_run.groupby("mode", sort=False)
+    ]
+    summary = pd.concat([pd.DataFrame(measured).assign(status="ok", reason=""), skipped], ignore_index=True)
+    summary = with_settled_comparison(summary)
     summary["data"] = DATA
     order = {ADAPTIVE: -1, ALL_AT_ONCE: len(summary)}
     return summary.sort_values("mode", key=lambda modes: modes.map(lambda m: order.get(m, 0)), kind="stable")
+
+
+def with_settled_comparison(summary: pd.DataFrame) -> pd.DataFrame:
+    """The adaptive row's settled size, the best fixed size and its throughput, and the settled size's share of it."""
+    summary = summary.assign(
+        settled_size=math.nan,
+        best_fixed_size=math.nan,
+        best_fixed_throughput=math.nan,
+        settled_share=math.nan,
+        settled_share_skipped="",
+    )
+    adaptive = (summary["mode"] == ADAPTIVE) & (summary["status"] == "ok")
+    if not adaptive.any():
+        return summary
+    ran = summary[(summary["mode"] != ADAPTIVE) & (summary["status"] == "ok")]
+    fixed = ran.set_index(ran["size"].astype(int))["throughput"]
+    settled = int(summary.loc[adaptive, "size"].iloc[0])
+    summary.loc[adaptive, "settled_size"] = settled
+    if not fixed.empty:
+        summary.loc[adaptive, "best_fixed_size"] = int(fixed.idxmax())
+        summary.loc[adaptive, "best_fixed_throughput"] = fixed.max()
+    if settled in fixed.index:
+        summary.loc[adaptive, "settled_share"] = fixed[settled] / fixed.max()
+    else:
+        why = summary.loc[(summary["mode"] != ADAPTIVE) & (summary["size"] == settled), "reason"]
+        summary.loc[adaptive, "settled_share_skipped"] = f"no fixed-size run at the settled size {settled}" + (
+            f" ({why.iloc[0]})" if not why.empty else ""
+        )
+    return summary
 
 
 def with_share_load(summary: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
@@ -203,6 +233,8 @@ def draw_fixed_sizes(axis, summary: pd.DataFrame, colours: dict[str, Any]) -> No
         markersize=9,
         label="adaptive, settled",
     )
+    for row in fixed[fixed["status"] == "skipped"].itertuples():
+        plotting.note_skipped_slot(axis, row.size, row.reason)
     axis.set_xticks(list(fixed["size"]))
     axis.set_xlabel("workers (fixed from step 0)")
     axis.set_ylabel("throughput, last window (samples/s)")
@@ -216,6 +248,9 @@ def draw_efficiency(axis, summary: pd.DataFrame, colours: dict[str, Any]) -> Non
 
     bars = axis.bar(summary["mode"], summary["samples_per_worker_s"], color=[colours[m] for m in summary["mode"]])
     plotting.hatch_disturbed(bars, summary["disturbed"])
+    for position, row in enumerate(summary.itertuples()):
+        if row.status == "skipped":
+            plotting.note_skipped_slot(axis, position, row.reason)
     plotting.panel_title(axis, "cost: samples per worker-second")
     axis.set_xlabel("run (fixed-n: n workers from step 0)")
     axis.set_ylabel("efficiency (samples/worker-s)")

@@ -22,14 +22,13 @@ def elastic_runtime(point: Point) -> str | None:
 
 
 def peak_workers(point: Point) -> int:
-    """Worker processes the point runs at once at most: an elastic point's largest cluster plus its standbys; a
-    policy-driven point's joiners come from its warm pool first and its leavers return to it, so its processes are
-    the pool's or, if more, its largest cluster's (the policy grows one worker at a time)."""
+    """Worker processes the point runs at once at most. An elastic point starts its initial workers and its warm
+    standbys; a grow takes idle standbys first and starts a process only for the rest, and leavers return to the
+    pool (or, with no pool, exit), so no more processes are ever alive than the start's or the largest cluster's,
+    whether a schedule or a policy resizes it."""
     if elastic_runtime(point) is None:
         return point.workers
-    if point.params.get("policy") is not None:
-        return max(largest_cluster(point.params), point.params["initial_workers"] + point.params["standby"])
-    return largest_cluster(point.params) + point.params["standby"]
+    return max(largest_cluster(point.params), point.params["initial_workers"] + point.params["standby"])
 
 
 def render_elastic(point: Point, run_dir: Path, launcher: str, timeout_s: float) -> JobSpec[Any]:

@@ -268,7 +268,7 @@ def check_cluster_limits(point: Point, options: SlurmOptions) -> None:
 
 def node_shape(point: Point, tasks_per_node: int) -> tuple[int, int]:
     """(nodes, tasks per node): one task per worker, `tasks_per_node` to a node; elastic points on one node, with
-    room for their peak (largest cluster plus standbys, counted as the local and Kubernetes launchers do)."""
+    room for their peak processes (`hosting.peak_workers`, counted as the local and Kubernetes launchers do)."""
     workers = peak_workers(point)
     per_node = workers if hosting.elastic_runtime(point) else min(workers, tasks_per_node)
     return math.ceil(workers / per_node), per_node

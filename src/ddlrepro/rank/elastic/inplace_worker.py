@@ -2,12 +2,13 @@
 `host/launchers/inplace.py`.
 
 After every step rank 0 reads the config server and broadcasts the version everyone acts on. Rank 0 asks the
-config server to resize when the point's fixed schedule says so, or (`policy: provisioning`) when KungFu's
-provisioning policy, fed every step's all-reduced per-worker throughput on every rank, decides. On a new version,
-survivors keep their process, model and optimizer, leave the old process group and form the new one; joiners
-(spawned cold, or warm standbys that built the model in advance) join it and receive the state from a survivor.
-Leavers exit cleanly. If a collective fails (a worker died), survivors elect the launcher's next version, re-form
-without it, and continue from their in-memory state, losing at most the step in flight.
+config server to resize when the point's fixed schedule says so, or (`policy: provisioning`) to add a worker or
+remove the last one when KungFu's provisioning policy decides, fed every step's all-reduced per-worker throughput
+on every rank. On a new version, survivors keep their process, model and optimizer, leave the old process group
+and form the new one; joiners (spawned cold, or warm standbys that built the model in advance) join it and receive
+the state from a survivor. Leavers exit cleanly. If a collective fails (a worker died), survivors elect the
+launcher's next version, re-form without it, and continue from their in-memory state, losing at most the step in
+flight.
 """
 
 from __future__ import annotations
@@ -27,14 +28,26 @@ from ddlrepro.rank.elastic.cluster import Cluster, publish_agreed, ready_key
 from ddlrepro.rank.elastic.events import IN_PLACE_PHASES, ResizeEvent
 from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import ElasticTrainer, announce, emit_step
-from ddlrepro.rank.policies.provisioning import provisioning_policy
+from ddlrepro.rank.policies.provisioning import (
+    ThroughputSource,
+    measured_throughput,
+    provisioning_policy,
+    throughput_source,
+)
 from ddlrepro.records import emit
 
 
 class InPlaceWorker:
     """One elastic worker process: its trainer, its current cluster version and group, and rank 0's resize event."""
 
-    def __init__(self, point: Point, worker: int, client: ConfigClient, store: dist.Store) -> None:
+    def __init__(
+        self,
+        point: Point,
+        worker: int,
+        client: ConfigClient,
+        store: dist.Store,
+        throughput: ThroughputSource = measured_throughput,
+    ) -> None:
         self.params = point.params
         self.worker = worker
         self.client = client
@@ -50,8 +63,7 @@ class InPlaceWorker:
         self.warm = int(self.params.get("standby", 0)) > 0
         self.record_state = bool(self.params.get("record_state", False))
         self.policy = provisioning_policy(self.params)
-        # Tests only: per-worker throughput by cluster size, fed to the policy instead of the measured one.
-        self.scripted_throughput = self.params.get("scripted_throughput")
+        self.throughput = throughput
 
     @property
     def rank(self) -> int:
@@ -85,7 +97,8 @@ class InPlaceWorker:
 
     def propose(self, policy_target: int | None) -> ResizeEvent | None:
         """Rank 0 proposes the scheduled size to the config server once `step` steps are trained (the schedule's
-        stop comes first), else the size the policy asks for."""
+        stop comes first), else the size the policy asks for: one more worker (`/resize`), or, as KungFu's
+        provisioning does, the removal of the last worker (`/remove`), the one whose addition did not pay."""
         step = self.trainer.step
         scheduled = self.schedule.get(step) if step not in self.proposed else None
         size = scheduled if scheduled is not None else policy_target
@@ -94,7 +107,10 @@ class InPlaceWorker:
         self.proposed.add(step)
         event = ResizeEvent(self.trainer.step, self.size, IN_PLACE_PHASES)
         event.mark("seen")
-        self.client.resize(size)
+        if scheduled is None and size < self.size:
+            self.client.remove(self.cluster.members[-1])
+        else:
+            self.client.resize(size)
         event.mark("config")
         return event
 
@@ -102,9 +118,7 @@ class InPlaceWorker:
         """Feed the policy this step's per-worker throughput, all-reduced so that every rank decides alike."""
         if self.policy is None:
             return None
-        own = self.trainer.batch_size / step_time
-        if self.scripted_throughput is not None:
-            own = float(self.scripted_throughput[str(self.size)])
+        own = self.throughput(self.size, self.trainer.batch_size, step_time)
         measured = torch.tensor([own], dtype=torch.float64)
         self.group.all_reduce(measured)
         per_worker = float(measured) / self.size
@@ -243,7 +257,7 @@ def main(argv: list[str]) -> None:
     server, store_address, token, worker = membership.worker_environment()
     store = membership.connect_store(store_address, float(point.params["collective_timeout_s"]))
     announce(worker)
-    elastic_worker = InPlaceWorker(point, worker, ConfigClient(server, token), store)
+    elastic_worker = InPlaceWorker(point, worker, ConfigClient(server, token), store, throughput_source(point.params))
     store.set(ready_key(worker), str(time.time()))
     elastic_worker.run()
 

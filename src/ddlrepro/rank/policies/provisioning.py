@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import fmean
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -24,12 +24,17 @@ class WindowEnd:
     target: int | None
 
 
+MIN_WINDOW_STEPS = 4  # the issue's and the config schema's bound: a window's second half needs at least 2 steps
+
+
 class ProvisioningPolicy:
     def __init__(self, window_steps: int, alpha: float, max_workers: int) -> None:
-        if window_steps < 2 or alpha <= 0 or max_workers < 1:
-            raise ValueError(
-                f"window_steps >= 2, alpha > 0, max_workers >= 1; got {window_steps}, {alpha}, {max_workers}"
-            )
+        if window_steps < MIN_WINDOW_STEPS:
+            raise ValueError(f"window_steps must be at least {MIN_WINDOW_STEPS}, got {window_steps}")
+        if not alpha > 0:
+            raise ValueError(f"alpha must be > 0, got {alpha}")
+        if max_workers < 2:
+            raise ValueError(f"max_workers must be at least 2 (a policy needs two sizes to compare), got {max_workers}")
         self.window_steps = window_steps
         self.alpha = alpha
         self.max_workers = max_workers
@@ -75,6 +80,44 @@ class ProvisioningPolicy:
         self.growing = bool(state[0])
         self.totals = {size: total for size, total in enumerate(state[1:], start=1) if not math.isnan(total)}
         self.restart_window()
+
+
+class ThroughputSource(Protocol):
+    """What a worker feeds the policy after each step: its own samples per second at cluster size `size`."""
+
+    def __call__(self, size: int, batch_size: int, step_time: float) -> float: ...
+
+
+def measured_throughput(size: int, batch_size: int, step_time: float) -> float:
+    """The step just trained: its batch over its time."""
+    return batch_size / step_time
+
+
+@dataclass(frozen=True)
+class ScriptedThroughput:
+    """A fixed per-worker throughput by cluster size (tests and benchmarks), so that the policy's decisions do not
+    depend on this machine's speed; the steps are still trained and timed."""
+
+    by_size: dict[int, float]
+
+    def __call__(self, size: int, batch_size: int, step_time: float) -> float:
+        return self.by_size[size]
+
+
+def throughput_source(params: dict[str, Any]) -> ThroughputSource:
+    """The measured throughput, or the point's `scripted_throughput` ({size: per-worker samples/s} for every size
+    1..max_workers). Only a point built in Python carries that key (tests, benchmarks): the config schema has no
+    such key, so no configured run is scripted, and a scripted run's point.json says it was."""
+    scripted = params.get("scripted_throughput")
+    if scripted is None:
+        return measured_throughput
+    by_size = {int(size): float(value) for size, value in scripted.items()}
+    wanted = set(range(1, int(params["max_workers"]) + 1))
+    if set(by_size) != wanted or not all(value > 0 for value in by_size.values()):
+        raise ValueError(
+            f"scripted_throughput must give a positive throughput for each size {sorted(wanted)}, got {scripted}"
+        )
+    return ScriptedThroughput(by_size)
 
 
 def provisioning_policy(params: dict[str, Any]) -> ProvisioningPolicy | None:
