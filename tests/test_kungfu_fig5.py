@@ -96,6 +96,28 @@ def test_a_failed_run_leaves_no_testbed(smoke: dict, tmp_path: Path) -> None:
     assert not remove_leftovers(owner)
 
 
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+def test_a_traffic_that_fails_to_start_fails_the_run_and_keeps_rank_0s_records(
+    smoke: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Starting the traffic raises: rank 0's output is still drained to its end, and the run fails with that error
+    (no result.json) instead of finishing as a run whose policy did not switch."""
+
+    def broken_start(*args: object) -> None:
+        raise OSError("the flow peer could not start")
+
+    monkeypatch.setattr("ddlrepro.host.testbed.traffic.start", broken_start)
+    point = next(point for point in figure_points(smoke)[FIGURE].values() if point.params["run"] == "adaptive")
+    short = replace(point, params={**point.params, "steps": point.params["interference_step"] + 2})
+    with pytest.raises(OSError, match="the flow peer could not start"):
+        run_point(short, tmp_path / "run", local_launcher(120))
+    assert not (tmp_path / "run" / "result.json").exists()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    last_step = short.params["steps"] - 1
+    assert any(r.get("rank") == 0 and r.get("step") == last_step and r["metric"] == "vote" for r in records)
+    assert any(r.get("rank") == 0 and r["metric"] == "parameter_sum" for r in records)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_snakemake_kungfu_fig5_on_testbed_hosts(workflow_copy: Path) -> None:
