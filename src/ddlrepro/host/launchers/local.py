@@ -180,7 +180,7 @@ class LocalLauncher:
             if in_image:
                 command = in_container(container_run, container, container_name(point, rank), env, run_dir, command)
             workers.append(WorkerSpec(rank, command, env))
-        placed = testbed_ranks.placement(point.params, point.workers, run_dir)
+        placed = testbed_ranks.placement(point.params, point.workers)
         if placed:
             if in_image or mode != "ranks" or tensorflow:
                 raise ValueError(f"point {point.id}: testbed hosts run plain torch ranks, not {mode} or images")

@@ -24,7 +24,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from ddlrepro.host.launchers.base import WorkerSpec
@@ -43,7 +42,9 @@ LineHandler = Callable[[int | None, str, str], None]
 
 @dataclass(frozen=True)
 class TestbedPlacement:
-    """Where a point's ranks run: its own testbed (owner, hosts, link rate) and the traffic into host 1, if any."""
+    """Where a point's ranks run: its own testbed (owner, hosts, link rate) and the traffic into host 1, if any,
+    whose flow records go to `flows_file`, relative to the run folder (jobspec.json names no path of this machine
+    for it)."""
 
     __test__ = False  # not a pytest test class despite its name
 
@@ -54,7 +55,7 @@ class TestbedPlacement:
     traffic: dict[str, Any] | None
 
 
-def placement(params: dict[str, Any], workers: int, run_dir: Path) -> TestbedPlacement | None:
+def placement(params: dict[str, Any], workers: int) -> TestbedPlacement | None:
     """The point's testbed, None when it runs on this machine's loopback (no `testbed_hosts`)."""
     hosts = params.get("testbed_hosts")
     if not hosts:
@@ -62,9 +63,7 @@ def placement(params: dict[str, Any], workers: int, run_dir: Path) -> TestbedPla
     if hosts < workers + 1:
         raise ValueError(f"testbed_hosts {hosts}: {workers} ranks need {workers + 1} hosts (the last sends traffic)")
     owner = "r" + secrets.token_hex(5)  # one testbed per run, even for runs of the same point at once
-    return TestbedPlacement(
-        owner, hosts, params["link_rate"], str(run_dir.resolve() / FLOWS_FILE), params.get("traffic")
-    )
+    return TestbedPlacement(owner, hosts, params["link_rate"], FLOWS_FILE, params.get("traffic"))
 
 
 def planned_testbed(where: TestbedPlacement) -> Testbed:
@@ -106,6 +105,7 @@ class Interference:
         self.running: traffic.Traffic | None = None
         self.starter: threading.Thread | None = None
         self.start_error: BaseException | None = None
+        self.flows = output.run_dir.resolve() / where.flows_file
         self._lock = threading.Lock()
 
     def add_line(self, rank: int | None, stream: str, line: str) -> None:
@@ -131,7 +131,7 @@ class Interference:
             stop_s=float(settings["seconds"]),
         )
         try:
-            self.running = traffic.start(self.testbed, [flow], Path(self.where.flows_file))
+            self.running = traffic.start(self.testbed, [flow], self.flows)
         except BaseException as error:  # kept for stop() to raise on the hosting thread
             self.start_error = error
 
@@ -149,8 +149,7 @@ class Interference:
             self.file_outcome()
 
     def file_outcome(self) -> None:
-        flows = Path(self.where.flows_file)
-        for line in flows.read_text().splitlines() if flows.exists() else []:
+        for line in self.flows.read_text().splitlines() if self.flows.exists() else []:
             flow = json.loads(line)
             first, last = flow.get("first_byte"), flow.get("last_byte")
             if first is None or last is None:  # no byte arrived: the figure's traffic windows stay unmeasured
