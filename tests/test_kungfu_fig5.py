@@ -16,7 +16,7 @@ from conftest import REPO, snakemake
 
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.figures import figure_points
-from ddlrepro.host.launchers import local_launcher
+from ddlrepro.host.launchers import check_points, configured_launcher, local_launcher
 from ddlrepro.host.launchers.base import RunFailed
 from ddlrepro.host.run import run_point, unmet_requirement
 from ddlrepro.host.testbed import remove_leftovers
@@ -77,6 +77,12 @@ def test_points_are_skipped_under_another_launcher(smoke: dict) -> None:
     point = next(iter(figure_points(smoke)[FIGURE].values()))
     reason = unmet_requirement(point, "slurm")
     assert reason == "skipped: runs on testbed hosts, which the local launcher makes, not the slurm launcher"
+
+
+def test_points_in_images_are_refused_before_any_job(smoke: dict) -> None:
+    in_image = configured_launcher({"launcher": {"name": "local"}, "images": {"build": "podman"}})
+    with pytest.raises(ConfigError, match=r"testbed hosts run plain torch ranks, not in the training image"):
+        check_points({FIGURE: figure_points(smoke)[FIGURE]}, in_image)
 
 
 def our_namespaces() -> set[str]:
