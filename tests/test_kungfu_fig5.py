@@ -15,7 +15,7 @@ import yaml
 from conftest import REPO, snakemake
 
 from ddlrepro.host.config import ConfigError, load_config
-from ddlrepro.host.figures import figure_points
+from ddlrepro.host.figures import figure_points, kungfu_fig5
 from ddlrepro.host.launchers import check_points, configured_launcher, local_launcher
 from ddlrepro.host.launchers.base import RunFailed
 from ddlrepro.host.run import run_point, unmet_requirement
@@ -83,6 +83,21 @@ def test_points_in_images_are_refused_before_any_job(smoke: dict) -> None:
     in_image = configured_launcher({"launcher": {"name": "local"}, "images": {"build": "podman"}})
     with pytest.raises(ConfigError, match=r"testbed hosts run plain torch ranks, not in the training image"):
         check_points({FIGURE: figure_points(smoke)[FIGURE]}, in_image)
+
+
+def test_a_step_that_began_before_the_traffic_is_not_the_first_full_one() -> None:
+    """Steps of 1 s whose last 0.5 s is the votes' all-reduce (outside img/s): the traffic's first byte at 7.3 s
+    lands in step 7, so step 8 is the first one run fully under it, not step 7 (whose img/s alone says 7.5 s)."""
+    params = {"run": "adaptive", "batch_size": 16, "reference_step": 2, "interference_step": 5}
+    rows = []
+    for step in range(10):
+        rows.append({**params, "rank": 0, "step": step, "metric": "step_start", "value": float(step), "time": step})
+        rows.append({**params, "rank": 0, "step": step, "metric": "img_per_sec", "value": 32.0, "time": step + 1.0})
+    rows.append({**params, "rank": None, "step": None, "metric": "traffic_start", "value": 7.3, "time": 7.3})
+    rows.append({**params, "rank": 0, "step": 9, "metric": "root_switch", "value": 1, "time": 10.0})
+    summary = kungfu_fig5.run_summary(pd.DataFrame(rows), "adaptive")
+    assert (summary["traffic_step"], summary["first_full_step"], summary["switch_delay_steps"]) == (7, 8, 1)
+    assert summary["switch_delay_s"] == pytest.approx(10.0 - 8.0)
 
 
 def our_namespaces() -> set[str]:

@@ -227,8 +227,12 @@ class StrategyHook:
 def apply_strategy(model: DistributedDataParallel, strategy: str, group_size: int) -> StrategyHook | None:
     """Make `model` average its gradients with `strategy` (RING keeps DDP's own all-reduce: no hook)."""
     reducer(strategy, group_size)
-    if strategy == "RING":
-        return None
+    return None if strategy == "RING" else hooked(model, strategy, group_size)
+
+
+def hooked(model: DistributedDataParallel, strategy: str, group_size: int) -> StrategyHook:
+    """Make `model` average its gradients through `strategy`'s hook, and return the hook (its throughput, its
+    root)."""
     hook = StrategyHook(strategy, group_size)
     model.register_comm_hook(None, hook.communicate)
     return hook
