@@ -41,6 +41,7 @@ def smoke() -> dict:
         ({"strategy": "RING"}, r"figures\.kungfu-fig5\.strategy: 'RING': KungFu's policy moves the root of a STAR"),
         ({"workers": 1}, r"figures\.kungfu-fig5\.workers: 1 is less than the minimum of 2"),
         ({"reference_step": 7}, r"figures\.kungfu-fig5\.reference_step: 7 must come before interference_step 7"),
+        ({"model": "bert_tiny"}, r"figures\.kungfu-fig5\.model: 'bert_tiny' is not valid"),
     ],
 )
 def test_bad_input_names_the_key(smoke: dict, change: dict, message: str) -> None:
