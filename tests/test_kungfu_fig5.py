@@ -37,10 +37,10 @@ def smoke() -> dict:
     [
         ({"link_rate": "0mbit"}, r"figures\.kungfu-fig5\.link_rate: link rate '0mbit' must be above 0"),
         ({"traffic_rate": "fast"}, r"figures\.kungfu-fig5\.traffic_rate: link rate 'fast' is not a rate"),
-        ({"interference_step": 20}, r"figures\.kungfu-fig5\.interference_step: 20 is not before the run's end"),
+        ({"interference_step": 22}, r"figures\.kungfu-fig5\.interference_step: 22 is not before the run's end"),
         ({"strategy": "RING"}, r"figures\.kungfu-fig5\.strategy: 'RING': KungFu's policy moves the root of a STAR"),
         ({"workers": 1}, r"figures\.kungfu-fig5\.workers: 1 is less than the minimum of 2"),
-        ({"reference_step": 7}, r"figures\.kungfu-fig5\.reference_step: 7 must come before interference_step 7"),
+        ({"reference_step": 9}, r"figures\.kungfu-fig5\.reference_step: 9 must come before interference_step 9"),
         ({"model": "bert_tiny"}, r"figures\.kungfu-fig5\.model: 'bert_tiny' is not valid"),
     ],
 )
@@ -60,7 +60,7 @@ def test_bad_input_stops_the_workflow_before_any_job(workflow_copy: Path) -> Non
     done = snakemake(workflow_copy, "-n", "kungfu_fig5", "--configfile", "config/config.yaml", str(bad), timeout=120)
     assert done.returncode != 0
     assert (
-        "figures.kungfu-fig5.interference_step: 40 is not before the run's end (steps: 20)" in done.stdout + done.stderr
+        "figures.kungfu-fig5.interference_step: 40 is not before the run's end (steps: 22)" in done.stdout + done.stderr
     )
     assert not (workflow_copy / "results").exists()
 
