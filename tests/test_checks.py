@@ -257,6 +257,7 @@ def adaptive_strategy_records(params: dict, ranks: range) -> list[dict]:
         end = start + params["batch_size"] / rate
         for metric, value in (("img_per_sec", rate), ("allreduce_mib_per_s", rate / 10)):
             records += [{"rank": rank, "step": step, "time": end, "metric": metric, "value": value} for rank in ranks]
+        records.append({"rank": 0, "step": step, "time": end, "metric": "step_start", "value": start})
         if step == switch:
             records.append({"rank": 0, "step": step, "time": end, "metric": "root_switch", "value": 1})
         if step == interference and params["traffic"]:

@@ -15,8 +15,8 @@ import yaml
 from conftest import REPO, snakemake
 
 from ddlrepro.host.config import ConfigError, load_config
-from ddlrepro.host.figures import figure_points
-from ddlrepro.host.launchers import local_launcher
+from ddlrepro.host.figures import figure_points, kungfu_fig5
+from ddlrepro.host.launchers import check_points, configured_launcher, local_launcher
 from ddlrepro.host.launchers.base import RunFailed
 from ddlrepro.host.run import run_point, unmet_requirement
 from ddlrepro.host.testbed import remove_leftovers
@@ -37,10 +37,11 @@ def smoke() -> dict:
     [
         ({"link_rate": "0mbit"}, r"figures\.kungfu-fig5\.link_rate: link rate '0mbit' must be above 0"),
         ({"traffic_rate": "fast"}, r"figures\.kungfu-fig5\.traffic_rate: link rate 'fast' is not a rate"),
-        ({"interference_step": 20}, r"figures\.kungfu-fig5\.interference_step: 20 is not before the run's end"),
+        ({"interference_step": 22}, r"figures\.kungfu-fig5\.interference_step: 22 is not before the run's end"),
         ({"strategy": "RING"}, r"figures\.kungfu-fig5\.strategy: 'RING': KungFu's policy moves the root of a STAR"),
         ({"workers": 1}, r"figures\.kungfu-fig5\.workers: 1 is less than the minimum of 2"),
-        ({"reference_step": 7}, r"figures\.kungfu-fig5\.reference_step: 7 must come before interference_step 7"),
+        ({"reference_step": 9}, r"figures\.kungfu-fig5\.reference_step: 9 must come before interference_step 9"),
+        ({"model": "bert_tiny"}, r"figures\.kungfu-fig5\.model: 'bert_tiny' is not valid"),
     ],
 )
 def test_bad_input_names_the_key(smoke: dict, change: dict, message: str) -> None:
@@ -59,7 +60,7 @@ def test_bad_input_stops_the_workflow_before_any_job(workflow_copy: Path) -> Non
     done = snakemake(workflow_copy, "-n", "kungfu_fig5", "--configfile", "config/config.yaml", str(bad), timeout=120)
     assert done.returncode != 0
     assert (
-        "figures.kungfu-fig5.interference_step: 40 is not before the run's end (steps: 20)" in done.stdout + done.stderr
+        "figures.kungfu-fig5.interference_step: 40 is not before the run's end (steps: 22)" in done.stdout + done.stderr
     )
     assert not (workflow_copy / "results").exists()
 
@@ -79,6 +80,27 @@ def test_points_are_skipped_under_another_launcher(smoke: dict) -> None:
     assert reason == "skipped: runs on testbed hosts, which the local launcher makes, not the slurm launcher"
 
 
+def test_points_in_images_are_refused_before_any_job(smoke: dict) -> None:
+    in_image = configured_launcher({"launcher": {"name": "local"}, "images": {"build": "podman"}})
+    with pytest.raises(ConfigError, match=r"testbed hosts run plain torch ranks, not in the training image"):
+        check_points({FIGURE: figure_points(smoke)[FIGURE]}, in_image)
+
+
+def test_a_step_that_began_before_the_traffic_is_not_the_first_full_one() -> None:
+    """Steps of 1 s whose last 0.5 s is the votes' all-reduce (outside img/s): the traffic's first byte at 7.3 s
+    lands in step 7, so step 8 is the first one run fully under it, not step 7 (whose img/s alone says 7.5 s)."""
+    params = {"run": "adaptive", "batch_size": 16, "reference_step": 2, "interference_step": 5}
+    rows = []
+    for step in range(10):
+        rows.append({**params, "rank": 0, "step": step, "metric": "step_start", "value": float(step), "time": step})
+        rows.append({**params, "rank": 0, "step": step, "metric": "img_per_sec", "value": 32.0, "time": step + 1.0})
+    rows.append({**params, "rank": None, "step": None, "metric": "traffic_start", "value": 7.3, "time": 7.3})
+    rows.append({**params, "rank": 0, "step": 9, "metric": "root_switch", "value": 1, "time": 10.0})
+    summary = kungfu_fig5.run_summary(pd.DataFrame(rows), "adaptive")
+    assert (summary["traffic_step"], summary["first_full_step"], summary["switch_delay_steps"]) == (7, 8, 1)
+    assert summary["switch_delay_s"] == pytest.approx(10.0 - 8.0)
+
+
 def our_namespaces() -> set[str]:
     return set(os.listdir(NETNS_RUN)) if NETNS_RUN.exists() else set()
 
@@ -92,8 +114,31 @@ def test_a_failed_run_leaves_no_testbed(smoke: dict, tmp_path: Path) -> None:
     with pytest.raises(RunFailed, match="STAR and at least 2 workers"):
         run_point(broken, tmp_path / "run", local_launcher(120))
     assert our_namespaces() <= before
-    owner = json.loads((tmp_path / "run" / "jobspec.json").read_text())["testbed"]["owner"]
-    assert not remove_leftovers(owner)
+    testbed = json.loads((tmp_path / "run" / "jobspec.json").read_text())["testbed"]
+    assert testbed["flows_file"] == "flows.jsonl"  # relative to the run folder: the folder may move
+    assert not remove_leftovers(testbed["owner"])
+
+
+@pytest.mark.skipif(REASON is not None, reason=REASON or "")
+def test_a_traffic_that_fails_to_start_fails_the_run_and_keeps_rank_0s_records(
+    smoke: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Starting the traffic raises: rank 0's output is still drained to its end, and the run fails with that error
+    (no result.json) instead of finishing as a run whose policy did not switch."""
+
+    def broken_start(*args: object) -> None:
+        raise OSError("the flow peer could not start")
+
+    monkeypatch.setattr("ddlrepro.host.testbed.traffic.start", broken_start)
+    point = next(point for point in figure_points(smoke)[FIGURE].values() if point.params["run"] == "adaptive")
+    short = replace(point, params={**point.params, "steps": point.params["interference_step"] + 2})
+    with pytest.raises(OSError, match="the flow peer could not start"):
+        run_point(short, tmp_path / "run", local_launcher(120))
+    assert not (tmp_path / "run" / "result.json").exists()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    last_step = short.params["steps"] - 1
+    assert any(r.get("rank") == 0 and r.get("step") == last_step and r["metric"] == "vote" for r in records)
+    assert any(r.get("rank") == 0 and r["metric"] == "parameter_sum" for r in records)
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -35,16 +36,11 @@ CHUNK_BYTES = 1 << 20
 MAX_CHUNKS = 16
 _chunk_threads = ThreadPoolExecutor(max_workers=MAX_CHUNKS, thread_name_prefix="strategy-chunk")
 
-Reducer = Callable[[torch.Tensor], torch.Tensor]
 
+class Reducer(Protocol):
+    """An in-place sum over all ranks: `options` are the strategy's own (a chunk's message `tag`, STAR's `root`)."""
 
-def _add_received(total: torch.Tensor, sources: list[int], tag: int) -> None:
-    """Add what `sources` send to `total`, in the order of `sources` (all receives are posted at once)."""
-    buffers = [torch.empty_like(total) for _ in sources]
-    for work in [dist.irecv(buffer, src=source, tag=tag) for buffer, source in zip(buffers, sources, strict=True)]:
-        work.wait()
-    for buffer in buffers:
-        total.add_(buffer)
+    def __call__(self, tensor: torch.Tensor, **options: int) -> torch.Tensor: ...
 
 
 def _send(tensor: torch.Tensor, destinations: list[int], tag: int) -> None:
@@ -52,18 +48,23 @@ def _send(tensor: torch.Tensor, destinations: list[int], tag: int) -> None:
         work.wait()
 
 
+def _sum_in_order(tensor: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
+    """`tensor` (one of `parts`) becomes their sum, added in the order of `parts` (the same bits on every rank)."""
+    total = tensor if parts[0] is tensor else parts[0].clone()
+    for part in parts[1:]:
+        total.add_(part)
+    return total if total is tensor else tensor.copy_(total)
+
+
 def _add_in_member_order(tensor: torch.Tensor, members: list[int], tag: int) -> None:
-    """`tensor` (this rank's, a member) becomes the sum of every member's, added in the order of `members`."""
+    """`tensor` (this rank's, a member) becomes the sum of every member's, added in the order of `members` (all
+    receives are posted at once)."""
     rank = dist.get_rank()
     others = [member for member in members if member != rank]
     received = {member: torch.empty_like(tensor) for member in others}
     for work in [dist.irecv(received[member], src=member, tag=tag) for member in others]:
         work.wait()
-    parts = [tensor if member == rank else received[member] for member in members]
-    total = parts[0].clone()
-    for part in parts[1:]:
-        total.add_(part)
-    tensor.copy_(total)
+    _sum_in_order(tensor, [tensor if member == rank else received[member] for member in members])
 
 
 def _star_reduce(tensor: torch.Tensor, members: list[int], tag: int, leader: int | None = None) -> None:
@@ -72,8 +73,6 @@ def _star_reduce(tensor: torch.Tensor, members: list[int], tag: int, leader: int
     leader = members[0] if leader is None else leader
     if dist.get_rank() != leader:
         dist.send(tensor, dst=leader, tag=tag)
-    elif leader == members[0]:
-        _add_received(tensor, members[1:], tag)
     else:
         _add_in_member_order(tensor, members, tag)
 
@@ -90,7 +89,7 @@ def _tree(tensor: torch.Tensor, members: list[int], tag: int) -> None:
     """Sum over `members` up their binary tree (children 2i+1, 2i+2 of the i-th), then the total back down."""
     index = members.index(dist.get_rank())
     children = [members[child] for child in (2 * index + 1, 2 * index + 2) if child < len(members)]
-    _add_received(tensor, children, tag)
+    _add_in_member_order(tensor, [members[index], *children], tag)
     if index > 0:
         parent = members[(index - 1) // 2]
         dist.send(tensor, dst=parent, tag=tag)
@@ -98,7 +97,8 @@ def _tree(tensor: torch.Tensor, members: list[int], tag: int) -> None:
     _send(tensor, children, tag)
 
 
-def ring(tensor: torch.Tensor) -> torch.Tensor:
+def ring(tensor: torch.Tensor, **_options: int) -> torch.Tensor:
+    """gloo's all-reduce (it needs no tag or root)."""
     dist.all_reduce(tensor)
     return tensor
 
@@ -136,14 +136,10 @@ def clique(tensor: torch.Tensor, tag: int = 0) -> torch.Tensor:
     works += [dist.isend(tensor, dst=r, tag=tag) for r in others]
     for work in works:
         work.wait()
-    parts = [tensor if r == rank else received[r] for r in range(world)]
-    total = parts[0].clone()
-    for part in parts[1:]:
-        total.add_(part)
-    return tensor.copy_(total)
+    return _sum_in_order(tensor, [tensor if r == rank else received[r] for r in range(world)])
 
 
-def chunked(exchange: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def chunked(exchange: Callable[..., torch.Tensor]) -> Reducer:
     """`exchange(tensor, tag=..., **options)` on chunks of a large tensor at once (one thread and tag each), in
     place."""
 
@@ -231,8 +227,12 @@ class StrategyHook:
 def apply_strategy(model: DistributedDataParallel, strategy: str, group_size: int) -> StrategyHook | None:
     """Make `model` average its gradients with `strategy` (RING keeps DDP's own all-reduce: no hook)."""
     reducer(strategy, group_size)
-    if strategy == "RING":
-        return None
+    return None if strategy == "RING" else hooked(model, strategy, group_size)
+
+
+def hooked(model: DistributedDataParallel, strategy: str, group_size: int) -> StrategyHook:
+    """Make `model` average its gradients through `strategy`'s hook, and return the hook (its throughput, its
+    root)."""
     hook = StrategyHook(strategy, group_size)
     model.register_comm_hook(None, hook.communicate)
     return hook

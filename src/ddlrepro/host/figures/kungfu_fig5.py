@@ -97,17 +97,19 @@ def step_rows(table: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 
 def step_windows(table: pd.DataFrame) -> pd.DataFrame:
-    """Per run and step: when it started and ended (rank 0's img/s record ends a step; batch ÷ img/s is its length)."""
-    rows = table[(table["metric"] == "img_per_sec") & (table["rank"] == 0)]
-    return rows.assign(start=rows["time"] - rows["batch_size"] / rows["value"], end=rows["time"])[
-        ["run", "step", "start", "end"]
-    ]
+    """Per run and step: when it started (rank 0's `step_start`) and ended (rank 0's img/s record, after the
+    votes' all-reduce)."""
+    rank_0 = table[table["rank"] == 0]
+    starts = rank_0[rank_0["metric"] == "step_start"][["run", "step", "value"]].rename(columns={"value": "start"})
+    ends = rank_0[rank_0["metric"] == "img_per_sec"][["run", "step", "time"]].rename(columns={"time": "end"})
+    return starts.merge(ends, on=["run", "step"], validate="one_to_one")
 
 
 def run_summary(table: pd.DataFrame, run: str) -> dict[str, Any]:
     """One run's row (see the module's docstring). Without a switch the delays are infinite (never) and recovery is
     what the run kept under interference."""
     import numpy as np
+    import pandas as pd
 
     rows = table[table["run"] == run]
     rates = step_rows(rows, "img_per_sec").set_index("step")["value"]
@@ -126,7 +128,7 @@ def run_summary(table: pd.DataFrame, run: str) -> dict[str, Any]:
     switch = switches[0] if switches else np.inf
     after = rates[rates.index > switch].mean() if switches else during
     delay_s = np.inf
-    if switches and first_full == first_full:
+    if switches and pd.notna(first_full):
         delay_s = windows.loc[switch, "end"] - windows.loc[first_full, "start"]
     return {
         "run": run,

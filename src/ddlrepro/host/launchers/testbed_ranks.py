@@ -7,9 +7,12 @@ rank's only sends the traffic. Every link has the point's `link_rate`.
 
 The traffic (`traffic` in the params: connections, offered rate, seconds) is real TCP from that extra host into
 host 1 (rank 0, STAR's first root), started when rank 0 prints its `interference_requested` record: the host side
-reacts to what a rank reports, the ranks decide nothing by a clock. It stops after its seconds or when the run
-ends. Its outcome (testbed/traffic.py's flow record) is filed into the run's metrics: `traffic_start` (time and
-value: the first byte's arrival), `traffic_received_bytes` and `traffic_achieved_bps`.
+reacts to what a rank reports, the ranks decide nothing by a clock. It is started on a thread of its own, never on
+rank 0's output reader (which must keep draining rank 0's pipe); if starting it fails, the run fails with that error
+once its ranks ended (logs kept, no result.json), rather than reading as a policy that did not switch. It stops
+after its seconds or when the run ends. Its outcome (testbed/traffic.py's flow record) is filed into the run's
+metrics: `traffic_start` (time and value: the first byte's arrival), `traffic_received_bytes` and
+`traffic_achieved_bps`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from ddlrepro.host.launchers.base import WorkerSpec
@@ -40,7 +42,9 @@ LineHandler = Callable[[int | None, str, str], None]
 
 @dataclass(frozen=True)
 class TestbedPlacement:
-    """Where a point's ranks run: its own testbed (owner, hosts, link rate) and the traffic into host 1, if any."""
+    """Where a point's ranks run: its own testbed (owner, hosts, link rate) and the traffic into host 1, if any,
+    whose flow records go to `flows_file`, relative to the run folder (jobspec.json names no path of this machine
+    for it)."""
 
     __test__ = False  # not a pytest test class despite its name
 
@@ -51,7 +55,7 @@ class TestbedPlacement:
     traffic: dict[str, Any] | None
 
 
-def placement(params: dict[str, Any], workers: int, run_dir: Path) -> TestbedPlacement | None:
+def placement(params: dict[str, Any], workers: int) -> TestbedPlacement | None:
     """The point's testbed, None when it runs on this machine's loopback (no `testbed_hosts`)."""
     hosts = params.get("testbed_hosts")
     if not hosts:
@@ -59,9 +63,7 @@ def placement(params: dict[str, Any], workers: int, run_dir: Path) -> TestbedPla
     if hosts < workers + 1:
         raise ValueError(f"testbed_hosts {hosts}: {workers} ranks need {workers + 1} hosts (the last sends traffic)")
     owner = "r" + secrets.token_hex(5)  # one testbed per run, even for runs of the same point at once
-    return TestbedPlacement(
-        owner, hosts, params["link_rate"], str(run_dir.resolve() / FLOWS_FILE), params.get("traffic")
-    )
+    return TestbedPlacement(owner, hosts, params["link_rate"], FLOWS_FILE, params.get("traffic"))
 
 
 def planned_testbed(where: TestbedPlacement) -> Testbed:
@@ -93,44 +95,61 @@ def requests_traffic(line: str) -> bool:
 
 
 class Interference:
-    """Starts the placement's traffic when rank 0 asks for it, once; files its outcome when stopped."""
+    """Starts the placement's traffic when rank 0 asks for it, once, on its own thread; files its outcome when
+    stopped and raises what starting it raised."""
 
     def __init__(self, testbed: Testbed, where: TestbedPlacement, output: OutputCollector) -> None:
         self.testbed = testbed
         self.where = where
         self.output = output
         self.running: traffic.Traffic | None = None
+        self.starter: threading.Thread | None = None
+        self.start_error: BaseException | None = None
+        self.flows = output.run_dir.resolve() / where.flows_file
         self._lock = threading.Lock()
 
     def add_line(self, rank: int | None, stream: str, line: str) -> None:
         self.output.add_line(rank, stream, line)
         if rank == 0 and stream == "stdout" and requests_traffic(line):
-            self.start()
+            self.request()
 
-    def start(self) -> None:
-        if self.where.traffic is None:
-            return
+    def request(self) -> None:
+        """Start the traffic (once) without holding up the caller: rank 0's output reader."""
         with self._lock:
-            if self.running is not None:
+            if self.where.traffic is None or self.starter is not None:
                 return
-            settings = self.where.traffic
-            flow = traffic.Flow(
-                source=self.testbed.hosts[-1].name,
-                destination=self.testbed.hosts[0].name,
-                connections=settings["connections"],
-                rate=settings["rate"],
-                start_s=0.0,
-                stop_s=float(settings["seconds"]),
-            )
-            self.running = traffic.start(self.testbed, [flow], Path(self.where.flows_file))
+            self.starter = threading.Thread(target=self._start, args=(self.where.traffic,), daemon=True)
+            self.starter.start()
+
+    def _start(self, settings: dict[str, Any]) -> None:
+        flow = traffic.Flow(
+            source=self.testbed.hosts[-1].name,
+            destination=self.testbed.hosts[0].name,
+            connections=settings["connections"],
+            rate=settings["rate"],
+            start_s=0.0,
+            stop_s=float(settings["seconds"]),
+        )
+        try:
+            self.running = traffic.start(self.testbed, [flow], self.flows)
+        except BaseException as error:  # kept for stop() to raise on the hosting thread
+            self.start_error = error
 
     def stop(self) -> None:
+        """Stop the traffic and file its outcome; raise what starting it raised, if it failed."""
         with self._lock:
-            if self.running is None:
-                return
+            starter = self.starter
+        if starter is None:
+            return
+        starter.join()
+        if self.start_error is not None:
+            raise self.start_error
+        if self.running is not None:
             self.running.stop()
-        flows = Path(self.where.flows_file)
-        for line in flows.read_text().splitlines() if flows.exists() else []:
+            self.file_outcome()
+
+    def file_outcome(self) -> None:
+        for line in self.flows.read_text().splitlines() if self.flows.exists() else []:
             flow = json.loads(line)
             first, last = flow.get("first_byte"), flow.get("last_byte")
             if first is None or last is None:  # no byte arrived: the figure's traffic windows stay unmeasured

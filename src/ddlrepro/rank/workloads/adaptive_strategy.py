@@ -7,7 +7,8 @@ majority moves the root from rank 0 to rank 1 before the next step, on every ran
 that collective, never on a clock.
 
 Records per step and rank: `img_per_sec` (batch ÷ step time), `allreduce_mib_per_s`, `vote`; rank 0 adds `votes`
-(the sum) and `root_switch` (the step it moved the root). At `interference_step` rank 0 records
+(the sum), `step_start` (the wall-clock time the step began: its records come after the votes' all-reduce, which
+the step time leaves out) and `root_switch` (the step it moved the root). At `interference_step` rank 0 records
 `interference_requested`: the launcher starts the competing traffic when it reads it (the ranks know nothing of
 it). The node's interface bytes are recorded at that step and at the switch too (phases `interference`,
 `switch`), beside the run's start and end, so the figure shows where the traffic went.
@@ -26,7 +27,7 @@ from ddlrepro.rank.interfaces import NodeInterfaceCounter
 from ddlrepro.rank.models import build_model
 from ddlrepro.rank.policies.strategy import StrategyPolicy
 from ddlrepro.rank.runtime import RankContext
-from ddlrepro.rank.strategies import StrategyHook, apply_strategy
+from ddlrepro.rank.strategies import hooked
 from ddlrepro.rank.workloads.throughput import (
     data_parallel,
     make_train_step,
@@ -53,8 +54,7 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
         params["model"], params["batch_size"], params.get("image_size"), ctx.device, seed=ctx.rank
     )
     trained = data_parallel(model, ctx)
-    hook = apply_strategy(trained, "STAR", group_size=1)
-    assert isinstance(hook, StrategyHook)
+    hook = hooked(trained, "STAR", group_size=1)
     train_step = make_train_step(trained, images, labels)
     policy = StrategyPolicy(ctx.world_size, params["reference_step"], params["threshold"])
     interfaces = NodeInterfaceCounter(ctx.rank, ctx.local_rank)
@@ -65,7 +65,7 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
             interfaces.record("interference")
             if ctx.rank == 0:
                 emit("metric", rank=0, step=step, metric="interference_requested", value=1)
-        started = time.perf_counter()
+        began, started = time.time(), time.perf_counter()
         train_step().item()
         elapsed = time.perf_counter() - started
         reduced = hook.throughput()
@@ -76,6 +76,7 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
         emit("metric", rank=ctx.rank, step=step, metric="allreduce_mib_per_s", value=reduced.mib_per_s)
         emit("metric", rank=ctx.rank, step=step, metric="vote", value=vote)
         if ctx.rank == 0:
+            emit("metric", rank=0, step=step, metric="step_start", value=began)
             emit("metric", rank=0, step=step, metric="votes", value=votes)
         if params["adapt"] and policy.decide(step, votes):
             hook.root = policy.root
