@@ -157,9 +157,10 @@ def refused(config: dict) -> str:
         ({"noise_scale_alpha": 0}, "figures.kungfu-fig4.noise_scale_alpha: 0 is less than or equal to the minimum"),
         ({"cycle_epochs": 0}, "figures.kungfu-fig4.cycle_epochs: 0 is less than the minimum of 1"),
         (
-            {"dataset": "cifar10", "model": "resnet56"},
+            {"dataset": "cifar10", "model": "resnet56", "micro_batches": 1},
             "figures.kungfu-fig4.data_dir: dataset cifar10 requires data_dir",
         ),
+        ({"dataset": "cifar10", "model": "resnet56"}, "figures.kungfu-fig4.micro_batches: 1 was expected"),
         (
             {"dataset": "cifar10"},
             "figures.kungfu-fig4.model: 'digitsnet' is not valid; valid values: resnet20, resnet56",
@@ -175,7 +176,7 @@ def test_bad_input_is_refused_naming_the_key(section: tuple[dict, dict], change:
 
 def test_cifar10_files_are_checked_never_downloaded(section: tuple[dict, dict], tmp_path: Path) -> None:
     config, figure = section
-    figure.update(dataset="cifar10", model="resnet56", data_dir=str(tmp_path))
+    figure.update(dataset="cifar10", model="resnet56", micro_batches=1, data_dir=str(tmp_path))
     for name in ["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5"]:
         (tmp_path / name).write_bytes(b"\0" * 30_730_000)
     assert f"figures.kungfu-fig4.data_dir: {tmp_path / 'test_batch'}: missing" in refused(copy.deepcopy(config))

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from conftest import snakemake
 
+from ddlrepro.host.checks import ReferenceError as CheckReferenceError
 from ddlrepro.host.checks import check_figure, load_references
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
@@ -178,6 +179,17 @@ def test_a_missing_fixed_run_at_the_settled_size_is_a_declared_gap() -> None:
     assert statuses["adaptive-cheaper-than-all-at-once"] in {"pass", "fail", "disturbed"}
     texts = [text.get_text() for axis in figure.axes for text in axis.texts]
     assert "skipped: x" in texts
+
+
+def test_a_fixed_run_missing_without_a_skip_is_an_error_not_a_skip() -> None:
+    """fixed-1 is absent from the table without being declared skipped (a run lost, a table cut short): the share's
+    check must fail loudly, never be excused as skipped."""
+    table = pd.read_csv(Path(__file__).parent / "data" / "tables" / "kungfu-fig6.csv")
+    table = table[table["mode"] != "fixed-1"]
+    summary = kungfu_fig6.summarize(table).set_index("mode")
+    assert pd.isna(summary.loc["adaptive", "settled_share"]) and summary.loc["adaptive", "settled_share_skipped"] == ""
+    with pytest.raises(CheckReferenceError, match="settled_share is NaN"):
+        check_figure(kungfu_fig6.ID, summary.reset_index(), load_references(REFERENCES)[kungfu_fig6.ID], "smoke")
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ per epoch, best and final accuracy, time to the threshold, the batch's largest v
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddlrepro.host.figures.common import require, threads_per_worker
@@ -50,7 +51,8 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     # The data folder's path stays out of the id and the tables (it is this machine's); its contents' digest is in.
     inputs = {}
     if section["dataset"] == "cifar10":
-        inputs = {"data_dir": str(section["data_dir"])}
+        # Absolute: the ranks may start in another working directory (a Slurm job's, a container's).
+        inputs = {"data_dir": str(Path(section["data_dir"]).expanduser().resolve())}
         common["data_digest"] = datasets.cifar10_digest(section["data_dir"])
     workers = section["workers"]
     threads = threads_per_worker(launcher, workers)
@@ -69,7 +71,13 @@ def check_section(section: dict[str, Any]) -> None:
         f"{section['cap']} is below the starting batch_size {section['batch_size']}",
     )
     if section["dataset"] == "cifar10":
-        require(section["data_dir"] is not None, ID, "data_dir", "dataset cifar10 requires data_dir (never downloaded)")
+        require(
+            section["data_dir"] is not None,
+            ID,
+            "data_dir",
+            "dataset cifar10 requires data_dir, the folder of CIFAR-10's python batches (never downloaded; or set "
+            "figures.kungfu-fig4.enabled: false)",
+        )
         try:
             datasets.check_cifar10(section["data_dir"])
         except FileNotFoundError as error:

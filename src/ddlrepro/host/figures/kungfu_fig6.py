@@ -146,10 +146,13 @@ def with_settled_comparison(summary: pd.DataFrame) -> pd.DataFrame:
     if settled in fixed.index:
         summary.loc[adaptive, "settled_share"] = fixed[settled] / fixed.max()
     else:
-        why = summary.loc[(summary["mode"] != ADAPTIVE) & (summary["size"] == settled), "reason"]
-        summary.loc[adaptive, "settled_share_skipped"] = f"no fixed-size run at the settled size {settled}" + (
-            f" ({why.iloc[0]})" if not why.empty else ""
-        )
+        # Only a run declared skipped excuses the check; a run that ran and left no rows is an error it must show.
+        skipped = (summary["mode"] != ADAPTIVE) & (summary["size"] == settled) & (summary["status"] == "skipped")
+        why = summary.loc[skipped, "reason"]
+        if not why.empty:
+            summary.loc[adaptive, "settled_share_skipped"] = (
+                f"no fixed-size run at the settled size {settled} ({why.iloc[0]})"
+            )
     return summary
 
 

@@ -17,6 +17,7 @@ metrics: `traffic_start` (time and value: the first byte's arrival), `traffic_re
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import secrets
@@ -179,5 +180,9 @@ def hosted(where: TestbedPlacement, output: OutputCollector) -> Iterator[LineHan
         interference = Interference(testbed, where, output)
         try:
             yield interference.add_line
-        finally:
-            interference.stop()
+        except BaseException:
+            # The ranks' own failure is the one to report; a traffic start that failed too is only context.
+            with contextlib.suppress(Exception):
+                interference.stop()
+            raise
+        interference.stop()
