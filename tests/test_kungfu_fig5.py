@@ -80,10 +80,18 @@ def test_points_are_skipped_under_another_launcher(smoke: dict) -> None:
     assert reason == "skipped: runs on testbed hosts, which the local launcher makes, not the slurm launcher"
 
 
-def test_points_in_images_are_refused_before_any_job(smoke: dict) -> None:
+def test_points_in_images_are_skipped_and_the_plan_still_passes(smoke: dict, tmp_path: Path) -> None:
+    """With images.build set the other figures run in the image; fig5's ranks belong on testbed hosts: skipped."""
     in_image = configured_launcher({"launcher": {"name": "local"}, "images": {"build": "podman"}})
-    with pytest.raises(ConfigError, match=r"testbed hosts run plain torch ranks, not in the training image"):
-        check_points({FIGURE: figure_points(smoke)[FIGURE]}, in_image)
+    points = figure_points(smoke)[FIGURE]
+    check_points({FIGURE: points}, in_image)
+    point = next(iter(points.values()))
+    assert unmet_requirement(point, "local", in_image=True) == (
+        "skipped: runs its ranks on testbed hosts, not in the training image (images.build)"
+    )
+    image = {"reference": "localhost/ddlrepro-cpu", "digest": "sha256:" + "0" * 64}
+    record = run_point(point, tmp_path / "run", in_image, image)
+    assert record["status"] == "skipped" and not (tmp_path / "run" / "jobspec.json").exists()
 
 
 def test_a_step_that_began_before_the_traffic_is_not_the_first_full_one() -> None:

@@ -84,7 +84,17 @@ def test_installed_package_verifies_a_bundle_outside_the_checkout(tmp_path: Path
 
 HOST_IMPORTS_WITHOUT_TORCH = """
 import importlib, pkgutil, sys
-sys.modules["torch"] = None  # any import of torch now fails
+
+
+class NoTorch:
+    # torch as if not installed: its import fails and sys.modules never holds it (scipy, which seaborn imports,
+    # looks torch up there and breaks on a None placeholder).
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+sys.meta_path.insert(0, NoTorch())
 import ddlrepro.host
 failed = []
 for module in pkgutil.walk_packages(ddlrepro.host.__path__, "ddlrepro.host."):

@@ -25,13 +25,15 @@ from ddlrepro.host.testbed.limits import unavailable_reason as testbed_unavailab
 from ddlrepro.points import Point
 
 
-def unmet_requirement(point: Point, launcher: str = "local") -> str | None:
+def unmet_requirement(point: Point, launcher: str = "local", in_image: bool = False) -> str | None:
     """Why this machine cannot run `point`, or None: NCCL needs CUDA; a point whose params name `testbed_hosts`
-    (it runs across that many testbed hosts) needs the local launcher, which makes them, and root for network
-    namespaces."""
+    (it runs across that many testbed hosts) needs the local launcher, which makes them, its ranks on the hosts
+    themselves (not in the training image), and root for network namespaces."""
     if point.params.get("testbed_hosts"):
         if launcher != "local":
             return f"skipped: runs on testbed hosts, which the local launcher makes, not the {launcher} launcher"
+        if in_image:
+            return "skipped: runs its ranks on testbed hosts, not in the training image (images.build)"
         reason = testbed_unavailable_reason()
         if reason:
             return f"skipped: {reason}"
@@ -69,7 +71,7 @@ def run_point(
     launcher = launcher or configured_launcher()
     run_dir.mkdir(parents=True, exist_ok=True)
     set_aside_previous_attempt(run_dir)
-    reason = unmet_requirement(point, launcher.name)
+    reason = unmet_requirement(point, launcher.name, in_image=image is not None)
     if reason:
         return skip_point(point, run_dir, reason)
     spec = launcher.render(point, run_dir)

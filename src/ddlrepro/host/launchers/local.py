@@ -124,16 +124,16 @@ def check_image_can_run(point: Point) -> None:
         raise ValueError(f"point {point.id} needs Horovod or MPI, which the training image does not carry")
 
 
-def check_testbed_can_run(point: Point, in_image: bool) -> None:
-    """Refuse a testbed point (`testbed_hosts`) this launcher would not start as plain torch ranks on its hosts."""
+def check_testbed_can_run(point: Point) -> None:
+    """Refuse a testbed point (`testbed_hosts`) this launcher would not start as plain torch ranks on its hosts (in
+    the training image it is skipped instead: run.unmet_requirement)."""
     if not point.params.get("testbed_hosts"):
         return
     mode = launch_mode(point)
     tensorflow = point.params.get("framework") == "tensorflow"
-    if in_image or mode != "ranks" or tensorflow:
-        how = "in the training image (images.build)" if in_image else "tensorflow" if tensorflow else mode
+    if mode != "ranks" or tensorflow:
+        how = "tensorflow" if tensorflow else mode
         remedy = f"disable it (figures.{point.figure}.enabled: false)"
-        remedy += " or set images.build: null" if in_image else ""
         raise ConfigError(f"{point.figure} point {point.id}: testbed hosts run plain torch ranks, not {how}: {remedy}")
 
 
@@ -193,7 +193,7 @@ class LocalLauncher:
             if in_image:
                 command = in_container(container_run, container, container_name(point, rank), env, run_dir, command)
             workers.append(WorkerSpec(rank, command, env))
-        check_testbed_can_run(point, in_image)
+        check_testbed_can_run(point)
         placed = testbed_ranks.placement(point.params, point.workers)
         if placed:
             workers, rendezvous["master_addr"] = testbed_ranks.placed_workers(workers, placed)
@@ -218,7 +218,7 @@ class LocalLauncher:
 
     def check_fits(self, point: Point) -> None:
         check_fits_machine(point, self.options.oversubscription)
-        check_testbed_can_run(point, in_image=self.options.container_run is not None)
+        check_testbed_can_run(point)
 
     def host_cores(self, point: Point, workflow_cores: Callable[[], int]) -> int:
         """Every process runs here: its workers' threads, or every core when runs must not share the machine."""
