@@ -7,6 +7,8 @@ import http.client
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -440,6 +442,25 @@ def test_elastic_runs_are_hosted_where_the_launcher_can_and_refused_naming_the_f
     ):
         check_points({"kungfu-fig7": {point.id: point}}, kubernetes)
     check_points({"kungfu-fig7": {point.id: point}}, slurm_launcher())
+
+
+def test_a_torchrun_resize_finishes_its_checkpoint_before_a_stop_ends_the_worker(tmp_path: Path) -> None:
+    """A SIGTERM that arrives while rank 0 files a resize (its own agent stopped by the shrink it asked for) waits
+    for the checkpoint and the event, then ends the worker by that same signal; nothing after the block runs."""
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from ddlrepro.rank.elastic.torchrun_worker import termination_deferred\n"
+        "out = Path(sys.argv[1])\n"
+        "with termination_deferred():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    (out / 'checkpoint').write_text('whole')\n"
+        "(out / 'after').write_text('ran on')\n"
+    )
+    finished = subprocess.run([sys.executable, "-c", script, str(tmp_path)], timeout=60, check=False)
+    assert finished.returncode == -signal.SIGTERM
+    assert (tmp_path / "checkpoint").read_text() == "whole"
+    assert not (tmp_path / "after").exists()
 
 
 @pytest.mark.slow

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -83,18 +86,35 @@ def resume(trainer: ElasticTrainer, rank: int) -> ResizeEvent | None:
 def resize(trainer: ElasticTrainer, group: DefaultGroup, client: ConfigClient, size: int) -> None:
     """Rank 0 asks for the new size and checkpoints; then every worker waits to be stopped (or finishes at 0)."""
     if group.rank == 0:
-        event = ResizeEvent(trainer.step, group.size, RESTART_PHASES)
-        event.mark("seen")
-        client.resize(size)
-        event.mark("config")
-        if size == 0:
-            emit("result", rank=0, steps=trainer.step, samples=trainer.offset)
-        else:
-            save_checkpoint(trainer, event)
+        with termination_deferred():
+            event = ResizeEvent(trainer.step, group.size, RESTART_PHASES)
+            event.mark("seen")
+            client.resize(size)
+            event.mark("config")
+            if size == 0:
+                emit("result", rank=0, steps=trainer.step, samples=trainer.offset)
+            else:
+                save_checkpoint(trainer, event)
     if size == 0:
         dist.destroy_process_group()
         sys.exit(0)
     wait_for_restart(group)
+
+
+@contextmanager
+def termination_deferred() -> Iterator[None]:
+    """Hold a SIGTERM until the block is done, then die of it. Once the config server has the new size the
+    launcher may stop any agent, this worker's own included (torchrun ranks agents by pid, so rank 0 can sit on
+    the newest one, the one a shrink stops); the checkpoint must be whole by then, or the survivors resume from
+    an older one and replay steps up to a resize they have already made."""
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if received:
+            signal.raise_signal(signal.SIGTERM)
 
 
 def save_checkpoint(trainer: ElasticTrainer, event: ResizeEvent) -> None:

@@ -2,7 +2,7 @@
 
 DDP over the workers (gloo on CPU); each epoch every rank takes its own shard of a seeded permutation of the
 training split, in batches of the current per-worker batch B. With `adaptive`, the noise-scale monitor rides on
-DDP's all-reduce every step and feeds `policies.batch.AdaptiveBatchPolicy`; after each cycle's last epoch the
+DDP's all-reduce every `monitor_interval`-th step and feeds `policies.batch.AdaptiveBatchPolicy`; after each cycle's last epoch the
 policy's B takes effect in place: same processes, same DDP model and optimizer, the learning rate set by
 `lr_rule`. Every rank is fed the same all-reduced values, so every rank decides the same B; an all-reduce of the
 decision checks it. The test split is evaluated at the start and after every cycle (accuracy %, with the training
@@ -57,7 +57,12 @@ class AdaptiveBatchTrainer:
         if params["adaptive"]:
             micro_batches = params["micro_batches"]
             self.monitor = GradientMonitor(
-                "noise-scale", 1, self.batch_size, ctx.world_size, params["noise_scale_alpha"], micro_batches
+                "noise-scale",
+                params["monitor_interval"],
+                self.batch_size,
+                ctx.world_size,
+                params["noise_scale_alpha"],
+                micro_batches,
             )
             self.monitor.attach(self.model)
             self.policy = AdaptiveBatchPolicy(
