@@ -98,7 +98,8 @@ def _train_across_a_change(rank: int, out_dir: str) -> dict:
     ctx = RankContext(rank, 2, rank, 2, 1, "gloo", torch.device("cpu"))
     params = {"dataset": "digits", "model": "digitsnet", "batch_size": 8, "cap": 32, "adaptive": True, "seed": 0}
     params |= {"test_fraction": 0.25, "learning_rate": 0.05, "momentum": 0.9, "lr_rule": "linear"}
-    params |= {"cycle_epochs": 1, "ema_weight": 0.9, "noise_scale_alpha": 0.9, "micro_batches": 4, "monitor_interval": 1}
+    params |= {"cycle_epochs": 1, "ema_weight": 0.9, "noise_scale_alpha": 0.9, "micro_batches": 4}
+    params |= {"monitor_interval": 1}
     trainer = AdaptiveBatchTrainer(params, ctx)
     noise, shapes = [], []
     batches = trainer.epoch_batches(1)

@@ -2,11 +2,11 @@
 
 DDP over the workers (gloo on CPU); each epoch every rank takes its own shard of a seeded permutation of the
 training split, in batches of the current per-worker batch B. With `adaptive`, the noise-scale monitor rides on
-DDP's all-reduce every `monitor_interval`-th step and feeds `policies.batch.AdaptiveBatchPolicy`; after each cycle's last epoch the
-policy's B takes effect in place: same processes, same DDP model and optimizer, the learning rate set by
-`lr_rule`. Every rank is fed the same all-reduced values, so every rank decides the same B; an all-reduce of the
-decision checks it. The test split is evaluated at the start and after every cycle (accuracy %, with the training
-time so far, evaluations excluded).
+DDP's all-reduce every `monitor_interval`-th step and feeds `policies.batch.AdaptiveBatchPolicy`; after each
+cycle's last epoch the policy's B takes effect in place: same processes, same DDP model and optimizer, the learning
+rate set by `lr_rule`. Every rank is fed the same all-reduced values, so every rank decides the same B; an
+all-reduce of the decision checks it. The test split is evaluated at the start and after every cycle (accuracy %,
+with the training time so far, evaluations excluded).
 """
 
 from __future__ import annotations
