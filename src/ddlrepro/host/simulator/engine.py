@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import pandas as pd
@@ -29,6 +30,7 @@ ROUND_S = 60.0  # the artifact's --interval
 ARTIFACT_START_S = 20.0  # the artifact's Job.rescale_time
 MAX_SIM_TIME_S = 30 * 24 * 3600.0
 JOB_COLUMNS = [
+    "policy",
     "id",
     "application",
     "trace_application",
@@ -64,22 +66,31 @@ class Simulation:
     """The per-job table and the allocation-over-time table of one policy's run."""
 
     policy: str
+    round_s: float
     jobs: pd.DataFrame
     allocations: pd.DataFrame
 
-    def summary(self, round_s: float = ROUND_S) -> dict[str, float]:
+    def summary(self) -> dict[str, float]:
+        """Mean JCT; makespan as the last finish and as the artifact printed it (its round's start)."""
         last = float(self.jobs["finish_s"].max())
         return {
             "mean_jct_s": float(self.jobs["jct_s"].mean()),
             "makespan_s": last,
-            "makespan_artifact_s": math.ceil(last / round_s) * round_s - round_s,
+            "makespan_artifact_s": math.ceil(last / self.round_s) * self.round_s - self.round_s,
         }
 
-    def write(self, folder) -> None:
-        """jobs.csv and allocations.csv, byte-identical for the same input."""
-        folder.mkdir(parents=True, exist_ok=True)
-        self.jobs.to_csv(folder / "jobs.csv", index=False, float_format=FLOAT_FORMAT, lineterminator="\n")
-        self.allocations.to_csv(folder / "allocations.csv", index=False, float_format=FLOAT_FORMAT, lineterminator="\n")
+
+def write_tables(simulations: Sequence[Simulation], folder: Path) -> tuple[Path, Path]:
+    """jobs.csv and allocations.csv of one or more policies' runs, byte-identical for the same input."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, table in (
+        ("jobs.csv", pd.concat([s.jobs for s in simulations])),
+        ("allocations.csv", pd.concat([s.allocations for s in simulations])),
+    ):
+        table.to_csv(folder / name, index=False, float_format=FLOAT_FORMAT, lineterminator="\n")
+        written.append(folder / name)
+    return written[0], written[1]
 
 
 def simulate(
@@ -115,7 +126,7 @@ def simulate(
         for state in active:
             _advance(state, now, round_s, profiles)
         now += round_s
-    return Simulation(policy, _job_table(states), pd.DataFrame(rows, columns=ALLOCATION_COLUMNS))
+    return Simulation(policy, round_s, _job_table(policy, states), pd.DataFrame(rows, columns=ALLOCATION_COLUMNS))
 
 
 def _policy(name: str) -> Policy:
@@ -183,9 +194,10 @@ def _unfinished(states: Sequence[JobState], now: float, limit: float) -> str:
     return f"jobs not finished at max_sim_time_s={limit:g} (t={now:g} s):\n" + "\n".join(lines)
 
 
-def _job_table(states: Sequence[JobState]) -> pd.DataFrame:
+def _job_table(policy: str, states: Sequence[JobState]) -> pd.DataFrame:
     rows = [
         {
+            "policy": policy,
             "id": s.job.id,
             "application": s.job.application,
             "trace_application": s.job.trace_application,

@@ -72,10 +72,8 @@ class Profiles:
             return None
         if self.constant_in_ests:
             return 1, 1 << 30
-        lows, highs = zip(
-            *((min(ests), max(ests)) for b, ests in by_batch.items() if b in self._bracket(by_batch, batch))
-        )
-        return max(lows), min(highs)
+        spans = [(min(by_batch[b]), max(by_batch[b])) for b in self._bracket(by_batch, batch)]
+        return max(low for low, _ in spans), min(high for _, high in spans)
 
     @staticmethod
     def _bracket(by_batch: dict[int, dict[int, float]], batch: int) -> tuple[int, ...]:
