@@ -8,9 +8,9 @@ from pathlib import Path
 
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.simulator.cluster import ARTIFACT_CLUSTER, Cluster
-from ddlrepro.host.simulator.engine import ARTIFACT_START_S, MAX_SIM_TIME_S, ROUND_S, simulate, write_tables
 from ddlrepro.host.simulator.policies import POLICIES
 from ddlrepro.host.simulator.profiles import read_profiles
+from ddlrepro.host.simulator.rules import ARTIFACT_START_S, MAX_SIM_TIME_S, ROUND_S
 from ddlrepro.host.simulator.traces import (
     ARTIFACT_APPLICATION_COUNTS,
     generate_trace,
@@ -59,6 +59,8 @@ def parse_cluster(text: str) -> Cluster:
 
 
 def run(args: argparse.Namespace) -> None:
+    from ddlrepro.host.simulator.engine import simulate, write_tables  # pandas: only when simulating
+
     cluster = parse_cluster(args.cluster)
     profiles = read_profiles(args.profiles)
     profiled = sorted(profiles.applications())

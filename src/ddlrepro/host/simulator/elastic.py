@@ -1,12 +1,15 @@
 """The elastic round both EasyScale policies share, after the artifact's `EasyPolicy.optimize_v3` and
 `Job.submit_proposals` (simulator/easy_policy.py, simulator.py): running jobs keep their devices (never shrunk);
 waiting jobs, in queue order, start on the fewest devices that hold their ESTs; then running jobs grow, greedy by
-marginal speed-up (speed-up ÷ current − 1, per added device), at most one growth per job per round, each adding
+marginal speed-up (speed ÷ current speed − 1, per added device), at most one growth per job per round, each adding
 devices of one type, at most doubling the job's devices, with waste ≤ 30 % and a higher speed.
 
 Ours: the candidates are every count of every allowed type (the artifact keeps only the best per job and type, so
-a job whose best growth does not fit gets none), waste is `placements.waste`, and a heterogeneous job that cannot
-start on its preferred type starts on another allowed type (the artifact starts it on its slowest proposal)."""
+a job whose best growth does not fit gets none); a job on several types may instead move onto the one type it
+grows on, giving the others back (the artifact only adds: a job that once took a slow device keeps it as its
+bottleneck for good, and a long job stuck so made heter's makespan 2.3× homo's on a generated trace); waste is
+`placements.waste`; a heterogeneous job that cannot start on its preferred type starts on another allowed type
+(the artifact starts it on its slowest proposal)."""
 
 from __future__ import annotations
 
@@ -15,10 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from ddlrepro.host.simulator.cluster import Cluster, Placement
 from ddlrepro.host.simulator.placements import best_ests, smallest, throughput, waste
 from ddlrepro.host.simulator.profiles import Profiles
+from ddlrepro.host.simulator.rules import MAX_GROWTH, MAX_WASTE
 from ddlrepro.host.simulator.traces import Job
-
-MAX_WASTE = 0.30  # the artifact's Job._max_waste
-MAX_GROWTH = 2  # devices after a round ≤ 2 × before (the artifact's submit_proposals)
 
 
 def decide(
@@ -75,11 +76,14 @@ def _growths(
     for device_type in types:
         have = counts.get(device_type, 0)
         most = min(cluster.size(device_type), have + (MAX_GROWTH - 1) * now_on.devices)
-        for devices in range(have + 1, most + 1):
-            grown = best_ests(job, counts | {device_type: devices}, cluster, profiles)
+        options = [counts | {device_type: n} for n in range(have + 1, most + 1)]
+        if len(counts) > 1 or have == 0:  # or onto this type alone, giving the others back
+            options += [{device_type: n} for n in range(1, most - have + now_on.devices + 1)]
+        for option in options:
+            grown = best_ests(job, option, cluster, profiles)
             if grown is None or waste(job, grown, profiles) > MAX_WASTE:
                 continue
             faster = throughput(job, grown, profiles) / speed
             if faster > 1:
-                found.append(((faster - 1) / (devices - have), grown))
+                found.append(((faster - 1) / max(1, grown.devices - now_on.devices), grown))
     return found

@@ -24,11 +24,9 @@ from ddlrepro.host.simulator.cluster import Cluster, Placement
 from ddlrepro.host.simulator.placements import throughput
 from ddlrepro.host.simulator.policies import POLICIES, Policy
 from ddlrepro.host.simulator.profiles import Profiles
+from ddlrepro.host.simulator.rules import ARTIFACT_START_S, MAX_SIM_TIME_S, ROUND_S
 from ddlrepro.host.simulator.traces import Job, TraceError
 
-ROUND_S = 60.0  # the artifact's --interval
-ARTIFACT_START_S = 20.0  # the artifact's Job.rescale_time
-MAX_SIM_TIME_S = 30 * 24 * 3600.0
 JOB_COLUMNS = [
     "policy",
     "id",

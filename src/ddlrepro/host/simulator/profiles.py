@@ -25,12 +25,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.simulator.cluster import Placement
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TIDY_COLUMNS = ["application", "device_type", "batch_per_est", "ests_per_device", "step_time_s", "host"]
 ARTIFACT_TYPES = ("v100", "p100", "t4")  # the order of `step1` in the artifact's logs.json
@@ -161,6 +162,8 @@ def from_table(table: pd.DataFrame, source: str = "profile table") -> Profiles:
 def read_table(path: Path) -> Profiles:
     if not path.is_file():
         raise ProfileError(f"profile table {path} does not exist")
+    import pandas as pd
+
     return from_table(pd.read_csv(path), str(path))
 
 

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import csv
 import math
+import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.simulator.cluster import Cluster
@@ -230,17 +229,17 @@ def generate_trace(
     parallelisms = [size for size, count in parallelism_counts.items() for _ in range(count)]
     if len(applications) != len(parallelisms):
         raise TraceError(f"{len(applications)} applications but {len(parallelisms)} parallelisms")
-    rng = np.random.default_rng(seed)
-    applications = [applications[i] for i in rng.permutation(len(applications))]
-    parallelisms = [parallelisms[i] for i in rng.permutation(len(parallelisms))]
-    inner = np.sort(rng.uniform(ARTIFACT_FIRST_SUBMIT_S, ARTIFACT_LAST_SUBMIT_S, len(applications) - 2))
-    submits = [ARTIFACT_FIRST_SUBMIT_S, *np.round(inner).astype(int).tolist(), ARTIFACT_LAST_SUBMIT_S]
+    rng = random.Random(seed)
+    rng.shuffle(applications)
+    rng.shuffle(parallelisms)
+    inner = sorted(round(rng.uniform(ARTIFACT_FIRST_SUBMIT_S, ARTIFACT_LAST_SUBMIT_S)) for _ in applications[2:])
+    submits = [ARTIFACT_FIRST_SUBMIT_S, *inner, ARTIFACT_LAST_SUBMIT_S]
     jobs = []
     for index, (trace_app, parallelism, submit) in enumerate(zip(applications, parallelisms, submits, strict=True)):
         application = mapping[trace_app]
         preferred = _preferred_type(rng, cluster, profiles.device_types(application), parallelism)
-        batch = int(rng.choice(profiles.batches(application)))
-        epochs = int(rng.choice(ARTIFACT_EPOCHS.get(trace_app, [1])))
+        batch = rng.choice(profiles.batches(application))
+        epochs = rng.choice(ARTIFACT_EPOCHS.get(trace_app, [1]))
         jobs.append(
             Job(
                 id=f"{trace_app}-{index}",
@@ -259,15 +258,14 @@ def generate_trace(
     return jobs
 
 
-def _preferred_type(rng: np.random.Generator, cluster: Cluster, profiled: set[str], parallelism: int) -> str:
+def _preferred_type(rng: random.Random, cluster: Cluster, profiled: set[str], parallelism: int) -> str:
     """A profiled type, drawn with the artifact's frequencies among those big enough for a gang of `parallelism`
     (all profiled ones when none is)."""
     usable = [t for t in cluster.types if t in profiled and cluster.size(t) > 0]
     types = [t for t in usable if cluster.size(t) >= parallelism] or usable
     if not types:
         raise TraceError(f"no device type of the cluster {list(cluster.types)} is profiled ({sorted(profiled)})")
-    weights = np.array([ARTIFACT_PREFERRED_SHARES.get(t, 1 / len(types)) for t in types])
-    return types[int(rng.choice(len(types), p=weights / weights.sum()))]
+    return rng.choices(types, weights=[ARTIFACT_PREFERRED_SHARES.get(t, 1 / len(types)) for t in types])[0]
 
 
 def write_trace(jobs: Sequence[Job], path: Path) -> None:
