@@ -195,8 +195,20 @@ def test_unsorted_trace_kept_in_file_order_when_allowed(tmp_path: Path) -> None:
     assert [job.id for job in jobs] == ["b-0", "b-1"]
 
 
+def test_a_repeated_name_replaces_the_job_in_its_place_as_the_artifact_does(tmp_path: Path) -> None:
+    """The artifact keeps its jobs in an OrderedDict by name: a later row of the same name replaces the job."""
+    profiles = artifact_profiles(tmp_path / "profiles")
+    rows = ("e-1,100,electra,32,8,70,1,v100", "e-2,200,electra,16,8,5,1,p100", "e-1,300,electra,16,8,9,0,p100")
+    trace = write(tmp_path, *rows)
+    with pytest.raises(TraceError, match=r"field name: job names used twice: \['e-1'\]"):
+        read_trace(trace, profiles, Cluster.of(ARTIFACT_CLUSTER))
+    jobs = read_trace(trace, profiles, Cluster.of(ARTIFACT_CLUSTER), artifact_duplicates=True)
+    assert [(job.id, job.submit_s, job.row) for job in jobs] == [("e-1", 300, 3), ("e-2", 200, 2)]
+
+
 def test_a_gang_larger_than_its_type_is_named_before_running() -> None:
-    """The artifact's trace has such a row (electra-28-2: 32 on P100, of which there are 16)."""
+    """The artifact's trace has such a row (electra-28-2: 32 on P100, of which there are 16; a later row of the same
+    name replaced it in the artifact's run)."""
     too_big = [job("a", 0, "fast", 100), Job("wide", 2, 0, "m", "m", 3, 12, 1, False, "slow", 100)]
     with pytest.raises(TraceError, match=r"trace row 2 \(job wide\), field max_parallelism: a gang of 3"):
         simulate(too_big, SMALL, small_profiles(), "fifo-gang")

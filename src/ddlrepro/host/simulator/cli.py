@@ -42,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-sim-time-s", type=float, default=MAX_SIM_TIME_S)
     parser.add_argument("--allow-unsorted", action="store_true", help="accept submit times out of order")
     parser.add_argument(
+        "--artifact-duplicates",
+        action="store_true",
+        help="a job name used again replaces the earlier job in its place, as the artifact's simulator does",
+    )
+    parser.add_argument(
         "--map-applications",
         action="store_true",
         help="map trace applications without a profile onto profiled ones (smoke scale; always for a generated one)",
@@ -67,7 +72,14 @@ def run(args: argparse.Namespace) -> None:
     mapped = args.map_applications or args.trace is None
     mapping = map_applications(list(ARTIFACT_APPLICATION_COUNTS), profiled) if mapped else None
     if args.trace is not None:
-        jobs = read_trace(args.trace, profiles, cluster, mapping, allow_unsorted=args.allow_unsorted)
+        jobs = read_trace(
+            args.trace,
+            profiles,
+            cluster,
+            mapping,
+            allow_unsorted=args.allow_unsorted,
+            artifact_duplicates=args.artifact_duplicates,
+        )
     else:
         jobs = generate_trace(args.generate_seed, profiles, cluster, mapping)
     if mapping:

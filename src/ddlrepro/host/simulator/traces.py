@@ -102,11 +102,15 @@ def read_trace(
     application_map: Mapping[str, str] | None = None,
     dataset_samples: Mapping[str, float] = ARTIFACT_DATASET_SAMPLES,
     allow_unsorted: bool = False,
+    artifact_duplicates: bool = False,
 ) -> list[Job]:
     """A trace in the artifact's CSV format, every row checked against the profiles and the cluster.
 
     `application_map`: trace application → profiled application (default: the same name). `allow_unsorted`: keep
     rows whose submit time is earlier than the row before (the artifact's own trace has one, row 21), in file order.
+    `artifact_duplicates`: a name used again replaces the job of that name, which keeps its place in the queue, as
+    the artifact's OrderedDict of jobs does (its trace names electra-28-1, -2 and -3 three times each: it simulated
+    62 jobs of its 68 rows); otherwise a name used twice is an error.
     """
     if not path.is_file():
         raise TraceError(f"trace {path} does not exist")
@@ -127,9 +131,9 @@ def read_trace(
     if not jobs:
         raise TraceError(f"{path}: no jobs")
     duplicates = [name for name, count in Counter(job.id for job in jobs).items() if count > 1]
-    if duplicates:
+    if duplicates and not artifact_duplicates:
         raise TraceError(f"{path}, field name: job names used twice: {duplicates}")
-    return jobs
+    return list({job.id: job for job in jobs}.values())
 
 
 def _job(
