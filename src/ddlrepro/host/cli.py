@@ -168,6 +168,12 @@ def cmd_validate(args: argparse.Namespace) -> None:
     print("configuration is valid")
 
 
+def cmd_simulate(args: argparse.Namespace) -> None:
+    from ddlrepro.host.simulator import cli
+
+    cli.run(args)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="ddlrepro", description=__doc__)
     commands = top.add_subparsers(dest="command", required=True)
@@ -281,6 +287,12 @@ def parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check config files (merged in order) against the schema")
     validate.add_argument("configs", nargs="+")
     validate.set_defaults(handler=cmd_validate)
+
+    simulate = commands.add_parser("simulate", help="replay a job trace on a simulated cluster under policies")
+    from ddlrepro.host.simulator.cli import add_arguments
+
+    add_arguments(simulate)
+    simulate.set_defaults(handler=cmd_simulate)
     return top
 
 

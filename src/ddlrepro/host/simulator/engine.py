@@ -1,0 +1,212 @@
+"""The round loop: a policy decides every `round_s` seconds, jobs progress by the throughput model in between.
+
+As the artifact (simulator/simulator.py `Cluster.step`, `Job.step`): active jobs are those submitted and not
+finished, in trace order; a job finishes at the exact second its work is done, and its devices come free at the
+next round; with `restart="artifact"` a job pays 20 s once, at its first start, holding its devices without
+progress, and reallocations are free. Its JCT is finish − submit; its makespan was the start of the round in which
+the last job finished (`makespan_artifact_s`). Ours: a decision at t = 0 as well (the artifact's first is at
+`round_s`), `restart="measured"` (a given checkpoint + restore time paid at every start and reallocation), the
+makespan as the last finish (`makespan_s`), and `max_sim_time_s`, past which unfinished jobs are an error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pandas as pd
+
+from ddlrepro.host.errors import UserError
+from ddlrepro.host.simulator.cluster import Cluster, Placement
+from ddlrepro.host.simulator.placements import throughput
+from ddlrepro.host.simulator.policies import POLICIES, Policy
+from ddlrepro.host.simulator.profiles import Profiles
+from ddlrepro.host.simulator.rules import ARTIFACT_START_S, MAX_SIM_TIME_S, ROUND_S
+from ddlrepro.host.simulator.traces import Job, TraceError
+
+JOB_COLUMNS = [
+    "policy",
+    "id",
+    "application",
+    "trace_application",
+    "max_parallelism",
+    "preferred_type",
+    "submit_s",
+    "start_s",
+    "finish_s",
+    "jct_s",
+    "reallocations",
+]
+ALLOCATION_COLUMNS = ["time_s", "policy", "device_type", "allocated"]
+FLOAT_FORMAT = "%.3f"
+
+
+class SimulationError(UserError):
+    """A simulation that cannot finish as asked."""
+
+
+@dataclass
+class JobState:
+    job: Job
+    placement: Placement | None = None
+    start_s: float | None = None
+    finish_s: float | None = None
+    progress: float = 0.0
+    restart_left_s: float = 0.0
+    reallocations: int = 0
+
+
+@dataclass
+class Simulation:
+    """The per-job table and the allocation-over-time table of one policy's run."""
+
+    policy: str
+    round_s: float
+    jobs: pd.DataFrame
+    allocations: pd.DataFrame
+
+    def summary(self) -> dict[str, float]:
+        """Mean JCT; makespan as the last finish and as the artifact printed it (its round's start)."""
+        last = float(self.jobs["finish_s"].max())
+        return {
+            "mean_jct_s": float(self.jobs["jct_s"].mean()),
+            "makespan_s": last,
+            "makespan_artifact_s": math.ceil(last / self.round_s) * self.round_s - self.round_s,
+        }
+
+
+def write_tables(simulations: Sequence[Simulation], folder: Path) -> tuple[Path, Path]:
+    """jobs.csv and allocations.csv of one or more policies' runs, byte-identical for the same input."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, table in (
+        ("jobs.csv", pd.concat([s.jobs for s in simulations])),
+        ("allocations.csv", pd.concat([s.allocations for s in simulations])),
+    ):
+        table.to_csv(folder / name, index=False, float_format=FLOAT_FORMAT, lineterminator="\n")
+        written.append(folder / name)
+    return written[0], written[1]
+
+
+def simulate(
+    jobs: Sequence[Job],
+    cluster: Cluster,
+    profiles: Profiles,
+    policy: str,
+    round_s: float = ROUND_S,
+    restart: Literal["artifact", "measured"] = "artifact",
+    restart_s: float = ARTIFACT_START_S,
+    max_sim_time_s: float = MAX_SIM_TIME_S,
+) -> Simulation:
+    """Run `policy` over the jobs until all have finished (or raise past `max_sim_time_s`)."""
+    chosen = _policy(policy)
+    if round_s <= 0 or restart_s < 0 or restart not in ("artifact", "measured"):
+        raise SimulationError(
+            f"round_s {round_s} must be > 0, restart_s {restart_s} ≥ 0, restart {restart!r} artifact or measured"
+        )
+    validate(jobs, cluster, profiles, chosen)
+    states = [JobState(job) for job in jobs]
+    rows: list[tuple[float, str, str, int]] = []
+    now = 0.0
+    while any(state.finish_s is None for state in states):
+        if now > max_sim_time_s:
+            raise SimulationError(_unfinished(states, now, max_sim_time_s))
+        active = [s for s in states if s.finish_s is None and s.job.submit_s <= now]
+        current = {s.job.id: s.placement for s in active if s.placement is not None}
+        decided = chosen.decide(now, cluster, [s.job for s in active], current, profiles)
+        cluster.check(decided, now)
+        for state in active:
+            _reallocate(state, decided.get(state.job.id), now, restart, restart_s)
+        rows += [(now, policy, t, n) for t, n in cluster.used(decided.values()).items()]
+        for state in active:
+            _advance(state, now, round_s, profiles)
+        now += round_s
+    return Simulation(policy, round_s, _job_table(policy, states), pd.DataFrame(rows, columns=ALLOCATION_COLUMNS))
+
+
+def _policy(name: str) -> Policy:
+    if name not in POLICIES:
+        raise SimulationError(f"unknown policy {name!r}; known: {sorted(POLICIES)}")
+    return POLICIES[name]
+
+
+def validate(jobs: Sequence[Job], cluster: Cluster, profiles: Profiles, policy: Policy) -> None:
+    """What would make a job wait forever, named by its row and field, before anything runs."""
+    for job in jobs:
+        where = f"trace row {job.row} (job {job.id})"
+        if job.preferred_type not in profiles.device_types(job.application):
+            raise TraceError(
+                f"{where}, field preferred_gpu: {job.application!r} is not profiled on {job.preferred_type!r}"
+            )
+        if policy.gang and job.max_parallelism > cluster.size(job.preferred_type):
+            raise TraceError(
+                f"{where}, field max_parallelism: a gang of {job.max_parallelism} is larger than the cluster's "
+                f"{cluster.size(job.preferred_type)} {job.preferred_type} ({policy.name} cannot start it)"
+            )
+
+
+def _reallocate(state: JobState, placement: Placement | None, now: float, restart: str, restart_s: float) -> None:
+    if placement == state.placement:
+        return
+    if placement is not None:
+        first = state.start_s is None
+        if first:
+            state.start_s = now
+        else:
+            state.reallocations += 1
+        if restart == "measured" or first:
+            state.restart_left_s = restart_s
+    state.placement = placement
+
+
+def _advance(state: JobState, now: float, round_s: float, profiles: Profiles) -> None:
+    """Progress over one round: the restart still owed first, then training at the placement's throughput."""
+    if state.placement is None:
+        return
+    paid = min(state.restart_left_s, round_s)
+    state.restart_left_s -= paid
+    training_s = round_s - paid
+    if training_s <= 0:
+        return
+    rate = throughput(state.job, state.placement, profiles)
+    remaining = state.job.work_samples - state.progress
+    if remaining <= rate * training_s:
+        state.finish_s = now + paid + remaining / rate
+        state.progress = state.job.work_samples
+        state.placement = None
+    else:
+        state.progress += rate * training_s
+
+
+def _unfinished(states: Sequence[JobState], now: float, limit: float) -> str:
+    lines = [
+        f"  {s.job.id} (row {s.job.row}, submitted at {s.job.submit_s:g} s, "
+        + (f"running on {s.placement.label()}, " if s.placement else "waiting, ")
+        + f"{s.progress / s.job.work_samples:.0%} done)"
+        for s in states
+        if s.finish_s is None
+    ]
+    return f"jobs not finished at max_sim_time_s={limit:g} (t={now:g} s):\n" + "\n".join(lines)
+
+
+def _job_table(policy: str, states: Sequence[JobState]) -> pd.DataFrame:
+    rows = [
+        {
+            "policy": policy,
+            "id": s.job.id,
+            "application": s.job.application,
+            "trace_application": s.job.trace_application,
+            "max_parallelism": s.job.max_parallelism,
+            "preferred_type": s.job.preferred_type,
+            "submit_s": s.job.submit_s,
+            "start_s": s.start_s,
+            "finish_s": s.finish_s,
+            "jct_s": s.finish_s - s.job.submit_s,
+            "reallocations": s.reallocations,
+        }
+        for s in states
+    ]
+    return pd.DataFrame(rows, columns=JOB_COLUMNS)
