@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 ID = "easyscale-fig13"
-TITLE = "EasyScale Fig 13: per-EST time in a step (gradient copy, sync) ÷ a plain DDP step"
+TITLE = "EasyScale Fig 13: EST time ÷ a plain DDP step"
 FIRST, LAST = "ESTs 0..k-2 (compute, copy out)", "EST k-1 (also syncs)"
 PARTS = ["switch", "data", "forward_backward", "gradient_copy", "sync", "optimizer", "loss"]
 # The paper's model each of ours stands for (its references are selected by it).
@@ -35,7 +35,13 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
         model_section = {**section, "model": model}
         result.append(
             consistent_point(
-                ID, model_section, launcher, logical_workers=processes, placement=[1] * processes, mode="ddp", steps=steps
+                ID,
+                model_section,
+                launcher,
+                logical_workers=processes,
+                placement=[1] * processes,
+                mode="ddp",
+                steps=steps,
             )
         )
         result.append(
