@@ -2,8 +2,7 @@
 
 Params: model, logical_workers, placement (ESTs per process, one entry per worker), mode (D0, D1, ddp), batch_size
 (per EST), steps (run in this job), resume_from (point id of the stage whose checkpoint this job continues),
-learning_rate, seed, est_timings (record every EST's pieces of each step, `est_time_s` by `est` and `phase`:
-easyscale.StepLaps). Rank 0 records the global loss of every step; every rank records its step time and the time
+learning_rate, seed. Rank 0 records the global loss of every step; every rank records its step time and the time
 it spent switching between ESTs; rank 0 writes `checkpoint.pt` into the run folder at the end.
 """
 
@@ -37,6 +36,7 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
         emit("metric", rank=ctx.rank, step=step, metric="switch_time_s", value=trainer.switch_seconds - switched)
         if ctx.rank == 0:
             emit("metric", rank=0, step=step, metric="loss", value=loss)
+        # Param est_timings: every EST's laps of the step (easyscale.StepLaps), est_time_s by `est` and `phase`.
         for (est, part), seconds in trainer.laps.seconds.items():
             emit("metric", rank=ctx.rank, step=step, est=est, phase=part, metric="est_time_s", value=seconds)
     checkpoint = trainer.checkpoint()
