@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, snakemake
 
 from ddlrepro.host.checks import check_figure, load_references
 from ddlrepro.host.config import load_config
@@ -129,3 +130,20 @@ def test_token_samples_depend_only_on_their_index() -> None:
     assert torch.equal(tokens, again) and span == (start, end) and 0 <= start <= end < tokens.numel()
     logits = build_model("bert_tiny")(tokens.unsqueeze(0))
     assert logits.shape == (1, tokens.numel(), 2)
+
+
+@pytest.mark.slow
+def test_snakemake_easyscale_fig13_end_to_end(workflow_copy: Path) -> None:
+    """One model, short runs: the target runs both points, tabulates, plots and checks."""
+    overlay = workflow_copy / "fig13.yaml"
+    figure = {"enabled": True, "models": ["resnet20"], "steps": 4, "warmup_steps": 1}
+    overlay.write_text(json.dumps({"figures": {"easyscale-fig13": figure}}))
+    built = snakemake(workflow_copy, "easyscale_fig13", "--configfile", "tests/configs/tiny.yaml", str(overlay))
+    assert built.returncode == 0, built.stderr[-3000:]
+    results = workflow_copy / "results"
+    assert (results / "figures" / "easyscale-fig13.png").stat().st_size > 0
+    summary = pd.read_csv(results / "tables" / "easyscale-fig13.summary.csv")
+    assert list(summary["group"]) == [FIRST, LAST] and (summary["normalised_to_ddp"] > 0).all()
+    checks = pd.read_csv(results / "checks" / "easyscale-fig13.tsv", sep="\t").set_index("check")
+    assert set(checks.loc[checks["scale"] == "any", "status"]) <= {"pass", "disturbed"}
+    assert set(checks.loc[checks["scale"] == "paper", "status"]) == {"skipped"}
