@@ -12,7 +12,7 @@ import torch
 from conftest import REPO, snakemake
 
 from ddlrepro.host.checks import check_figure, load_references
-from ddlrepro.host.config import load_config
+from ddlrepro.host.config import ConfigError, load_config, validate_config
 from ddlrepro.host.figures import figure_points
 from ddlrepro.host.figures.easyscale_fig13 import FIRST, LAST, summarise
 from ddlrepro.host.launchers import local_launcher
@@ -84,6 +84,22 @@ def test_points_pair_ddp_with_d1_at_the_same_per_worker_batch() -> None:
         ests = 1 if point.params["mode"] == "ddp" else section["ests_per_worker"]
         assert point.params["placement"] == [ests] * section["workers"]
         assert point.params.get("est_timings", False) == (point.params["mode"] == "D1")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"ests_per_worker": 1}, "figures.easyscale-fig13.ests_per_worker: 1 is less than the minimum of 2"),
+        ({"models": ["smallnet"]}, "figures.easyscale-fig13.models[0]: 'smallnet' is not valid"),
+        ({"model": "resnet20"}, "figures.easyscale-fig13: unknown key(s) 'model'"),
+    ],
+)
+def test_bad_settings_name_their_key(change: dict, message: str) -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    config["figures"]["easyscale-fig13"].update(change)
+    with pytest.raises(ConfigError) as error:
+        validate_config(config)
+    assert message in str(error.value)
 
 
 def test_summary_takes_the_slowest_process_and_divides_by_ddp() -> None:

@@ -36,7 +36,6 @@ from torch import nn
 from ddlrepro.rank.models import MODELS, build_model
 
 MODES = ("D0", "D1", "ddp")
-AFTER_TURN_PARTS = ("sync", "optimizer", "loss")  # laps of a process's last EST after its forward/backward
 
 
 def est_ranges(placement: list[int]) -> list[range]:
