@@ -74,7 +74,8 @@ def est_times(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
 
 def summarise(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
     """Per model and group: the median over steps of the slowest process's time (ESTs 0..k−2: their mean in each
-    process), the mean seconds of each piece, and the time ÷ the DDP step and ÷ the model's last EST."""
+    process), each piece's mean over steps of its largest process value (so the pieces need not add up to the
+    time), and the time ÷ the DDP step and ÷ the model's last EST."""
     per_est = est_times(table, warmup_steps)
     columns = ["est_time_s", *PARTS]
     per_process = per_est.groupby(["model", "group", "step", "rank"], as_index=False)[columns].mean()
