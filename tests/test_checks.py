@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+from itertools import accumulate
 from pathlib import Path
 
 import pandas as pd
@@ -183,6 +184,22 @@ def test_check_figure_has_a_row_per_reference() -> None:
     assert set(table["figure"]) == {"kungfu-fig8"}
 
 
+def est_pieces(params: dict, steps: range) -> list[dict]:
+    """A consistent run's EST laps (with `est_timings`): every EST computes and copies, each process's last syncs."""
+    if not params.get("est_timings"):
+        return []
+    turn, after_turn = {"forward_backward": 0.04, "gradient_copy": 0.001}, {"sync": 0.01, "optimizer": 0.002}
+    starts = [0, *accumulate(params["placement"])]
+    return [
+        {"rank": rank, "step": step, "est": est, "phase": phase, "metric": "est_time_s", "value": seconds}
+        for step in steps
+        for rank in range(len(params["placement"]))
+        for ests in [range(starts[rank], starts[rank + 1])]
+        for est in ests
+        for phase, seconds in (turn | after_turn if est == ests[-1] else turn).items()
+    ]
+
+
 def synthetic_records(point) -> list[dict]:
     """Metric records shaped as each workload writes them, with made-up values: what a figure's own code needs to
     build its summary, so that every reference is evaluated against real summary columns and rows."""
@@ -214,17 +231,21 @@ def synthetic_records(point) -> list[dict]:
         first = params.get("stage", 0) * params["steps"]
         loss = {"D1": 0.0, "D0": 1e-3 * params.get("stage", 0), "ddp": 1e-6}[params["mode"]]
         steps = range(first, first + params["steps"])
-        return [
-            {"rank": rank, "step": step, "metric": metric, "value": value}
-            for step in steps
-            for rank in ranks
-            for metric, value in (
-                ("step_time_s", 0.1 * (1 + rank)),
-                ("switch_time_s", 1e-4),
-                ("rss_bytes", 2e8),
-                ("pss_bytes", 1.5e8),
-            )
-        ] + [{"rank": 0, "step": step, "metric": "loss", "value": 2.0 + loss * step} for step in steps]
+        return (
+            [
+                {"rank": rank, "step": step, "metric": metric, "value": value}
+                for step in steps
+                for rank in ranks
+                for metric, value in (
+                    ("step_time_s", 0.1 * (1 + rank)),
+                    ("switch_time_s", 1e-4),
+                    ("rss_bytes", 2e8),
+                    ("pss_bytes", 1.5e8),
+                )
+            ]
+            + [{"rank": 0, "step": step, "metric": "loss", "value": 2.0 + loss * step} for step in steps]
+            + est_pieces(params, steps)
+        )
     if point.workload == "adaptive_strategy":
         return adaptive_strategy_records(params, ranks)
     if params.get("policy") == "provisioning" or params["mode"].startswith(("fixed-", "all-at-once")):

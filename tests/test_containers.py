@@ -141,7 +141,7 @@ def image_config(workdir: Path, base: str, wheels: Path) -> str:
     figures = {"kungfu-fig9": {"workers": [2], "models": ["resnet20"]}}
     for figure in ("kungfu-fig8", "dlaas-scaling", "easyscale-fig9", "easyscale-fig10", "easyscale-fig11"):
         figures[figure] = {"enabled": False}
-    figures["easyscale-fig12"] = {"enabled": False}
+    figures["easyscale-fig12"] = figures["easyscale-fig13"] = {"enabled": False}
     (workdir / "image.yaml").write_text(yaml.safe_dump({"images": images, "figures": figures}))
     return "image.yaml"
 

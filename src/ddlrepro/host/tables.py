@@ -13,8 +13,9 @@ from ddlrepro.host.rundir import RESULT
 
 POINT_COLUMNS = ["figure", "point_id", "workload", "workers", "threads_per_worker"]
 # `phase` and `interface`: a node's interface bytes (node_rx_bytes, node_tx_bytes) at the run's start and end.
-RECORD_COLUMNS = ["rank", "iteration", "step", "size_bytes", "phase", "interface", "time", "metric", "value"]
-INTEGER_COLUMNS = ["iteration", "step", "size_bytes"]
+# `est` and `phase`: a consistent-training step's piece (est_time_s): its EST and which piece (easyscale.StepLaps).
+RECORD_COLUMNS = ["rank", "iteration", "step", "est", "size_bytes", "phase", "interface", "time", "metric", "value"]
+INTEGER_COLUMNS = ["iteration", "step", "est", "size_bytes"]
 SKIPPED_METRIC = "skipped"
 DEFAULT_MAX_FOREIGN_SHARE = schema_default("checks", "max_foreign_share")
 HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]  # the run's load, as host_load_columns gives it

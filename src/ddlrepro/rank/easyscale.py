@@ -13,6 +13,11 @@ function of E alone, whatever P and the placement:
   (same kernels and thread count everywhere) D1 gives bitwise-identical training for any placement.
 
 A checkpoint (parameters, optimizer, every EST's state, the step) moves a job between placements.
+
+With `est_timings`, each step is cut into contiguous laps (`StepLaps`), one per piece of an EST's turn (switch,
+data, forward_backward, gradient_copy) and, on a process's last EST, the pieces after its turn (sync, optimizer,
+loss): they add up to the step. Only time.perf_counter; the sync's lap includes waiting for the peers in the chain,
+as a DDP step's all-reduce does.
 """
 
 from __future__ import annotations
@@ -39,9 +44,22 @@ def est_ranges(placement: list[int]) -> list[range]:
     return [range(start, start + count) for start, count in zip(starts, placement, strict=True)]
 
 
-class SyntheticImages:
+class SampleStream:
+    """Samples by index, any process reading the same sample for the same index, in a fresh order every epoch."""
+
+    size: int
+    seed: int
+
+    def index(self, position: int) -> int:
+        """The sample at `position` of the stream: a fresh permutation of the data set every epoch."""
+        epoch, offset = divmod(position, self.size)
+        permutation = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + 7919 * epoch))
+        return int(permutation[offset])
+
+
+class SyntheticImages(SampleStream):
     """A learnable synthetic data set: sample i is drawn from its own seed; its label is the argmax of a fixed
-    random projection of the image. Any process reads the same sample for the same index."""
+    random projection of the image."""
 
     def __init__(self, model: str, size: int, seed: int = 0) -> None:
         info = MODELS[model]
@@ -54,11 +72,41 @@ class SyntheticImages:
         image = torch.randn(3, self.side, self.side, generator=generator)
         return image, int((self.projection @ image.flatten()).argmax())
 
-    def index(self, position: int) -> int:
-        """The sample at `position` of the stream: a fresh permutation of the data set every epoch."""
-        epoch, offset = divmod(position, self.size)
-        permutation = torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + 7919 * epoch))
-        return int(permutation[offset])
+
+class SyntheticTokens(SampleStream):
+    """Token ids for the span encoders: sample i is drawn from its own seed; its answer span starts at its first
+    token (mod the sequence length) and is as long as its second (mod 16), a rule the model can learn."""
+
+    def __init__(self, model: str, size: int, seed: int = 0) -> None:
+        self.shape, self.size, self.seed = MODELS[model].tokens, size, seed
+
+    def sample(self, index: int) -> tuple[torch.Tensor, tuple[int, int]]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        length = self.shape.sequence_length
+        tokens = torch.randint(0, self.shape.vocab_size, (length,), generator=generator)
+        start = int(tokens[0]) % length
+        return tokens, (start, min(length - 1, start + int(tokens[1]) % 16))
+
+
+@dataclass
+class StepLaps:
+    """One step cut into contiguous laps: each `lap` closes the piece since the previous mark, so the pieces add up
+    to the step. Disabled, `lap` returns at once and nothing is kept."""
+
+    enabled: bool
+    last: float = 0.0
+    seconds: dict[tuple[int, str], float] = field(default_factory=dict)
+
+    def start(self) -> None:
+        if self.enabled:
+            self.seconds = {}
+            self.last = time.perf_counter()
+
+    def lap(self, est: int, part: str) -> None:
+        if self.enabled:
+            now = time.perf_counter()
+            self.seconds[est, part] = self.seconds.get((est, part), 0.0) + now - self.last
+            self.last = now
 
 
 @dataclass
@@ -103,7 +151,8 @@ class ConsistentTrainer:
         seed = params.get("seed", 0)
         torch.manual_seed(seed)
         self.model = build_model(params["model"])
-        self.data = SyntheticImages(params["model"], params.get("dataset_size", 4096), seed)
+        stream = SyntheticTokens if MODELS[params["model"]].tokens else SyntheticImages
+        self.data = stream(params["model"], params.get("dataset_size", 4096), seed)
         self.ests = [LogicalWorker.fresh(index, seed, self.model) for index in est_ranges(placement)[rank]]
         self.trained = self.model
         if params["mode"] == "ddp":
@@ -113,6 +162,7 @@ class ConsistentTrainer:
         )
         self.step = 0
         self.switch_seconds = 0.0
+        self.laps = StepLaps(bool(params.get("est_timings")))
 
     def batch(self, est: LogicalWorker) -> tuple[torch.Tensor, torch.Tensor]:
         """This EST's mini-batch of the current step, augmented (random flip, random 2-pixel shift) with its own RNG."""
@@ -122,10 +172,12 @@ class ConsistentTrainer:
         first = (self.step * self.logical_workers + est.index) * self.batch_size
         for position in range(first, first + self.batch_size):
             image, label = self.data.sample(self.data.index(position))
-            if torch.rand(1, generator=augment) < 0.5:
-                image = image.flip(-1)
-            shift = torch.randint(-2, 3, (2,), generator=augment)
-            images.append(torch.roll(image, (int(shift[0]), int(shift[1])), dims=(1, 2)))
+            if isinstance(self.data, SyntheticImages):
+                if torch.rand(1, generator=augment) < 0.5:
+                    image = image.flip(-1)
+                shift = torch.randint(-2, 3, (2,), generator=augment)
+                image = torch.roll(image, (int(shift[0]), int(shift[1])), dims=(1, 2))
+            images.append(image)
             labels.append(label)
         est.augment_state = augment.get_state()
         return torch.stack(images), torch.tensor(labels)
@@ -147,21 +199,32 @@ class ConsistentTrainer:
     def train_step(self) -> float:
         """One global step over every EST; returns the global loss (mean of the ESTs' losses, folded in EST order)."""
         local_losses, local_gradients = {}, []
+        self.laps.start()
         for est in self.ests:
             self.switch_in(est)
+            self.laps.lap(est.index, "switch")
             images, labels = self.batch(est)
+            self.laps.lap(est.index, "data")
             self.optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(self.trained(images), labels)
             loss.backward()
+            self.laps.lap(est.index, "forward_backward")
             if self.params["mode"] != "ddp":
                 local_gradients.append(torch.cat([p.grad.reshape(-1) for p in self.model.parameters()]))
+                self.laps.lap(est.index, "gradient_copy")
             self.switch_out(est)
+            self.laps.lap(est.index, "switch")
             local_losses[est.index] = loss.detach()
+        last = self.ests[-1].index
         if self.params["mode"] != "ddp":
             self.set_gradients(self.aggregate(local_gradients))
+            self.laps.lap(last, "sync")
         self.optimizer.step()
+        self.laps.lap(last, "optimizer")
         self.step += 1
-        return self.global_loss(local_losses)
+        global_loss = self.global_loss(local_losses)
+        self.laps.lap(last, "loss")
+        return global_loss
 
     def aggregate(self, gradients: list[torch.Tensor]) -> torch.Tensor:
         """The mean gradient over all ESTs: placement-dependent order (D0) or EST order (D1)."""

@@ -31,6 +31,7 @@ FIGURES = {
     "easyscale-fig10": "ddlrepro.host.figures.easyscale_fig10",
     "easyscale-fig11": "ddlrepro.host.figures.easyscale_fig11",
     "easyscale-fig12": "ddlrepro.host.figures.easyscale_fig12",
+    "easyscale-fig13": "ddlrepro.host.figures.easyscale_fig13",
 }
 
 
