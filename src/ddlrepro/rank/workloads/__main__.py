@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 
 import torch.distributed as dist
 
 from ddlrepro.points import Point
+from ddlrepro.rank import devicetypes
 from ddlrepro.rank.interfaces import NodeInterfaceCounter
 from ddlrepro.rank.runtime import RankContext, ResourceSampler, init_distributed
 from ddlrepro.rank.workloads import WORKLOADS
@@ -21,7 +23,9 @@ def main(argv: list[str]) -> None:
     ctx = RankContext.from_environment(
         point.threads_per_worker, point.params.get("backend", "auto"), point.params.get("device", "backend")
     )
-    init_distributed(ctx)
+    ctx = dataclasses.replace(ctx, threads=devicetypes.rank_threads(point.params, ctx.rank, ctx.threads))
+    typed = point.params.get("device_types") or point.params.get("kernels")
+    init_distributed(ctx, devicetypes.describe_device(point.params, ctx.rank) if typed else {})
     try:
         with (
             NodeInterfaceCounter(ctx.rank, ctx.local_rank),
