@@ -19,7 +19,9 @@ all on the default type is the untyped point: D1 alone shares panel (a)'s runs u
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ddlrepro.host.figures import device_types
@@ -45,33 +47,23 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
             f"{placement} runs {sum(placement)} ESTs, logical_workers is {workers}",
         )
     require(steps % len(stages) == 0, ID, "steps", f"{steps} steps do not split into {len(stages)} equal stages")
-    common = {"logical_workers": workers}
-    result = [
-        consistent_point(ID, section, launcher, **common, placement=[1] * workers, mode="ddp", steps=steps, run="DDP")
-    ]
+    make = partial(consistent_point, ID, section, launcher, logical_workers=workers)
+    result = [make(placement=[1] * workers, mode="ddp", steps=steps, run="DDP")]
     for mode in ("D1", "D0"):
-        result.append(
-            consistent_point(
-                ID, section, launcher, **common, placement=[1] * workers, mode=mode, steps=steps, run="baseline"
-            )
-        )
-        previous = None
-        for stage, placement in enumerate(stages):
-            point = consistent_point(
-                ID,
-                section,
-                launcher,
-                **common,
-                placement=placement,
-                mode=mode,
-                steps=steps // len(stages),
-                run="elastic",
-                stage=stage,
-                resume_from=previous,
-            )
-            result.append(point)
-            previous = point.id
+        result.append(make(placement=[1] * workers, mode=mode, steps=steps, run="baseline"))
+        result += elastic_run(make, [{"placement": placement} for placement in stages], mode, steps)
     return result + heterogeneous_points(section, launcher)
+
+
+def elastic_run(make: Callable[..., Point], stages: list[dict[str, Any]], mode: str, steps: int) -> list[Point]:
+    """One point per stage (`stages`: each one's own params, `steps` split equally), each resuming from the
+    previous one's checkpoint."""
+    result: list[Point] = []
+    for stage, own in enumerate(stages):
+        previous = result[-1].id if result else None
+        steps_each = steps // len(stages)
+        result.append(make(**own, mode=mode, steps=steps_each, run="elastic", stage=stage, resume_from=previous))
+    return result
 
 
 def heterogeneous_points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
@@ -113,24 +105,12 @@ def heterogeneous_points(section: dict[str, Any], launcher: dict[str, Any]) -> l
         point = consistent_point(ID, section, launcher, logical_workers=workers, **typing, **params)
         return replace(point, threads_per_worker=device_types.point_threads(typing, threads))
 
+    own_params = [{"names": names, "placement": counts} for counts, names in parsed]
     result = []
     for modes, kernels in ((("D1", "D0"), reference), (("D1",), None)):
         result.append(typed(baseline_types, kernels, placement=[1] * workers, mode="D1", steps=steps, run="baseline"))
         for mode in modes:
-            previous = None
-            for stage, (counts, names) in enumerate(parsed):
-                point = typed(
-                    names,
-                    kernels,
-                    placement=counts,
-                    mode=mode,
-                    steps=steps // len(stages),
-                    run="elastic",
-                    stage=stage,
-                    resume_from=previous,
-                )
-                result.append(point)
-                previous = point.id
+            result += elastic_run(partial(typed, kernels=kernels), own_params, mode, steps)
     return result
 
 
