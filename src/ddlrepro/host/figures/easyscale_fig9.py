@@ -147,6 +147,8 @@ def chain(table: pd.DataFrame, last: str) -> list[str]:
 def typed_loss_differences(table: pd.DataFrame) -> pd.DataFrame:
     """Panel (b), per step: D1 + D2 and D0 + D2 minus the D2 baseline, D1 alone minus its own baseline; empty
     without typed runs. D1 alone is the chain of checkpoints that ends in its last typed stage."""
+    import pandas as pd
+
     table = typing_columns(table)
     losses = table[table["metric"] == "loss"]
     d2 = losses[losses["kernels"].notna()]
@@ -175,17 +177,19 @@ def typed_loss_differences(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def stage_label(row: pd.Series) -> str:
-    """`[2, 1, 1]`, or with types `2 fast + 1 slow + 1 slow`."""
+    """`[2, 1, 1]`; with types `[2, 2] fast` on one type, `2 fast + 1 slow + 1 slow` on several."""
     if not isinstance(row["device_types"], str):
         return str(row["placement"])
-    counts, types = json.loads(row["placement"]), json.loads(row["device_types"])
-    return " + ".join(f"{count} {spec['name']}" for count, spec in zip(counts, types, strict=True))
+    counts, names = json.loads(row["placement"]), [spec["name"] for spec in json.loads(row["device_types"])]
+    if len(set(names)) == 1:
+        return f"{counts} {names[0]}"
+    return " + ".join(f"{count} {name}" for count, name in zip(counts, names, strict=True))
 
 
 def quota_status(table: pd.DataFrame) -> str:
     """Whether the typed runs' CPU quotas were applied: `applied`, `not applied: <why>`, or `none wanted`."""
-    records = table[table["metric"] == "cpu_quota_cores"] if "metric" in table else table.iloc[0:0]
-    details = records.get("detail", pd.Series(dtype=str)).dropna().astype(str)
+    records = table[table["metric"] == "cpu_quota_cores"]
+    details = records["detail"].dropna().astype(str) if "detail" in records else records["metric"].iloc[0:0]
     wanted = details[details != "none wanted"]
     failed = wanted[wanted != "applied"]
     if len(failed):
@@ -204,7 +208,7 @@ def draw_panel(axis: Any, differences: pd.DataFrame) -> None:
     from ddlrepro.host import plotting
 
     elastic = differences[differences["run"] == "elastic"]
-    labelled = elastic.drop_duplicates("stage").set_index("stage")
+    labelled = elastic.sort_values("device_types", na_position="last").drop_duplicates("stage").set_index("stage")
     for stage, rows in elastic.groupby("stage", sort=True):
         axis.axvspan(
             rows["step"].min() - 0.5, rows["step"].max() + 0.5, alpha=0.08 * (1 + int(stage) % 2), color="grey"
@@ -243,6 +247,8 @@ def summarise(differences: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+    import pandas as pd
+
     from ddlrepro.host import plotting
 
     table = typing_columns(table)
@@ -253,7 +259,9 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         draw_panel(axis, differences)
     summary = summarise(pd.concat(panels, ignore_index=True))
     if len(panels) == 2:
-        quota = quota_status(table)
-        plotting.panel_title(axes[1], f"{EMULATED}; CPU quota {quota}")
-        summary["device_types"] = summary["panel"].map({"a": "one type", "b": f"{EMULATED}; CPU quota {quota}"})
+        quota = f"CPU quota {quota_status(table)}"
+        plotting.panel_title(axes[0], "one device type")
+        plotting.panel_title(axes[1], EMULATED)
+        plotting.add_footer(figure, f"Panel (b): {EMULATED}; {quota}.")
+        summary["devices"] = summary["panel"].map({"a": "one device type", "b": f"{EMULATED}; {quota}"})
     return figure, summary
