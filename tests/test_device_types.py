@@ -94,8 +94,8 @@ def test_each_rank_records_its_type_kernels_and_quota(runs: Path) -> None:
     assert {w["kernels_of"] for w in d2} == {"slow"} and {w["aten_capability"] for w in d2} == {"DEFAULT"}
     assert [w["cpu_quota_wanted"] for w in d2] == [None, 0.6, 0.6]
     reason = can_set_quotas()
-    expected = [None, 0.6, 0.6] if reason is None else [None, None, None]
-    assert [w["cpu_quota_cores"] for w in d2] == pytest.approx(expected)
+    if reason is None:  # the slow ranks read their own cgroup's limit (the fast one: whatever limits this test)
+        assert [w["cpu_quota_cores"] for w in d2][1:] == pytest.approx([0.6, 0.6])
     assert [w["cpu_quota_status"] for w in d2][1:] == ["applied" if reason is None else reason] * 2
     table = tidy_table([runs / "D1+D2-mixed"])
     steps = table[table["metric"] == "step_time_s"]
