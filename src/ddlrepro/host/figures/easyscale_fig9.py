@@ -221,6 +221,8 @@ def draw_panel(axis: Any, differences: pd.DataFrame) -> None:
     axis.xaxis.get_major_locator().set_params(integer=True)
     axis.set_ylabel("loss − baseline loss (nats)")
     axis.set_yscale("symlog", linthresh=1e-7)
+    largest = float(differences["difference"].abs().max())
+    axis.set_ylim(-max(0.1, 10 * largest), max(0.1, 10 * largest))  # symmetric: the stage labels sit at 0
     plotting.legend(axis)
 
 
