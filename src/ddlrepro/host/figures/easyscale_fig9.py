@@ -52,7 +52,8 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     for mode in ("D1", "D0"):
         result.append(make(placement=[1] * workers, mode=mode, steps=steps, run="baseline"))
         result += elastic_run(make, [{"placement": placement} for placement in stages], mode, steps)
-    return result + heterogeneous_points(section, launcher)
+    # D1 alone shares panel (a)'s runs while its processes are on the default type: each point once
+    return list({point.id: point for point in result + heterogeneous_points(section, launcher)}.values())
 
 
 def elastic_run(make: Callable[..., Point], stages: list[dict[str, Any]], mode: str, steps: int) -> list[Point]:
