@@ -136,6 +136,22 @@ def test_a_cgroup_quota_slows_a_cpu_bound_loop_and_is_removed() -> None:
     assert throttled / free < 0.8, (throttled, free)
 
 
+def test_the_groups_go_even_when_a_run_fails_with_a_process_left_in_them() -> None:
+    reason = can_set_quotas()
+    if reason:
+        pytest.skip(f"cannot create cgroups here: {reason}")
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(RuntimeError, match="the run failed"), CpuQuotas(f"fail-{os.getpid()}", {0: 0.5}) as quotas:
+            base = quotas.base
+            quotas.join(0, sleeper.pid)
+            raise RuntimeError("the run failed")
+        assert not base.exists() and sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_a_machine_without_a_cpu_controller_applies_nothing(tmp_path: Path) -> None:
     with CpuQuotas("x", {1: 0.6}, root=tmp_path) as quotas:
         quotas.join(0, os.getpid())

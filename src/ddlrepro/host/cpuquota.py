@@ -80,8 +80,12 @@ class CpuQuotas:
             (self.groups[rank] / "cgroup.procs").write_text(str(pid))
 
     def remove(self) -> None:
-        """Remove every group made (its processes have exited; a dying one may linger a moment)."""
+        """Remove every group made. Its ranks have been stopped; a process still in it (one a rank started that
+        outlived it) is moved to the hierarchy's root first, so the groups go whatever happened."""
         for group in [*self.groups.values(), *([self.base] if self.base else [])]:
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    (self.base.parent / "cgroup.procs").write_text(pid)
             deadline = time.monotonic() + REMOVE_WAIT_S
             while group.exists():
                 try:
