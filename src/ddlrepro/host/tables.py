@@ -14,7 +14,22 @@ from ddlrepro.host.rundir import RESULT
 POINT_COLUMNS = ["figure", "point_id", "workload", "workers", "threads_per_worker"]
 # `phase` and `interface`: a node's interface bytes (node_rx_bytes, node_tx_bytes) at the run's start and end.
 # `est` and `phase`: a consistent-training step's piece (est_time_s): its EST and which piece (easyscale.StepLaps).
-RECORD_COLUMNS = ["rank", "iteration", "step", "est", "size_bytes", "phase", "interface", "time", "metric", "value"]
+# `device_type`: the rank's emulated device type (rank/devicetypes.py); `detail`: a note on the value (e.g. why a
+# CPU quota was not applied).
+RECORD_COLUMNS = [
+    "rank",
+    "iteration",
+    "step",
+    "est",
+    "size_bytes",
+    "phase",
+    "interface",
+    "device_type",
+    "time",
+    "metric",
+    "value",
+    "detail",
+]
 INTEGER_COLUMNS = ["iteration", "step", "est", "size_bytes"]
 SKIPPED_METRIC = "skipped"
 DEFAULT_MAX_FOREIGN_SHARE = schema_default("checks", "max_foreign_share")

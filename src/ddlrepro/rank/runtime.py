@@ -64,13 +64,14 @@ class RankContext:
             torch.cuda.synchronize(self.device)
 
 
-def init_distributed(ctx: RankContext) -> None:
-    """Set threads and device, join the process group (env:// rendezvous), and announce this worker."""
+def init_distributed(ctx: RankContext, details: dict[str, Any] | None = None) -> None:
+    """Set threads and device, join the process group (env:// rendezvous), and announce this worker (`details`:
+    more for its worker record, e.g. its emulated device type)."""
     torch.set_num_threads(ctx.threads)
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
     dist.init_process_group(ctx.backend, rank=ctx.rank, world_size=ctx.world_size)
-    emit("worker", rank=ctx.rank, **describe_worker(ctx))
+    emit("worker", rank=ctx.rank, **describe_worker(ctx), **(details or {}))
 
 
 def describe_worker(ctx: RankContext) -> dict[str, Any]:

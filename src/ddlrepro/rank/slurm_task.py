@@ -3,9 +3,11 @@
 srun gives every task the same environment plus Slurm's step and task variables. This turns those into what the
 local launcher gives a rank, so the workloads read one convention whatever started them: torchrun's MASTER_ADDR
 (the step's first node) / RANK / WORLD_SIZE / LOCAL_*, TensorFlow's TF_CONFIG (one port per task on its node, from
-`DDLREPRO_TENSORFLOW_PORT`), and Horovod's gloo variables. Rank 0's task serves Horovod's rendezvous (the server
-horovodrun would start) on `DDLREPRO_HOROVOD_PORT`; the other tasks wait until it listens. Then the task runs the
-workload in this process. Everything comes from the step itself, which is what srun actually started.
+`DDLREPRO_TENSORFLOW_PORT`), Horovod's gloo variables, and an emulated device type's kernel variables
+(devicetypes.py; its CPU quota is not applied under Slurm, and the rank records so). Rank 0's task serves
+Horovod's rendezvous (the server horovodrun would start) on `DDLREPRO_HOROVOD_PORT`; the other tasks wait until
+it listens. Then the task runs the workload in this process. Everything comes from the step itself, which is
+what srun actually started.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from collections.abc import Iterator, Mapping
 
 import hostlist
 
-from ddlrepro.rank import taskenv
+from ddlrepro.points import Point
+from ddlrepro.rank import devicetypes, taskenv
 
 RENDEZVOUS_WAIT_S = 300
 
@@ -98,6 +101,9 @@ def main(argv: list[str]) -> None:
         sys.exit(f"slurm_task runs as a task of an srun step; {', '.join(missing)} not set")
     nodes = layout(os.environ["SLURM_STEP_NODELIST"], os.environ["SLURM_STEP_TASKS_PER_NODE"])
     os.environ.update(task_environment(os.environ, nodes))
+    # A device type's kernels are chosen by variables read when torch loads: set before the workload imports it.
+    if argv:
+        os.environ.update(devicetypes.rank_environment(Point.from_json(argv[0]).params, int(os.environ["RANK"])))
     with horovod_rendezvous(os.environ, nodes):
         from ddlrepro.rank.workloads.__main__ import main as run_workload
 

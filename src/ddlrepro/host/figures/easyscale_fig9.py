@@ -1,16 +1,30 @@
 """EasyScale Fig 9: accuracy consistency under elasticity ("EasyScale: Accuracy-consistent Elastic Training for
 Deep Learning", SC 2023, Fig 9; artifact sUntvoOk/EasyScale_info_for_SC23, accuracy-consistency/).
 
-Points: for D1 and D0, a baseline of E processes × 1 EST for S steps, and an elastic run in stages of S/len(stages)
-steps on the configured placements, each stage continuing from the previous stage's checkpoint; plain DDP over E
-processes as a further reference. Plot: per-step loss of each elastic run minus its baseline (and DDP minus the
-D1 baseline), stages shaded. Expected on CPU: D1 exactly 0 everywhere, D0 not from the first placement change.
+Panel (a), one device type: for D1 and D0, a baseline of E processes × 1 EST for S steps, and an elastic run in
+stages of S/len(stages) steps on the configured placements, each stage continuing from the previous stage's
+checkpoint; plain DDP over E processes as a further reference. Plot: per-step loss of each elastic run minus its
+baseline (and DDP minus the D1 baseline), stages shaded. Expected on CPU: D1 exactly 0 everywhere, D0 not from the
+first placement change.
+
+Panel (b), device types emulated on CPU (ISA cap, threads, CPU quota; rank/devicetypes.py): the same stages typed
+(`heterogeneous_stages`, e.g. the last on [[2, fast], [1, slow], [1, slow]]). Baseline: E × 1 EST on the first
+stage's type with D2 kernels (every process runs the reference type's kernels), in D1's fixed summation order,
+which is what DDP with those kernels computes up to its ring's rounding; D1 + D2 and D0 + D2 elastic runs against
+it; D1 alone (each process its own type's kernels) against a D1 baseline on the first stage's type. Expected: D1
++ D2 exactly 0 in every stage, D1 alone exactly 0 until the types mix, then not. A typed point whose processes are
+all on the default type is the untyped point: D1 alone shares panel (a)'s runs until its placements differ.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from ddlrepro.host.figures import device_types
 from ddlrepro.host.figures.common import consistent_point, require
 from ddlrepro.points import Point
 
@@ -20,6 +34,7 @@ if TYPE_CHECKING:
 
 ID = "easyscale-fig9"
 TITLE = "EasyScale Fig 9: loss difference to the baseline under elastic placements"
+EMULATED = "device types emulated on CPU (ISA cap, threads, CPU quota)"
 
 
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
@@ -32,38 +47,83 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
             f"{placement} runs {sum(placement)} ESTs, logical_workers is {workers}",
         )
     require(steps % len(stages) == 0, ID, "steps", f"{steps} steps do not split into {len(stages)} equal stages")
-    common = {"logical_workers": workers}
-    result = [
-        consistent_point(ID, section, launcher, **common, placement=[1] * workers, mode="ddp", steps=steps, run="DDP")
-    ]
+    make = partial(consistent_point, ID, section, launcher, logical_workers=workers)
+    result = [make(placement=[1] * workers, mode="ddp", steps=steps, run="DDP")]
     for mode in ("D1", "D0"):
-        result.append(
-            consistent_point(
-                ID, section, launcher, **common, placement=[1] * workers, mode=mode, steps=steps, run="baseline"
-            )
-        )
-        previous = None
-        for stage, placement in enumerate(stages):
-            point = consistent_point(
-                ID,
-                section,
-                launcher,
-                **common,
-                placement=placement,
-                mode=mode,
-                steps=steps // len(stages),
-                run="elastic",
-                stage=stage,
-                resume_from=previous,
-            )
-            result.append(point)
-            previous = point.id
+        result.append(make(placement=[1] * workers, mode=mode, steps=steps, run="baseline"))
+        result += elastic_run(make, [{"placement": placement} for placement in stages], mode, steps)
+    # D1 alone shares panel (a)'s runs while its processes are on the default type: each point once
+    return list({point.id: point for point in result + heterogeneous_points(section, launcher)}.values())
+
+
+def elastic_run(make: Callable[..., Point], stages: list[dict[str, Any]], mode: str, steps: int) -> list[Point]:
+    """One point per stage (`stages`: each one's own params, `steps` split equally), each resuming from the
+    previous one's checkpoint."""
+    result: list[Point] = []
+    for stage, own in enumerate(stages):
+        previous = result[-1].id if result else None
+        steps_each = steps // len(stages)
+        result.append(make(**own, mode=mode, steps=steps_each, run="elastic", stage=stage, resume_from=previous))
     return result
 
 
+def heterogeneous_points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
+    """Panel (b): the D2 baseline, D1 + D2 and D0 + D2 on the typed stages, and D1 alone with its own baseline."""
+    typed_stages, stages = section["heterogeneous_stages"], section["stages"]
+    if not typed_stages:
+        return []
+    workers, steps, threads = section["logical_workers"], section["steps"], section["threads_per_worker"]
+    types = launcher["device_types"]
+    require(
+        len(typed_stages) == len(stages),
+        ID,
+        "heterogeneous_stages",
+        f"{len(typed_stages)} stages, `stages` has {len(stages)}: both split `steps` into stages",
+    )
+    parsed = []
+    for index, placement in enumerate(typed_stages):
+        key = f"heterogeneous_stages[{index}]"
+        counts, names = device_types.parse_placement(placement, types, ID, key)
+        require(sum(counts) == workers, ID, key, f"{placement} runs {sum(counts)} ESTs, logical_workers is {workers}")
+        parsed.append((counts, names))
+    first_types = set(parsed[0][1])
+    require(
+        len(first_types) == 1, ID, "heterogeneous_stages[0]", f"the baseline's stage runs one type, not {first_types}"
+    )
+    reference = section["d2_reference_type"]
+    if reference is None:
+        reference = device_types.most_basic([name for _, names in parsed for name in names], types, threads)
+    require(
+        reference in types,
+        ID,
+        "d2_reference_type",
+        f"unknown device type {reference!r}; launcher.device_types defines {', '.join(sorted(types))}",
+    )
+    baseline_types = [parsed[0][1][0]] * workers
+
+    def typed(names: list[str], kernels: str | None, **params: Any) -> Point:
+        typing = device_types.typed_params(names, types, threads, kernels)
+        point = consistent_point(ID, section, launcher, logical_workers=workers, **typing, **params)
+        return replace(point, threads_per_worker=device_types.point_threads(typing, threads))
+
+    own_params = [{"names": names, "placement": counts} for counts, names in parsed]
+    result = []
+    for modes, kernels in ((("D1", "D0"), reference), (("D1",), None)):
+        result.append(typed(baseline_types, kernels, placement=[1] * workers, mode="D1", steps=steps, run="baseline"))
+        for mode in modes:
+            result += elastic_run(partial(typed, kernels=kernels), own_params, mode, steps)
+    return result
+
+
+def typing_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """`device_types` and `kernels` as columns (NaN: untyped), whether or not any point of the table was typed."""
+    return table.assign(**{column: table.get(column, float("nan")) for column in ("device_types", "kernels")})
+
+
 def loss_differences(table: pd.DataFrame) -> pd.DataFrame:
-    """Per step: each elastic run's loss minus its mode's baseline, and DDP's minus the D1 baseline."""
-    losses = table[table["metric"] == "loss"]
+    """Panel (a), per step: each elastic run's loss minus its mode's baseline, and DDP's minus the D1 baseline."""
+    table = typing_columns(table)
+    losses = table[(table["metric"] == "loss") & table["device_types"].isna() & table["kernels"].isna()]
     baseline = losses[losses["run"] == "baseline"].set_index(["mode", "step"])["value"]
     others = losses[losses["run"] != "baseline"].copy()
     reference_mode = others["mode"].where(others["run"] == "elastic", "D1")
@@ -73,7 +133,69 @@ def loss_differences(table: pd.DataFrame) -> pd.DataFrame:
     others["series"] = (
         others["mode"].where(others["run"] == "elastic", "plain DDP").replace({"D0": "D0 elastic", "D1": "D1 elastic"})
     )
-    return others
+    return others.assign(panel="a")
+
+
+def chain(table: pd.DataFrame, last: str) -> list[str]:
+    """The point ids of an elastic run's stages, first to `last`, following `resume_from`."""
+    resumed = table.drop_duplicates("point_id").set_index("point_id")["resume_from"]
+    ids = [last]
+    while isinstance(resumed.get(ids[0]), str):
+        ids.insert(0, resumed[ids[0]])
+    return ids
+
+
+def typed_loss_differences(table: pd.DataFrame) -> pd.DataFrame:
+    """Panel (b), per step: D1 + D2 and D0 + D2 minus the D2 baseline, D1 alone minus its own baseline; empty
+    without typed runs. D1 alone is the chain of checkpoints that ends in its last typed stage."""
+    import pandas as pd
+
+    table = typing_columns(table)
+    losses = table[table["metric"] == "loss"]
+    d2 = losses[losses["kernels"].notna()]
+    own = losses[losses["kernels"].isna() & (losses["mode"] == "D1")]
+    typed_own = own[own["device_types"].notna() & (own["run"] == "elastic")]
+    if d2.empty or typed_own.empty:
+        return losses.iloc[0:0].assign(difference=[], series=[], panel=[])
+    last = typed_own.sort_values("stage")["point_id"].iloc[-1]
+    alone = own[own["point_id"].isin(chain(table, last))]
+    own_baselines = own[own["run"] == "baseline"]
+    typed_baselines = own_baselines[own_baselines["device_types"].notna()]
+    parts = []
+    for rows, baseline, names in (
+        (d2[d2["run"] == "elastic"], d2[d2["run"] == "baseline"], {"D1": "D1 + D2", "D0": "D0 + D2"}),
+        (alone, typed_baselines if len(typed_baselines) else own_baselines, {"D1": "D1 alone"}),
+    ):
+        by_step = baseline.set_index("step")["value"]
+        parts.append(
+            rows.assign(
+                difference=rows["value"].to_numpy() - by_step.loc[rows["step"]].to_numpy(),
+                series=rows["mode"].map(names),
+                panel="b",
+            )
+        )
+    return pd.concat(parts, ignore_index=True)
+
+
+def stage_label(row: pd.Series) -> str:
+    """`[2, 1, 1]`; with types `[2, 2] fast` on one type, `2 fast + 1 slow + 1 slow` on several."""
+    if not isinstance(row["device_types"], str):
+        return str(row["placement"])
+    counts, names = json.loads(row["placement"]), [spec["name"] for spec in json.loads(row["device_types"])]
+    if len(set(names)) == 1:
+        return f"{counts} {names[0]}"
+    return " + ".join(f"{count} {name}" for count, name in zip(counts, names, strict=True))
+
+
+def quota_status(table: pd.DataFrame) -> str:
+    """Whether the typed runs' CPU quotas were applied: `applied`, `not applied: <why>`, or `none wanted`."""
+    records = table[table["metric"] == "cpu_quota_cores"]
+    details = records["detail"].dropna().astype(str) if "detail" in records else records["metric"].iloc[0:0]
+    wanted = details[details != "none wanted"]
+    failed = wanted[wanted != "applied"]
+    if len(failed):
+        return failed.iloc[0]
+    return "applied" if len(wanted) else "none wanted"
 
 
 def first_nonzero_magnitude(differences: pd.Series) -> float:
@@ -82,40 +204,67 @@ def first_nonzero_magnitude(differences: pd.Series) -> float:
     return float(abs(nonzero.iloc[0])) if len(nonzero) else 0.0
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+def draw_panel(axis: Any, differences: pd.DataFrame) -> None:
+    """Per-step differences by series, the elastic stages shaded and labelled with their placements."""
     from ddlrepro.host import plotting
 
-    differences = loss_differences(table).sort_values("step")
-    figure, (axis,) = plotting.new_figure(1, TITLE, panel_size=(10, 4.5))
     elastic = differences[differences["run"] == "elastic"]
+    labelled = elastic.sort_values("device_types", na_position="last").drop_duplicates("stage").set_index("stage")
     for stage, rows in elastic.groupby("stage", sort=True):
         axis.axvspan(
             rows["step"].min() - 0.5, rows["step"].max() + 0.5, alpha=0.08 * (1 + int(stage) % 2), color="grey"
         )
-        axis.text(
-            rows["step"].mean(),
-            0,
-            f"stage {int(stage)}\n{rows['placement'].iloc[0]}",
-            ha="center",
-            va="bottom",
-            fontsize="small",
-        )
+        label = stage_label(labelled.loc[stage])
+        axis.text(rows["step"].mean(), 0, f"stage {int(stage)}\n{label}", ha="center", va="bottom", fontsize="small")
     for series, rows in differences.groupby("series", sort=True):
         axis.plot(rows["step"], rows["difference"], marker=".", label=series)
     axis.set_xlabel("mini-batch")
     axis.xaxis.get_major_locator().set_params(integer=True)
     axis.set_ylabel("loss − baseline loss (nats)")
     axis.set_yscale("symlog", linthresh=1e-7)
+    largest = float(differences["difference"].abs().max())
+    axis.set_ylim(-max(0.1, 10 * largest), max(0.1, 10 * largest))  # symmetric: the stage labels sit at 0
     plotting.legend(axis)
-    summary = (
-        differences.assign(stage=differences["stage"].fillna(-1).astype(int), exact=differences["difference"] == 0)
+
+
+def summarise(differences: pd.DataFrame) -> pd.DataFrame:
+    """Per panel, series and stage: steps, exactly equal steps, first and largest |difference|, whether the
+    stage mixes device types."""
+    typed = differences["device_types"].fillna("[]").map(lambda text: len({spec["name"] for spec in json.loads(text)}))
+    return (
+        differences.assign(
+            stage=differences["stage"].fillna(-1).astype(int),
+            exact=differences["difference"] == 0,
+            mixed_types=typed > 1,
+        )
         .sort_values("step")
-        .groupby(["series", "stage"], as_index=False)
+        .groupby(["panel", "series", "stage"], as_index=False)
         .agg(
+            mixed_types=("mixed_types", "any"),
             steps=("step", "count"),
             exact_steps=("exact", "sum"),
             first_difference=("difference", first_nonzero_magnitude),
             max_abs_difference=("difference", lambda d: d.abs().max()),
         )
     )
+
+
+def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+    import pandas as pd
+
+    from ddlrepro.host import plotting
+
+    table = typing_columns(table)
+    panels = [loss_differences(table).sort_values("step"), typed_loss_differences(table).sort_values("step")]
+    panels = [differences for differences in panels if len(differences)]
+    figure, axes = plotting.new_figure(len(panels), TITLE, panel_size=(10, 4.5) if len(panels) == 1 else (8, 4.5))
+    for axis, differences in zip(axes, panels, strict=True):
+        draw_panel(axis, differences)
+    summary = summarise(pd.concat(panels, ignore_index=True))
+    if len(panels) == 2:
+        quota = f"CPU quota {quota_status(table)}"
+        plotting.panel_title(axes[0], "one device type")
+        plotting.panel_title(axes[1], EMULATED)
+        plotting.add_footer(figure, f"Panel (b): {EMULATED}; {quota}.")
+        summary["devices"] = summary["panel"].map({"a": "one device type", "b": f"{EMULATED}; {quota}"})
     return figure, summary

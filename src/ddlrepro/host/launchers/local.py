@@ -24,12 +24,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from ddlrepro.host.config import ConfigError
+from ddlrepro.host.cpuquota import CpuQuotas
 from ddlrepro.host.hostload import process_tree_cpu
 from ddlrepro.host.launchers import hosting, testbed_ranks
 from ddlrepro.host.launchers.base import CpuCounter, JobSpec, RunFailed, WorkerSpec
@@ -46,7 +47,7 @@ from ddlrepro.host.launchers.processes import (
 )
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
-from ddlrepro.rank import taskenv
+from ddlrepro.rank import devicetypes, taskenv
 
 CONTAINER_ENGINES = ("podman", "docker")
 
@@ -95,6 +96,7 @@ class LocalRequest:
     containers: list[str] = field(default_factory=list)
     container_engine: list[str] = field(default_factory=list)
     testbed: testbed_ranks.TestbedPlacement | None = None
+    cpu_quotas: dict[int, float] = field(default_factory=dict)
 
 
 def check_fits_machine(point: Point, oversubscription: float, cores: int | None = None) -> None:
@@ -184,6 +186,7 @@ class LocalLauncher:
                 "WORLD_SIZE": str(point.workers),
                 "LOCAL_RANK": str(rank),
                 "LOCAL_WORLD_SIZE": str(point.workers),
+                **devicetypes.rank_environment(point.params, rank),
             }
             if horovod_port:
                 env.update(taskenv.local_rank_env(rank, point.workers, horovod_port))
@@ -205,6 +208,7 @@ class LocalLauncher:
             tensorflow_workers=tensorflow_workers,
             containers=[container_name(point, rank) for rank in range(point.workers)] if in_image else [],
             container_engine=container_run[: container_run.index("run")] if in_image else [],
+            cpu_quotas=cpu_quotas(point),
         )
 
     def execute(self, spec: JobSpec[Any], output: OutputCollector) -> None:
@@ -235,6 +239,12 @@ class LocalLauncher:
         return "this process and its descendants", process_tree_cpu
 
 
+def cpu_quotas(point: Point) -> dict[int, float]:
+    """The cores each throttled rank may use (emulated device types' CPU quotas)."""
+    quotas = {rank: devicetypes.rank_quota(point.params, rank) for rank in range(point.workers)}
+    return {rank: cores for rank, cores in quotas.items() if cores is not None}
+
+
 def container_name(point: Point, rank: int) -> str:
     return f"ddlrepro-{point.id}-{rank}"
 
@@ -260,10 +270,15 @@ def _execute_ranks(spec: JobSpec[LocalRequest], output: OutputCollector) -> None
     workers: list[Started] = []
     port = job.horovod_port
     server = taskenv.rendezvous_server([(taskenv.LOCALHOST, job.ranks)], port) if port else contextlib.nullcontext()
-    with server, _line_handler(job, output) as on_line:
+    quotas = {} if job.containers else job.cpu_quotas  # a container's processes are the engine's, not ours
+    run_name = f"{Path(job.workers[0].env['DDLREPRO_RUN_DIR']).name}-{os.getpid()}"
+    with server, CpuQuotas(run_name, quotas) as cpu, _line_handler(job, output) as on_line:
         try:
             for worker in job.workers:
+                if worker.rank in quotas:
+                    worker = replace(worker, env={**worker.env, devicetypes.QUOTA_STATUS_VARIABLE: cpu.status})
                 workers.append(start(worker, partial(on_line, worker.rank)))
+                cpu.join(worker.rank, workers[-1].process.pid)
             _wait(workers, spec.timeout_s, output)
         finally:
             stop(workers)

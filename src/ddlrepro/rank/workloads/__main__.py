@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import os
 import sys
 
 import torch.distributed as dist
 
 from ddlrepro.points import Point
+from ddlrepro.rank import devicetypes
 from ddlrepro.rank.interfaces import NodeInterfaceCounter
 from ddlrepro.rank.runtime import RankContext, ResourceSampler, init_distributed
 from ddlrepro.rank.workloads import WORKLOADS
@@ -17,11 +20,14 @@ def main(argv: list[str]) -> None:
     if len(argv) != 1:
         sys.exit("usage: python -m ddlrepro.rank.workloads POINT_JSON")
     point = Point.from_json(argv[0])
+    ensure_device_environment(point, argv)
     workload = importlib.import_module(WORKLOADS[point.workload])
     ctx = RankContext.from_environment(
         point.threads_per_worker, point.params.get("backend", "auto"), point.params.get("device", "backend")
     )
-    init_distributed(ctx)
+    ctx = dataclasses.replace(ctx, threads=devicetypes.rank_threads(point.params, ctx.rank, ctx.threads))
+    typed = point.params.get("device_types") or point.params.get("kernels")
+    init_distributed(ctx, devicetypes.describe_device(point.params, ctx.rank) if typed else {})
     try:
         with (
             NodeInterfaceCounter(ctx.rank, ctx.local_rank),
@@ -30,6 +36,16 @@ def main(argv: list[str]) -> None:
             workload.run({**point.params, **point.inputs}, ctx)
     finally:
         dist.destroy_process_group()
+
+
+def ensure_device_environment(point: Point, argv: list[str]) -> None:
+    """Start again with this rank's device-type variables (devicetypes.py) where its launcher could not give each
+    rank its own environment (one pod template for every rank): oneDNN, ATen and MKL read them when torch loads."""
+    rank = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    wanted = devicetypes.rank_environment(point.params, rank)
+    if any(os.environ.get(name) != value for name, value in wanted.items()):
+        command = [sys.executable, "-m", "ddlrepro.rank.workloads", *argv]
+        os.execve(sys.executable, command, {**os.environ, **wanted})
 
 
 if __name__ == "__main__":

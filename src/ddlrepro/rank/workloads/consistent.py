@@ -3,7 +3,9 @@
 Params: model, logical_workers, placement (ESTs per process, one entry per worker), mode (D0, D1, ddp), batch_size
 (per EST), steps (run in this job), resume_from (point id of the stage whose checkpoint this job continues),
 learning_rate, seed. Rank 0 records the global loss of every step; every rank records its step time and the time
-it spent switching between ESTs; rank 0 writes `checkpoint.pt` into the run folder at the end.
+it spent switching between ESTs, under its emulated device type (`device_types`, `kernels`: devicetypes.py; a
+profile of step time per type reads them), and once the CPU quota it ran under (`cpu_quota_cores`, the status in
+`detail`); rank 0 writes `checkpoint.pt` into the run folder at the end.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddlrepro.rank import devicetypes
 from ddlrepro.rank.easyscale import ConsistentTrainer, load_checkpoint, save_checkpoint
 from ddlrepro.rank.runtime import RankContext
 from ddlrepro.records import emit
@@ -28,12 +31,25 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
     trainer = ConsistentTrainer(params, ctx.rank, placement)
     if params.get("resume_from"):
         trainer.restore(load_checkpoint(run_dir.parent / params["resume_from"] / CHECKPOINT))
+    typed = {"device_type": devicetypes.describe_type(params, ctx.rank)}
+    if params.get("device_types"):
+        device = devicetypes.describe_device(params, ctx.rank)
+        emit(
+            "metric",
+            rank=ctx.rank,
+            metric="cpu_quota_cores",
+            value=device["cpu_quota_cores"],
+            **typed,
+            detail=device["cpu_quota_status"],
+        )
     for _ in range(params["steps"]):
         started, switched = time.perf_counter(), trainer.switch_seconds
         loss = trainer.train_step()
         step = trainer.step - 1
-        emit("metric", rank=ctx.rank, step=step, metric="step_time_s", value=time.perf_counter() - started)
-        emit("metric", rank=ctx.rank, step=step, metric="switch_time_s", value=trainer.switch_seconds - switched)
+        emit("metric", rank=ctx.rank, step=step, metric="step_time_s", value=time.perf_counter() - started, **typed)
+        emit(
+            "metric", rank=ctx.rank, step=step, metric="switch_time_s", value=trainer.switch_seconds - switched, **typed
+        )
         if ctx.rank == 0:
             emit("metric", rank=0, step=step, metric="loss", value=loss)
         # Param est_timings: every EST's laps of the step (easyscale.StepLaps), est_time_s by `est` and `phase`.

@@ -1,0 +1,69 @@
+"""Typed placements: which emulated device type (launcher.device_types; rank/devicetypes.py) each process runs on.
+
+A placement entry is a count of ESTs (the default type) or [count, type]. A point's params carry `device_types`
+(one resolved type per process) only when some process is not on the default type (native ISA, the figure's
+threads, no quota), so an untyped run stays the same point whatever way it was written; with D2 they also carry
+`kernels`, the reference type whose kernels every process runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddlrepro.host.figures.common import require
+from ddlrepro.rank.devicetypes import DEFAULT_TYPE, ISA_ENVIRONMENT
+
+ISA_ORDER = list(ISA_ENVIRONMENT)  # most basic first
+
+
+def resolve(name: str, types: dict[str, Any], threads: int) -> dict[str, Any]:
+    """A type by name as a point records it: {name, isa, threads, cpu_quota} (threads null = `threads`)."""
+    if name == DEFAULT_TYPE:
+        return {"name": DEFAULT_TYPE, "isa": "native", "threads": threads, "cpu_quota": 1.0}
+    spec = types[name]
+    return {"name": name, "isa": spec["isa"], "threads": spec["threads"] or threads, "cpu_quota": spec["cpu_quota"]}
+
+
+def parse_placement(placement: list[Any], types: dict[str, Any], figure: str, key: str) -> tuple[list[int], list[str]]:
+    """ESTs per process and each process's type name (`default` for a bare count); errors name `key`."""
+    counts, names = [], []
+    for index, entry in enumerate(placement):
+        count, name = (entry, DEFAULT_TYPE) if isinstance(entry, int) else entry
+        require(
+            name in types or name == DEFAULT_TYPE,
+            figure,
+            f"{key}[{index}]",
+            f"unknown device type {name!r}; launcher.device_types defines {', '.join(sorted(types)) or 'none'}",
+        )
+        counts.append(count)
+        names.append(name)
+    return counts, names
+
+
+def is_default(resolved: dict[str, Any], threads: int) -> bool:
+    return resolved["isa"] == "native" and resolved["threads"] == threads and resolved["cpu_quota"] >= 1
+
+
+def most_basic(names: list[str], types: dict[str, Any], threads: int) -> str:
+    """The type with the lowest ISA, then the fewest threads (D2's default reference)."""
+    resolved = [resolve(name, types, threads) for name in names]
+    return min(resolved, key=lambda spec: (ISA_ORDER.index(spec["isa"]), spec["threads"]))["name"]
+
+
+def typed_params(names: list[str], types: dict[str, Any], threads: int, kernels: str | None) -> dict[str, Any]:
+    """`device_types` (and, with D2, `kernels`) for processes on types `names`; {} when all run the default type."""
+    resolved = [resolve(name, types, threads) for name in names]
+    if kernels is None and all(is_default(spec, threads) for spec in resolved):
+        return {}
+    params: dict[str, Any] = {"device_types": resolved}
+    if kernels is not None:
+        reference = resolve(kernels, types, threads)
+        params["kernels"] = {"name": reference["name"], "isa": reference["isa"], "threads": reference["threads"]}
+    return params
+
+
+def point_threads(params: dict[str, Any], threads: int) -> int:
+    """The most threads any process of a typed point runs (what the launcher must fit on the machine)."""
+    if params.get("kernels"):
+        return params["kernels"]["threads"]
+    return max((spec["threads"] for spec in params.get("device_types", [])), default=threads)
