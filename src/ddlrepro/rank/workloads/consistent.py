@@ -54,7 +54,7 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
             emit("metric", rank=0, step=step, metric="loss", value=loss)
         # Param est_timings: every EST's laps of the step (easyscale.StepLaps), est_time_s by `est` and `phase`.
         for (est, part), seconds in trainer.laps.seconds.items():
-            emit("metric", rank=ctx.rank, step=step, est=est, phase=part, metric="est_time_s", value=seconds)
+            emit("metric", rank=ctx.rank, step=step, est=est, phase=part, metric="est_time_s", value=seconds, **typed)
     checkpoint = trainer.checkpoint()
     if checkpoint is not None:
         save_checkpoint(checkpoint, run_dir / CHECKPOINT)
