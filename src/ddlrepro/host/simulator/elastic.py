@@ -1,9 +1,9 @@
 """The elastic round both EasyScale policies share, after the artifact's `EasyPolicy.optimize_v3` and
-`Job.submit_proposals` (simulator/easy_policy.py, simulator.py): a running job keeps its devices unless it grows or
-moves; waiting jobs, in queue order, start on the fewest devices that hold their ESTs (`start_waiting`); then
-running jobs grow (`grow_running`), greedy by marginal speed-up (predicted throughput ÷ current − 1, per added
-device), at most one growth per job per round, each adding devices of one type, with at most MAX_GROWTH × the job's
-devices after it, waste ≤ MAX_WASTE and a strictly higher predicted throughput.
+`Job.submit_proposals` (simulator/easy_policy.py, simulator.py), in two steps of an `ElasticRound`: a running job
+keeps its devices unless it grows or moves; waiting jobs, in queue order, start on the fewest devices that hold their
+ESTs (`start_waiting`); then running jobs grow (`grow_running`), greedy by marginal speed-up (predicted throughput
+÷ current − 1, per added device), at most one growth per job per round, each adding devices of one type, with at
+most MAX_GROWTH × the job's devices after it, waste ≤ MAX_WASTE and a strictly higher predicted throughput.
 
 Ours: the candidates are every count of every allowed type (the artifact keeps only the best per job and type, so
 a job whose best growth does not fit gets none), ranked by predicted throughput, a growth taken only when strictly
@@ -20,6 +20,7 @@ start on its preferred type starts on another allowed type (the artifact starts 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from ddlrepro.host.simulator.cluster import Cluster, Placement
 from ddlrepro.host.simulator.placements import best_ests, smallest, throughput, waste
@@ -37,61 +38,61 @@ def decide(
     profiles: Profiles,
     allowed_types: AllowedTypes,
 ) -> dict[str, Placement]:
-    started = start_waiting(cluster, active, current, profiles, allowed_types)
-    return grow_running(cluster, active, current, started, profiles, allowed_types)
+    elastic_round = ElasticRound(cluster, active, current, profiles, allowed_types)
+    return elastic_round.grow_running(elastic_round.start_waiting())
 
 
-def start_waiting(
-    cluster: Cluster,
-    active: Sequence[Job],
-    current: Mapping[str, Placement],
-    profiles: Profiles,
-    allowed_types: AllowedTypes,
-) -> dict[str, Placement]:
-    """Running jobs where they are; each waiting job, in queue order, on the fewest devices of the first allowed
-    type that has them free."""
-    placed = {job.id: current[job.id] for job in active if job.id in current}
-    free = cluster.free(placed.values())
-    for job in active:
-        if job.id in placed:
-            continue
-        for device_type in allowed_types(job, cluster):
-            start = smallest(job, device_type, cluster, profiles)
-            if start is not None and start.devices <= free[device_type]:
-                placed[job.id] = start
-                free[device_type] -= start.devices
-                break
-    return placed
+@dataclass(frozen=True)
+class ElasticRound:
+    """One round's decision: active jobs in queue order, the running ones' current placements."""
 
+    cluster: Cluster
+    active: Sequence[Job]
+    current: Mapping[str, Placement]
+    profiles: Profiles
+    allowed_types: AllowedTypes
 
-def grow_running(
-    cluster: Cluster,
-    active: Sequence[Job],
-    current: Mapping[str, Placement],
-    placed: Mapping[str, Placement],
-    profiles: Profiles,
-    allowed_types: AllowedTypes,
-) -> dict[str, Placement]:
-    """`placed` with the running jobs' growths that fit in what is left free, best first (the module's ranking)."""
-    grown = dict(placed)
-    free = cluster.free(grown.values())
-    running = [job for job in active if job.id in current]
-    candidates = sorted(
-        (
-            (_rank(cluster, current[job.id], queue_index, gain, growth), job.id, growth)
-            for queue_index, job in enumerate(running)
-            for gain, growth in growths(job, current[job.id], allowed_types(job, cluster), cluster, profiles)
-        ),
-        key=lambda candidate: candidate[0],
-    )
-    for _, job_id, growth in candidates:
-        if grown[job_id] is not current[job_id]:
-            continue
-        added = {t: growth.count(t) - current[job_id].count(t) for t in cluster.types}
-        if all(added[t] <= free[t] for t in cluster.types):
-            grown[job_id] = growth
-            free = {t: free[t] - added[t] for t in cluster.types}
-    return grown
+    def start_waiting(self) -> dict[str, Placement]:
+        """Running jobs where they are; each waiting job, in queue order, on the fewest devices of the first
+        allowed type that has them free."""
+        placed = {job.id: self.current[job.id] for job in self.active if job.id in self.current}
+        free = self.cluster.free(placed.values())
+        for job in self.active:
+            if job.id in placed:
+                continue
+            for device_type in self.allowed_types(job, self.cluster):
+                start = smallest(job, device_type, self.cluster, self.profiles)
+                if start is not None and start.devices <= free[device_type]:
+                    placed[job.id] = start
+                    free[device_type] -= start.devices
+                    break
+        return placed
+
+    def grow_running(self, placed: Mapping[str, Placement]) -> dict[str, Placement]:
+        """`placed` with the running jobs' growths that fit in what is left free, best first (the module's
+        ranking)."""
+        cluster, current = self.cluster, self.current
+        grown = dict(placed)
+        free = cluster.free(grown.values())
+        running = [job for job in self.active if job.id in current]
+        candidates = sorted(
+            (
+                (_rank(cluster, current[job.id], queue_index, gain, growth), job.id, growth)
+                for queue_index, job in enumerate(running)
+                for gain, growth in growths(
+                    job, current[job.id], self.allowed_types(job, cluster), cluster, self.profiles
+                )
+            ),
+            key=lambda candidate: candidate[0],
+        )
+        for _, job_id, growth in candidates:
+            if grown[job_id] is not current[job_id]:
+                continue
+            added = {t: growth.count(t) - current[job_id].count(t) for t in cluster.types}
+            if all(added[t] <= free[t] for t in cluster.types):
+                grown[job_id] = growth
+                free = {t: free[t] - added[t] for t in cluster.types}
+        return grown
 
 
 def _rank(cluster: Cluster, now_on: Placement, queue_index: int, gain: float, growth: Placement) -> tuple:
