@@ -59,6 +59,8 @@ def parse_cluster(text: str) -> Cluster:
         name, separator, count = item.partition("=")
         if not separator or not name or not count.isdigit():
             raise UserError(f"--cluster: {item!r} is not TYPE=COUNT (e.g. v100=32)")
+        if name in counts:
+            raise UserError(f"--cluster: device type {name!r} given twice ({text!r})")
         counts[name] = int(count)
     return Cluster.of(counts)
 

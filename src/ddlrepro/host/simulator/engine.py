@@ -7,6 +7,7 @@ progress, and reallocations are free. Its JCT is finish − submit; its makespan
 the last job finished (`makespan_artifact_s`). Ours: a decision at t = 0 as well (the artifact's first is at
 `round_s`), `restart="measured"` (a given checkpoint + restore time paid at every start and reallocation), the
 makespan as the last finish (`makespan_s`), and `max_sim_time_s`, past which unfinished jobs are an error.
+Round k starts at k × round_s (never a running sum, which drifts).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ import pandas as pd
 
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.simulator.cluster import Cluster, Placement
-from ddlrepro.host.simulator.placements import throughput
+from ddlrepro.host.simulator.parsing import parse_number
+from ddlrepro.host.simulator.placements import smallest, throughput
 from ddlrepro.host.simulator.policies import POLICIES, Policy
 from ddlrepro.host.simulator.profiles import Profiles
-from ddlrepro.host.simulator.rules import ARTIFACT_START_S, MAX_SIM_TIME_S, ROUND_S
+from ddlrepro.host.simulator.rules import ARTIFACT_START_S, MAX_ROUNDS, MAX_SIM_TIME_S, ROUND_S
 from ddlrepro.host.simulator.traces import Job, TraceError
 
 JOB_COLUMNS = [
@@ -42,6 +44,7 @@ JOB_COLUMNS = [
 ]
 ALLOCATION_COLUMNS = ["time_s", "policy", "device_type", "allocated"]
 FLOAT_FORMAT = "%.3f"
+ROUNDS_DIGITS = 9  # a time ÷ round_s is rounded to this many decimals before ceil/floor: 120.000000001 s is round 2
 
 
 class SimulationError(UserError):
@@ -74,7 +77,7 @@ class Simulation:
         return {
             "mean_jct_s": float(self.jobs["jct_s"].mean()),
             "makespan_s": last,
-            "makespan_artifact_s": math.ceil(last / self.round_s) * self.round_s - self.round_s,
+            "makespan_artifact_s": (math.ceil(_in_rounds(last, self.round_s)) - 1) * self.round_s,
         }
 
 
@@ -102,29 +105,46 @@ def simulate(
     max_sim_time_s: float = MAX_SIM_TIME_S,
 ) -> Simulation:
     """Run `policy` over the jobs until all have finished (or raise past `max_sim_time_s`)."""
-    chosen = _policy(policy)
-    if round_s <= 0 or restart_s < 0 or restart not in ("artifact", "measured"):
-        raise SimulationError(
-            f"round_s {round_s} must be > 0, restart_s {restart_s} ≥ 0, restart {restart!r} artifact or measured"
-        )
-    validate(jobs, cluster, profiles, chosen)
+    scheduler = _policy(policy)
+    last_round = _last_round(round_s, restart, restart_s, max_sim_time_s)
+    validate(jobs, cluster, profiles, scheduler)
     states = [JobState(job) for job in jobs]
     rows: list[tuple[float, str, str, int]] = []
-    now = 0.0
-    while any(state.finish_s is None for state in states):
-        if now > max_sim_time_s:
-            raise SimulationError(_unfinished(states, now, max_sim_time_s))
+    for index in range(last_round + 1):
+        if all(state.finish_s is not None for state in states):
+            break
+        now = index * round_s
         active = [s for s in states if s.finish_s is None and s.job.submit_s <= now]
         current = {s.job.id: s.placement for s in active if s.placement is not None}
-        decided = chosen.decide(now, cluster, [s.job for s in active], current, profiles)
+        decided = scheduler.decide(now, cluster, [s.job for s in active], current, profiles)
         cluster.check(decided, now)
         for state in active:
             _reallocate(state, decided.get(state.job.id), now, restart, restart_s)
         rows += [(now, policy, t, n) for t, n in cluster.used(decided.values()).items()]
         for state in active:
             _advance(state, now, round_s, profiles)
-        now += round_s
+    if any(state.finish_s is None for state in states):
+        raise SimulationError(_unfinished(states, (last_round + 1) * round_s, max_sim_time_s))
     return Simulation(policy, round_s, _job_table(policy, states), pd.DataFrame(rows, columns=ALLOCATION_COLUMNS))
+
+
+def _in_rounds(seconds: float, round_s: float) -> float:
+    return round(seconds / round_s, ROUNDS_DIGITS)
+
+
+def _last_round(round_s: float, restart: str, restart_s: float, max_sim_time_s: float) -> int:
+    """The index of the last round that starts by `max_sim_time_s`, once the settings are checked."""
+    if restart not in ("artifact", "measured"):
+        raise SimulationError(f"restart: {restart!r} is neither 'artifact' nor 'measured'")
+    parse_number(round_s, "round_s", SimulationError, minimum=0, above=True)
+    parse_number(restart_s, "restart_s", SimulationError, minimum=0)
+    parse_number(max_sim_time_s, "max_sim_time_s", SimulationError, minimum=0, above=True)
+    rounds = _in_rounds(max_sim_time_s, round_s)
+    if rounds > MAX_ROUNDS:
+        raise SimulationError(
+            f"max_sim_time_s {max_sim_time_s:g} ÷ round_s {round_s:g} is {rounds:.3g} rounds, more than {MAX_ROUNDS:g}"
+        )
+    return math.floor(rounds)
 
 
 def _policy(name: str) -> Policy:
@@ -134,18 +154,68 @@ def _policy(name: str) -> Policy:
 
 
 def validate(jobs: Sequence[Job], cluster: Cluster, profiles: Profiles, policy: Policy) -> None:
-    """What would make a job wait forever, named by its row and field, before anything runs."""
+    """What would make a job wait forever or a lookup fail, named by its row and field, before anything runs."""
+    if not jobs:
+        raise SimulationError(f"no jobs to simulate ({policy.name} was given an empty trace)")
     for job in jobs:
         where = f"trace row {job.row} (job {job.id})"
+        if job.preferred_type not in cluster.types:
+            raise TraceError(
+                f"{where}, field preferred_gpu: {job.preferred_type!r} is not a device type of {list(cluster.types)}"
+            )
         if job.preferred_type not in profiles.device_types(job.application):
             raise TraceError(
                 f"{where}, field preferred_gpu: {job.application!r} is not profiled on {job.preferred_type!r}"
             )
-        if policy.gang and job.max_parallelism > cluster.size(job.preferred_type):
-            raise TraceError(
-                f"{where}, field max_parallelism: a gang of {job.max_parallelism} is larger than the cluster's "
-                f"{cluster.size(job.preferred_type)} {job.preferred_type} ({policy.name} cannot start it)"
-            )
+        types = _types_profiled_at_batch(job, cluster, profiles, policy, where)
+        if policy.gang:
+            _check_gang(job, cluster, profiles, policy, where)
+        else:
+            _check_fits(job, types, cluster, profiles, policy, where)
+
+
+def _types_profiled_at_batch(job: Job, cluster: Cluster, profiles: Profiles, policy: Policy, where: str) -> list[str]:
+    """The allowed types whose profile covers the job's batch; none is an error naming each type's range."""
+    allowed = policy.allowed_types(job, cluster)
+    types = [t for t in allowed if profiles.ests_range(job.application, t, job.batch) is not None]
+    if not types:
+        ranges = [(t, profiles.batch_range(job.application, t)) for t in allowed]
+        measured = "; ".join(f"{t} {span[0]}–{span[1]}" if span else f"{t} not profiled" for t, span in ranges)
+        raise TraceError(
+            f"{where}, field batch_size: {job.batch} is outside {job.application!r}'s profiled batches on every "
+            f"type {policy.name} allows it ({measured})"
+        )
+    return types
+
+
+def _check_gang(job: Job, cluster: Cluster, profiles: Profiles, policy: Policy, where: str) -> None:
+    """A gang runs one EST on each of max_parallelism devices of the preferred type."""
+    span = profiles.ests_range(job.application, job.preferred_type, job.batch)
+    if span is not None and span[0] > 1:
+        raise TraceError(
+            f"{where}, field batch_size: {job.application!r} on {job.preferred_type!r} at batch_per_est {job.batch} "
+            f"is profiled for {span[0]}–{span[1]} ESTs per device; a gang ({policy.name}) runs 1 per device"
+        )
+    if job.max_parallelism > cluster.size(job.preferred_type):
+        raise TraceError(
+            f"{where}, field max_parallelism: a gang of {job.max_parallelism} is larger than the cluster's "
+            f"{cluster.size(job.preferred_type)} {job.preferred_type} ({policy.name} cannot start it)"
+        )
+
+
+def _check_fits(
+    job: Job, types: Sequence[str], cluster: Cluster, profiles: Profiles, policy: Policy, where: str
+) -> None:
+    """An elastic job starts on the fewest devices of one type that hold its ESTs: some allowed type must have them."""
+    needs = {t: smallest(job, t, cluster, profiles) for t in types}
+    if not any(start is not None and start.devices <= cluster.size(t) for t, start in needs.items()):
+        shown = "; ".join(
+            f"{t} needs {start.devices} (has {cluster.size(t)})" for t, start in needs.items() if start is not None
+        )
+        raise TraceError(
+            f"{where}, field max_parallelism: {job.max_parallelism} ESTs fit on no device type {policy.name} allows "
+            f"it, at the ESTs per device profiled: {shown}"
+        )
 
 
 def _reallocate(state: JobState, placement: Placement | None, now: float, restart: str, restart_s: float) -> None:
@@ -189,7 +259,7 @@ def _unfinished(states: Sequence[JobState], now: float, limit: float) -> str:
         for s in states
         if s.finish_s is None
     ]
-    return f"jobs not finished at max_sim_time_s={limit:g} (t={now:g} s):\n" + "\n".join(lines)
+    return f"jobs not finished at max_sim_time_s={limit:g} (t={now:.0f} s):\n" + "\n".join(lines)
 
 
 def _job_table(policy: str, states: Sequence[JobState]) -> pd.DataFrame:

@@ -22,10 +22,16 @@ def gang(job: Job, cluster: Cluster) -> Placement:
     return placement(cluster, [Share(job.preferred_type, job.max_parallelism, 1)])
 
 
+def preferred_only(job: Job, cluster: Cluster) -> list[str]:
+    """The device types a job may use under every policy but easyscale-heter: its preferred one."""
+    return [job.preferred_type]
+
+
 def best_ests(job: Job, counts: Mapping[str, int], cluster: Cluster, profiles: Profiles) -> Placement | None:
     """The placement of `counts` devices with the shortest global step (None: no profiled way to hold the ESTs).
-    Memoised on the profiles, as policies ask again for the same devices every round."""
-    key = ("best_ests", job.application, job.batch, job.max_parallelism, tuple(sorted(counts.items())))
+    Memoised on the profiles, as policies ask again for the same devices every round; keyed on the cluster too (its
+    type order orders the shares)."""
+    key = ("best_ests", cluster, job.application, job.batch, job.max_parallelism, tuple(sorted(counts.items())))
     return profiles.memoised(key, lambda: _best_ests(job, counts, cluster, profiles))
 
 

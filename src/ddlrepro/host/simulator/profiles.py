@@ -3,7 +3,9 @@
 A profile point: (application, device type, per-EST batch, ESTs per device) → seconds of one EST's step when that
 many ESTs share the device. The throughput model is the artifact's (simulator/simulator.py `Job.pred_throughput`,
 applications.py `get_comp_time`): samples/s = batch × ESTs ÷ max over the device types used of (step time × ESTs
-per device on that type); it leaves out gradient synchronisation, as the artifact does.
+per device on that type); it leaves out gradient synchronisation, as the artifact does. One difference: the
+artifact's `get_comp_time` takes that max over all three of its types' thread counts, so a type the placement does
+not use can still count when its threads are non-zero; ours takes it over the types the placement uses.
 
 Interpolation is ours: linear in the batch between the two nearest measured batches and linear in ESTs per device
 between measured values, never outside the measured range (a lookup there raises `ProfileLookupError` naming
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.simulator.cluster import Placement
+from ddlrepro.host.simulator.parsing import parse_number
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
 TIDY_COLUMNS = ["application", "device_type", "batch_per_est", "ests_per_device", "step_time_s", "host"]
 ARTIFACT_TYPES = ("v100", "p100", "t4")  # the order of `step1` in the artifact's logs.json
 ARTIFACT_HOST = "the EasyScale artifact's logs.json"
+ANY_ESTS = (1, 1 << 30)  # the ESTs per device a profile constant in ESTs covers: any number
 
 
 class ProfileError(UserError):
@@ -66,13 +70,18 @@ class Profiles:
         sets = [set(by_batch) for (app, _), by_batch in self.times.items() if app == application]
         return sorted(set.intersection(*sets)) if sets else []
 
+    def batch_range(self, application: str, device_type: str) -> tuple[int, int] | None:
+        """The smallest and largest measured per-EST batch (None: not profiled on this type)."""
+        by_batch = self.times.get((application, device_type))
+        return (min(by_batch), max(by_batch)) if by_batch else None
+
     def ests_range(self, application: str, device_type: str, batch: int) -> tuple[int, int] | None:
         """The ESTs per device a lookup may ask for at this batch (None: not profiled there)."""
         by_batch = self.times.get((application, device_type))
         if not by_batch or not min(by_batch) <= batch <= max(by_batch):
             return None
         if self.constant_in_ests:
-            return 1, 1 << 30
+            return ANY_ESTS
         spans = [(min(by_batch[b]), max(by_batch[b])) for b in self._bracket(by_batch, batch)]
         return max(low for low, _ in spans), min(high for _, high in spans)
 
@@ -143,20 +152,25 @@ def from_table(table: pd.DataFrame, source: str = "profile table") -> Profiles:
     if missing:
         raise ProfileError(f"{source}: missing column(s) {missing}; a profile table has {TIDY_COLUMNS}")
     times: dict[tuple[str, str], dict[int, dict[int, float]]] = {}
+    hosts = set()
     for row, record in enumerate(table[TIDY_COLUMNS].to_dict("records"), start=1):
-        batch = _positive_int(record["batch_per_est"], f"{source} row {row}, column batch_per_est")
-        ests = _positive_int(record["ests_per_device"], f"{source} row {row}, column ests_per_device")
-        seconds = _positive_float(record["step_time_s"], f"{source} row {row}, column step_time_s")
-        by_ests = times.setdefault((str(record["application"]), str(record["device_type"])), {}).setdefault(batch, {})
+        where = f"{source} row {row}, column"
+        application = _name(record["application"], f"{where} application")
+        device_type = _name(record["device_type"], f"{where} device_type")
+        hosts.add(_name(record["host"], f"{where} host"))
+        batch = _positive_int(record["batch_per_est"], f"{where} batch_per_est")
+        ests = _positive_int(record["ests_per_device"], f"{where} ests_per_device")
+        seconds = _positive_float(record["step_time_s"], f"{where} step_time_s")
+        by_ests = times.setdefault((application, device_type), {}).setdefault(batch, {})
         if ests in by_ests:
             raise ProfileError(
-                f"{source} row {row}: a second step time for {record['application']}, {record['device_type']}, "
+                f"{source} row {row}: a second step time for {application}, {device_type}, "
                 f"batch_per_est {batch}, ests_per_device {ests}"
             )
         by_ests[ests] = seconds
     if not times:
         raise ProfileError(f"{source}: no profile points")
-    return Profiles(times, tuple(sorted({str(host) for host in table["host"]})))
+    return Profiles(times, tuple(sorted(hosts)))
 
 
 def read_table(path: Path) -> Profiles:
@@ -200,20 +214,15 @@ def read_profiles(path: Path) -> Profiles:
 
 
 def _positive_int(value: object, where: str) -> int:
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        number = math.nan
-    if not number.is_integer() or number < 1:
-        raise ProfileError(f"{where}: {value!r} is not a whole number ≥ 1")
-    return int(number)
+    return int(parse_number(value, where, ProfileError, minimum=1, whole=True))
 
 
 def _positive_float(value: object, where: str) -> float:
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        number = math.nan
-    if not math.isfinite(number) or number <= 0:
-        raise ProfileError(f"{where}: {value!r} is not a number of seconds > 0")
-    return number
+    return parse_number(value, where, ProfileError, minimum=0, above=True)
+
+
+def _name(value: object, where: str) -> str:
+    """A name cell of a profile table: pandas reads an empty one as NaN, which must not become the name 'nan'."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or not str(value).strip():
+        raise ProfileError(f"{where}: empty")
+    return str(value).strip()

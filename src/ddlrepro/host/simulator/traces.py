@@ -14,7 +14,6 @@ its first and last, flags and preferred types with its frequencies, batches from
 from __future__ import annotations
 
 import csv
-import math
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.simulator.cluster import Cluster
+from ddlrepro.host.simulator.parsing import parse_number
 from ddlrepro.host.simulator.profiles import Profiles
 
 ARTIFACT_COLUMNS = [
@@ -152,19 +152,10 @@ def _job(
         return value.strip()
 
     def number(name: str, minimum: float) -> float:
-        try:
-            value = float(field(name))
-        except ValueError:
-            raise TraceError(f"{where}, field {name}: {record[name]!r} is not a number") from None
-        if not math.isfinite(value) or value < minimum:
-            raise TraceError(f"{where}, field {name}: {value:g} is below {minimum:g}")
-        return value
+        return parse_number(field(name), f"{where}, field {name}", TraceError, minimum=minimum)
 
     def whole(name: str, minimum: int) -> int:
-        value = number(name, minimum)
-        if not value.is_integer():
-            raise TraceError(f"{where}, field {name}: {value:g} is not a whole number")
-        return int(value)
+        return int(parse_number(field(name), f"{where}, field {name}", TraceError, minimum=minimum, whole=True))
 
     trace_application = field("application")
     application = application_map.get(trace_application, trace_application)

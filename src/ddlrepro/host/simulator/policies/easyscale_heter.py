@@ -12,12 +12,14 @@ from ddlrepro.host.simulator.profiles import Profiles
 from ddlrepro.host.simulator.traces import Job
 
 
+def allowed_types(job: Job, cluster: Cluster) -> list[str]:
+    """A heterogeneous job's preferred type first, then the cluster's others in its order; another job's, its own."""
+    if not job.heterogeneous:
+        return [job.preferred_type]
+    return [job.preferred_type, *(t for t in cluster.types if t != job.preferred_type)]
+
+
 def decide(
     now: float, cluster: Cluster, active: Sequence[Job], current: Mapping[str, Placement], profiles: Profiles
 ) -> dict[str, Placement]:
-    def allowed(job: Job) -> list[str]:
-        if not job.heterogeneous:
-            return [job.preferred_type]
-        return [job.preferred_type, *(t for t in cluster.types if t != job.preferred_type)]
-
-    return elastic.decide(cluster, active, current, profiles, allowed)
+    return elastic.decide(cluster, active, current, profiles, allowed_types)

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from ddlrepro.host.simulator import elastic
 from ddlrepro.host.simulator.cluster import Cluster, Placement
+from ddlrepro.host.simulator.placements import preferred_only
 from ddlrepro.host.simulator.profiles import Profiles
 from ddlrepro.host.simulator.traces import Job
 
@@ -14,4 +15,4 @@ from ddlrepro.host.simulator.traces import Job
 def decide(
     now: float, cluster: Cluster, active: Sequence[Job], current: Mapping[str, Placement], profiles: Profiles
 ) -> dict[str, Placement]:
-    return elastic.decide(cluster, active, current, profiles, lambda job: [job.preferred_type])
+    return elastic.decide(cluster, active, current, profiles, preferred_only)
