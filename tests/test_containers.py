@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -120,6 +121,22 @@ def base_image() -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+def podman_image_ids() -> set[str]:
+    listed = subprocess.run(["podman", "images", "--all", "--quiet", "--no-trunc"], capture_output=True, text=True)
+    return set(listed.stdout.split())
+
+
+@pytest.fixture
+def images_removed_after() -> Iterator[None]:
+    """Removes the images a test builds, build-cache layers included: each is GBs, and left behind they fill the
+    disk that later runs (CI's included) build on."""
+    before = podman_image_ids()
+    yield
+    made = podman_image_ids() - before
+    if made:
+        subprocess.run(["podman", "rmi", "--force", *made], capture_output=True, timeout=300)
+
+
 def host_torch_wheel(folder: Path) -> Path:
     """The torch wheel this machine's pip installs (a CPU build here), copied into `folder`."""
     command = [sys.executable, "-m", "pip", "download", "torch==2.13.0", "--no-deps", "-d", str(folder)]
@@ -148,7 +165,9 @@ def image_config(workdir: Path, base: str, wheels: Path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_podman_image_runs_a_point_into_the_same_table_as_a_local_run(base_image: str, tmp_path: Path) -> None:
+def test_podman_image_runs_a_point_into_the_same_table_as_a_local_run(
+    base_image: str, images_removed_after: None, tmp_path: Path
+) -> None:
     workdir = copy_workflow(tmp_path / "workflow")
     wheels = host_torch_wheel(tmp_path / "wheels")
     config = image_config(workdir, base_image, wheels)

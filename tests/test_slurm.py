@@ -229,14 +229,7 @@ def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, s
     assert "installed profiles/slurm as " in setup_profile(workdir, env)
     fig9 = "{workers: [1, 2], frameworks: [torch, horovod, tensorflow], horovod_controllers: [gloo, mpi]}"
     sections = {"kungfu-fig9": fig9, "kungfu-allreduce": "{backends: [mpi]}", "easyscale-fig9": "{enabled: true}"}
-    config = only(workdir, "slurm.yaml", sections)
-    unmeasured = [  # MPI only: no gloo or NCCL all-reduce; tiny's two EasyScale stages
-        "kungfu-allreduce/best-strategy-busbw-vs-gloo",
-        "kungfu-allreduce/nccl-busbw",
-        "easyscale-fig9/d0-drifts-after-a-placement-change",
-    ]
-    with (workdir / config).open("a") as extra:
-        extra.write(f"checks: {{exclude: [{', '.join(unmeasured)}]}}\n")
+    config = only(workdir, "slurm.yaml", sections, checks_excluding("kungfu-allreduce/nccl-busbw"))  # MPI only
     done = slurm_snakemake(workdir, env, "--configfile", "tests/configs/tiny.yaml", config)
     assert done.returncode == 0, done.stderr[-4000:]
     assert BOTH_PROFILES in done.stderr
