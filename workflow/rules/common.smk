@@ -223,17 +223,21 @@ def figure_outputs(figures):
     would outlive a run folder whose result a killed forced rerun deleted; every target that asks for a figure
     also asks for its runs, which puts a missing run and everything built from it back in the plan.
     """
-    return [
-        path
-        for figure in figures
-        for path in (
-            f"results/figures/{figure}.png",
-            f"results/figures/{figure}.pdf",
-            f"results/tables/{figure}.csv",
-            f"results/tables/{figure}.summary.csv",
-        )
-    ] + [
-        f"results/tables/{simulated_table_name(figure)}"
-        for figure in figures
-        if figure in SIMULATED
-    ] + all_point_results(figures)
+    return (
+        [
+            path
+            for figure in figures
+            for path in (
+                f"results/figures/{figure}.png",
+                f"results/figures/{figure}.pdf",
+                f"results/tables/{figure}.csv",
+                f"results/tables/{figure}.summary.csv",
+            )
+        ]
+        + [
+            f"results/tables/{simulated_table_name(figure)}"
+            for figure in figures
+            if figure in SIMULATED
+        ]
+        + all_point_results(figures)
+    )

@@ -8,12 +8,15 @@ rule simulate_table:
         table="results/tables/{figure}.csv",
         runs=point_results,
         files=simulation_files,
+        code=lambda wildcards: [
+            checkout_relative(path) for path in figure_source(wildcards.figure)
+        ],
     output:
         "results/tables/{figure}.simulated.csv",
-    wildcard_constraints:
-        figure="|".join(SIMULATED),
     log:
         "results/logs/simulate_table/{figure}.log",
+    wildcard_constraints:
+        figure="|".join(SIMULATED),
     conda:
         SOFTWARE
     params:

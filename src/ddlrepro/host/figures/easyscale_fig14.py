@@ -68,12 +68,13 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
 
 def check_section(section: dict[str, Any], launcher: dict[str, Any]) -> None:
     """What the schema cannot say, each error naming its key: types, the cluster's types, the files named."""
+    defined = ", ".join(sorted(launcher["device_types"]))
     for index, name in enumerate(section["device_types"]):
         require(
             name in launcher["device_types"],
             ID,
             f"device_types[{index}]",
-            f"unknown device type {name!r}; launcher.device_types defines {', '.join(sorted(launcher['device_types']))}",
+            f"unknown device type {name!r}; launcher.device_types defines {defined}",
         )
     profiles_dir, simulation = section["profiles_dir"], section["simulation"]
     if profiles_dir:
@@ -174,7 +175,9 @@ def simulate_table(table: pd.DataFrame, section: dict[str, Any], machine: str) -
         )
         for policy in POLICIES
     ]
-    mapped = sorted({(job.trace_application, job.application) for job in jobs if job.trace_application != job.application})
+    mapped = sorted(
+        {(job.trace_application, job.application) for job in jobs if job.trace_application != job.application}
+    )
     labels = {
         "profiles_host": ", ".join(profiles.hosts),
         "cluster": cluster.label(),
@@ -183,12 +186,13 @@ def simulate_table(table: pd.DataFrame, section: dict[str, Any], machine: str) -
         "application_map": ", ".join(f"{a} → {b}" for a, b in mapped) or "none",
         "round_s": settings["round_s"],
     }
+    # The labels ride on the profile rows only (every simulation has some): the table stays small.
     parts = [
-        profile_rows.assign(kind="profile"),
+        profile_rows.assign(kind="profile", **labels),
         *(simulation.jobs.assign(kind="job") for simulation in simulations),
         *(simulation.allocations.assign(kind="allocation") for simulation in simulations),
     ]
-    return pd.concat(parts, ignore_index=True).assign(**labels)
+    return pd.concat(parts, ignore_index=True)
 
 
 def trace_jobs(settings: dict[str, Any], profiles: Profiles, cluster: Any, artifact: bool) -> tuple[list[Job], str]:
@@ -248,7 +252,7 @@ def summarise(table: pd.DataFrame) -> pd.DataFrame:
     for policy in POLICIES:
         own = jobs[jobs["policy"] == policy]
         last = float(own["finish_s"].max())
-        round_s = float(table["round_s"].iloc[0])
+        round_s = float(label(table, "round_s"))
         rows.append(
             {
                 "policy": policy,
@@ -261,9 +265,9 @@ def summarise(table: pd.DataFrame) -> pd.DataFrame:
     summary = pd.DataFrame(rows)
     summary["mean_devices_allocated"] = summary["policy"].map(devices_while_busy(table))
     yarn = summary.set_index("policy").loc["yarn-cs"]
-    comparable = table["profiles_host"].iloc[0].startswith("the EasyScale artifact") and not table["trace"].iloc[
-        0
-    ].startswith("generated")
+    comparable = label(table, "profiles_host").startswith("the EasyScale artifact") and not label(
+        table, "trace"
+    ).startswith("generated")
     # The paper's numbers compare only with a simulation of the artifact's profiles and trace: else NaN, and why.
     for column, ratio in (("mean_jct_s", "jct_ratio_yarn_cs"), ("makespan_s", "makespan_ratio_yarn_cs")):
         summary[ratio] = yarn[column] / summary[column] if comparable else np.nan
@@ -271,13 +275,18 @@ def summarise(table: pd.DataFrame) -> pd.DataFrame:
         for name in (ratio, f"{column}_vs_paper"):
             summary[f"{name}_skipped"] = "" if comparable else PAPER_SKIP
     for column in LABEL_COLUMNS:
-        summary[column] = table[column].iloc[0]
+        summary[column] = label(table, column)
     # Every policy's numbers rest on every profile: a disturbed profile run marks them all.
     load = plotting.run_host_load(table[table["kind"] == "profile"])
     summary["foreign_share"], summary["steal_share"] = load["foreign_share"].max(), load["steal_share"].max()
     summary["disturbed"] = bool(load["disturbed"].any())
     summary["simulated"] = True
     return summary
+
+
+def label(table: pd.DataFrame, column: str) -> Any:
+    """One of the simulation's labels (carried by its profile rows)."""
+    return table.loc[table["kind"] == "profile", column].iloc[0]
 
 
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
@@ -317,7 +326,9 @@ def labels_line(summary: pd.DataFrame) -> str:
     """What the simulation was run from, for the figure: profiles' host, trace, restart rule, application mapping."""
     first = summary.iloc[0]
     mapped = f"; applications mapped {first['application_map']}" if first["application_map"] != "none" else ""
-    return f"simulated, profiles from {first['profiles_host']}; trace {first['trace']}; restart {first['restart']}{mapped}"
+    return (
+        f"simulated, profiles from {first['profiles_host']}; trace {first['trace']}; restart {first['restart']}{mapped}"
+    )
 
 
 def paper_values(references: list[dict[str, Any]]) -> dict[str, Any]:
