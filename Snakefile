@@ -26,6 +26,7 @@ localrules:
     build_sif,
     horovod,
     tabulate,
+    simulate_table,
     plot,
     check_figure,
     collect_checks,

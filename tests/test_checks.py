@@ -15,7 +15,7 @@ from conftest import REPO, copy_workflow, snakemake
 from ddlrepro.host.checks import ReferenceError, check_exclude, check_figure, evaluate, load_references
 from ddlrepro.host.cli import main
 from ddlrepro.host.config import ConfigError, load_config
-from ddlrepro.host.figures import FIGURES, figure_module
+from ddlrepro.host.figures import FIGURES, figure_module, is_simulated
 
 SUMMARY = pd.DataFrame(
     {
@@ -357,7 +357,10 @@ def test_every_scale_any_check_of_every_smoke_figure_is_evaluated(figure: str) -
     config = load_config(REPO / "config" / "config.yaml")
     assert config["figures"][figure]["enabled"] and not config.get("checks", {}).get("exclude")
     points = figure_module(figure).points(config["figures"][figure], config["launcher"])
-    drawing, summary = figure_module(figure).plot(synthetic_tidy_table(figure, points), "smoke", [])
+    table = synthetic_tidy_table(figure, points)
+    if is_simulated(figure):  # it plots the simulation of its runs' table
+        table = figure_module(figure).simulate_table(table, config["figures"][figure], "synthetic runs")
+    drawing, summary = figure_module(figure).plot(table, "smoke", [])
     plt.close(drawing)
     references = load_references(REPO / "config" / "references.yaml").get(figure, [])
     checks = check_figure(figure, pd.read_csv(io.StringIO(summary.to_csv(index=False))), references, "smoke")

@@ -11,7 +11,15 @@ from ddlrepro.host.checks import check_exclude, load_references
 from ddlrepro.host.config import validate_config
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.bundle import bundle_name, digest_file
-from ddlrepro.host.figures import FIGURES, enabled_figures, figure_points, figure_source
+from ddlrepro.host.figures import (
+    FIGURES,
+    enabled_figures,
+    figure_points,
+    figure_source,
+    is_simulated,
+    simulated_table_name,
+    simulation_settings,
+)
 from ddlrepro.host.provenance import git_state, profile_from_command, record_invocation
 from ddlrepro.host.launchers import (
     check_points,
@@ -185,19 +193,51 @@ def figure_checks(figures):
     return [f"results/checks/{figure}.tsv" for figure in figures]
 
 
+SIMULATED = [figure for figure in FIGURES if is_simulated(figure)]
+
+
+def plot_table(wildcards):
+    """What a figure draws: its runs' tidy table, or for a simulated figure the simulation of it."""
+    name = (
+        simulated_table_name(wildcards.figure)
+        if wildcards.figure in SIMULATED
+        else f"{wildcards.figure}.csv"
+    )
+    return f"results/tables/{name}"
+
+
+def simulation_files(wildcards):
+    """The files a simulation reads besides its runs' table: a user's trace, the artifact's profiles."""
+    section = config["figures"][wildcards.figure]
+    trace, profiles = section["simulation"]["trace"], section["profiles_dir"]
+    return ([trace] if trace else []) + (
+        sorted(str(path) for path in Path(profiles).glob("*/logs.json"))
+        if profiles
+        else []
+    )
+
+
 def figure_outputs(figures):
     """A figure's table, plot and summary, and the run results they are built from. Snakemake does not rerun a
     job whose output exists because an input is missing (it takes that for a removed intermediate), so a table
     would outlive a run folder whose result a killed forced rerun deleted; every target that asks for a figure
     also asks for its runs, which puts a missing run and everything built from it back in the plan.
     """
-    return [
-        path
-        for figure in figures
-        for path in (
-            f"results/figures/{figure}.png",
-            f"results/figures/{figure}.pdf",
-            f"results/tables/{figure}.csv",
-            f"results/tables/{figure}.summary.csv",
-        )
-    ] + all_point_results(figures)
+    return (
+        [
+            path
+            for figure in figures
+            for path in (
+                f"results/figures/{figure}.png",
+                f"results/figures/{figure}.pdf",
+                f"results/tables/{figure}.csv",
+                f"results/tables/{figure}.summary.csv",
+            )
+        ]
+        + [
+            f"results/tables/{simulated_table_name(figure)}"
+            for figure in figures
+            if figure in SIMULATED
+        ]
+        + all_point_results(figures)
+    )

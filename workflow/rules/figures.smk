@@ -1,9 +1,41 @@
 # A figure from its tidy table. The figure's module is an input: editing it reruns only this plot.
 
 
-rule plot:
+# A simulated figure (easyscale-fig14) plots a simulation of its runs' table, made by its own job: only the settings
+# the simulation reads are its params, so changing them reruns the simulation and the plot, never the runs.
+rule simulate_table:
     input:
         table="results/tables/{figure}.csv",
+        runs=point_results,
+        files=simulation_files,
+        code=lambda wildcards: [
+            checkout_relative(path) for path in figure_source(wildcards.figure)
+        ],
+    output:
+        "results/tables/{figure}.simulated.csv",
+    log:
+        "results/logs/simulate_table/{figure}.log",
+    wildcard_constraints:
+        figure="|".join(SIMULATED),
+    conda:
+        SOFTWARE
+    params:
+        settings=lambda wildcards: shlex.quote(
+            json.dumps(
+                simulation_settings(
+                    wildcards.figure, config["figures"][wildcards.figure]
+                ),
+                sort_keys=True,
+            )
+        ),
+    shell:
+        "python -m ddlrepro simulate-table {wildcards.figure} --table {input.table} --settings {params.settings}"
+        " --runs {input.runs} --out {output} > {log} 2>&1"
+
+
+rule plot:
+    input:
+        table=plot_table,
         references=config["references"],
         runs=point_results,
         code=lambda wildcards: [

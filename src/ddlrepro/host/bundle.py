@@ -89,13 +89,21 @@ def results_files(results: Path, figures: list[str], run_dirs: list[Path]) -> li
     files = [results / "report.html", results / "checks.tsv"]
     for figure in figures:
         files += [results / "figures" / f"{figure}.png", results / "figures" / f"{figure}.pdf"]
-        files += [results / "tables" / f"{figure}.csv", results / "tables" / f"{figure}.summary.csv"]
+        files += [results / "tables" / name for name in figure_tables(figure)]
         files += [results / "checks" / f"{figure}.tsv"]
     for run_dir in run_dirs:
         files += sorted(path for path in run_dir.rglob("*") if path.is_file())
     for extra in ("provenance", "images"):
         files += sorted(path for path in (results / extra).rglob("*") if path.is_file())
     return files
+
+
+def figure_tables(figure: str) -> list[str]:
+    """A figure's tables in results/tables: its runs', a simulated figure's simulation, its summary."""
+    from ddlrepro.host.figures import is_simulated, simulated_table_name
+
+    simulated = [simulated_table_name(figure)] if is_simulated(figure) else []
+    return [f"{figure}.csv", *simulated, f"{figure}.summary.csv"]
 
 
 def git_archive(repo: Path) -> bytes | None:
@@ -412,7 +420,8 @@ def bundled_inputs(
         references = load_references(folder / "references.yaml")
     except (ConfigError, yaml.YAMLError) as error:
         raise ValueError(f"references.yaml: {error}") from None
-    return config["scale"], references, checks_settings(config)
+    # A simulated figure's simulation reads its config section: re-derived with the bundled one.
+    return config["scale"], references, checks_settings(config) | {"figures": config["figures"]}
 
 
 def bundled_config(data: bytes) -> dict[str, Any]:
@@ -439,7 +448,7 @@ def rederive_figure(
     import pandas as pd
 
     from ddlrepro.host.checks import check_figure
-    from ddlrepro.host.figures import render_figure
+    from ddlrepro.host.figures import is_simulated, render_figure, simulation_settings, write_simulated_table
     from ddlrepro.host.tables import tidy_table
 
     missing = [name for name in figure_files(figure) if name not in members]
@@ -451,12 +460,20 @@ def rederive_figure(
         table, png, summary, checks = (folder / f"{figure}{end}" for end in (".csv", ".png", ".summary.csv", ".tsv"))
         tidy_table(run_dirs, settings["max_foreign_share"]).to_csv(table, index=False)
         outputs = (png, folder / f"{figure}.pdf", summary)
-        render_figure(figure, table, outputs, scale, references, [run / "result.json" for run in run_dirs])
+        results = [run / "result.json" for run in run_dirs]
+        drawn = table
+        if is_simulated(figure):
+            drawn = folder / f"{figure}.simulated.csv"
+            section = simulation_settings(figure, settings["figures"][figure])
+            write_simulated_table(figure, table, section, results, drawn)
+        render_figure(figure, drawn, outputs, scale, references, results)
         derived = check_figure(figure, pd.read_csv(summary), references, scale, settings["exclude"])
         derived.to_csv(checks, sep="\t", index=False)
     except (KeyError, ValueError, TypeError, OSError) as error:
         return [f"{runs}: the figure cannot be re-derived from its runs ({type(error).__name__}: {error})"]
     problems = compare_file(members, f"results/tables/{figure}.csv", table, runs)
+    if drawn != table:
+        problems += compare_file(members, f"results/tables/{drawn.name}", drawn, runs)
     problems += compare_file(members, f"results/tables/{figure}.summary.csv", summary, runs)
     if not same_picture(png.read_bytes(), members[f"results/figures/{figure}.png"]):
         problems.append(f"results/figures/{figure}.png: differs from the one re-rendered from {runs}")
@@ -466,8 +483,7 @@ def rederive_figure(
 
 def figure_files(figure: str) -> list[str]:
     return [
-        f"results/tables/{figure}.csv",
-        f"results/tables/{figure}.summary.csv",
+        *(f"results/tables/{name}" for name in figure_tables(figure)),
         f"results/figures/{figure}.png",
         f"results/checks/{figure}.tsv",
     ]

@@ -66,6 +66,14 @@ def cmd_tabulate(args: argparse.Namespace) -> None:
     print(f"{args.out}: {len(table)} rows from {len(args.results)} runs")
 
 
+def cmd_simulate_table(args: argparse.Namespace) -> None:
+    from ddlrepro.host.figures import write_simulated_table
+
+    runs = [Path(path) for path in args.runs]
+    write_simulated_table(args.figure, Path(args.table), json.loads(args.settings), runs, Path(args.out))
+    print(f"{args.out}: {args.figure} simulated from {args.table}")
+
+
 def cmd_plot(args: argparse.Namespace) -> None:
     from ddlrepro.host.checks import load_references
     from ddlrepro.host.figures import render_figure
@@ -211,7 +219,7 @@ def parser() -> argparse.ArgumentParser:
     build.set_defaults(handler=cmd_build_image)
 
     tabulate = commands.add_parser("tabulate", help="tidy table from run folders")
-    tabulate.add_argument("results", nargs="+", help="result.json files of the runs")
+    tabulate.add_argument("results", nargs="*", help="result.json files of the runs (none: an empty table)")
     tabulate.add_argument("--out", required=True)
     tabulate.add_argument(
         "--max-foreign-share",
@@ -220,6 +228,16 @@ def parser() -> argparse.ArgumentParser:
         help="a run is disturbed above this foreign + steal CPU share",
     )
     tabulate.set_defaults(handler=cmd_tabulate)
+
+    simulated = commands.add_parser(
+        "simulate-table", help="a simulated figure's simulation table from its runs' tidy table"
+    )
+    simulated.add_argument("figure")
+    simulated.add_argument("--table", required=True, help="the runs' tidy table")
+    simulated.add_argument("--settings", required=True, help="JSON: the simulation's keys of the figure's section")
+    simulated.add_argument("--runs", nargs="*", default=[], help="the runs' result.json files (the profiles' host)")
+    simulated.add_argument("--out", required=True)
+    simulated.set_defaults(handler=cmd_simulate_table)
 
     plot = commands.add_parser("plot", help="render a figure and its summary table from its tidy table")
     plot.add_argument("figure")

@@ -85,6 +85,9 @@ def scalar(value: object) -> object:
 
 
 def tidy_table(run_dirs: list[Path], max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE) -> pd.DataFrame:
+    """Every run's rows; a figure without runs (e.g. simulated from given profiles) gets an empty table."""
+    if not run_dirs:
+        return pd.DataFrame(columns=[*POINT_COLUMNS, *RECORD_COLUMNS])
     table = pd.concat([run_rows(run_dir, max_foreign_share) for run_dir in run_dirs], ignore_index=True)
     table[INTEGER_COLUMNS] = table[INTEGER_COLUMNS].astype("Int64")
     return table.sort_values(["point_id", "metric", "rank", "time"], kind="stable", ignore_index=True)

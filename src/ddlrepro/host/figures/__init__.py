@@ -32,6 +32,7 @@ FIGURES = {
     "easyscale-fig11": "ddlrepro.host.figures.easyscale_fig11",
     "easyscale-fig12": "ddlrepro.host.figures.easyscale_fig12",
     "easyscale-fig13": "ddlrepro.host.figures.easyscale_fig13",
+    "easyscale-fig14": "ddlrepro.host.figures.easyscale_fig14",
 }
 
 
@@ -52,6 +53,29 @@ def figure_points(config: dict[str, Any]) -> dict[str, dict[str, Point]]:
         points = figure_module(figure).points(config["figures"][figure], config["launcher"])
         expanded[figure] = {point.id: point for point in points}
     return expanded
+
+
+def is_simulated(figure: str) -> bool:
+    """A figure whose plot draws a simulation of its runs' table (its module's `simulate_table`), not the table."""
+    return hasattr(figure_module(figure), "simulate_table")
+
+
+def simulated_table_name(figure: str) -> str:
+    """Where the workflow writes a simulated figure's simulation table, beside its runs' table."""
+    return f"{figure}.simulated.csv"
+
+
+def simulation_settings(figure: str, section: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a simulated figure's section that its simulation reads (its rule's params)."""
+    return {key: section[key] for key in figure_module(figure).SIMULATION_KEYS}
+
+
+def write_simulated_table(figure: str, table: Path, settings: dict[str, Any], runs: list[Path], out: Path) -> None:
+    """A simulated figure's simulation table, from its runs' tidy table and its simulation settings."""
+    from ddlrepro.host.tables import read_table
+
+    simulated = figure_module(figure).simulate_table(read_table(table), settings, runs_machine(runs))
+    simulated.to_csv(out, index=False)
 
 
 def figure_source(figure: str) -> list[str]:

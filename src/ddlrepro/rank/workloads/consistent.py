@@ -5,7 +5,9 @@ Params: model, logical_workers, placement (ESTs per process, one entry per worke
 learning_rate, seed. Rank 0 records the global loss of every step; every rank records its step time and the time
 it spent switching between ESTs, under its emulated device type (`device_types`, `kernels`: devicetypes.py; a
 profile of step time per type reads them), and once the CPU quota it ran under (`cpu_quota_cores`, the status in
-`detail`); rank 0 writes `checkpoint.pt` into the run folder at the end.
+`detail`); rank 0 writes `checkpoint.pt` into the run folder at the end. Param checkpoint_timing: rank 0 also
+records `checkpoint_restore_s`, the seconds of gathering, saving, loading and restoring that checkpoint (what a
+reallocation costs a job beyond its restart).
 """
 
 from __future__ import annotations
@@ -55,7 +57,11 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
         # Param est_timings: every EST's laps of the step (easyscale.StepLaps), est_time_s by `est` and `phase`.
         for (est, part), seconds in trainer.laps.seconds.items():
             emit("metric", rank=ctx.rank, step=step, est=est, phase=part, metric="est_time_s", value=seconds, **typed)
+    started = time.perf_counter()
     checkpoint = trainer.checkpoint()
     if checkpoint is not None:
         save_checkpoint(checkpoint, run_dir / CHECKPOINT)
+        if params.get("checkpoint_timing"):
+            trainer.restore(load_checkpoint(run_dir / CHECKPOINT))
+            emit("metric", rank=0, metric="checkpoint_restore_s", value=time.perf_counter() - started, **typed)
         emit("result", rank=0, mode=params["mode"], placement=placement, last_step=trainer.step - 1, loss=loss)

@@ -1,0 +1,340 @@
+"""EasyScale Figs 14–15, simulated: mean JCT and makespan per scheduling policy (Fig 14) and devices allocated over
+time (Fig 15), from one simulation of a 67-job trace (host/simulator).
+
+Points (profiles): one consistent-training (D1) run per model × device type (emulated on CPU) × per-EST batch × ESTs
+per device: one process of that type holding k ESTs (placement [[k, type]]), `steps` steps of which the first
+`warmup_steps` are not timed, and a timed checkpoint save + restore at the end. A profile value: seconds of one
+EST's step with k ESTs on the device = median step time ÷ k. With `profiles_dir` (the artifact's logs.json) no point
+runs and the cluster's types are the artifact's.
+
+The simulation is its own workflow job (`simulate_table`): from the points' tidy table to the simulation's tidy
+table (`kind` profile, job or allocation rows, every row labelled with the profiles' host, the cluster, the trace,
+the restart rule and the application mapping), which is what `plot` draws.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ddlrepro.host.figures import device_types
+from ddlrepro.host.figures.common import consistent_point, require
+from ddlrepro.points import Point
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+    from ddlrepro.host.simulator.profiles import Profiles
+    from ddlrepro.host.simulator.traces import Job
+
+ID = "easyscale-fig14"
+TITLE = "EasyScale Figs 14–15 (simulated)"
+EMULATED = "device types emulated on CPU"
+POLICIES = ["yarn-cs", "fifo-gang", "easyscale-homo", "easyscale-heter"]
+ARTIFACT_TYPES = ("v100", "p100", "t4")  # the artifact's logs.json types (simulator.profiles.ARTIFACT_TYPES)
+SIMULATION_KEYS = ("profiles_dir", "simulation")  # what simulate_table reads of the section (the rule's params)
+LABEL_COLUMNS = ["profiles_host", "cluster", "trace", "restart", "application_map"]
+PAPER_SKIP = "the paper's ratios need the artifact's profiles (profiles_dir, not public) and its trace (trace)"
+
+
+def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
+    check_section(section, launcher)
+    if section["profiles_dir"]:
+        return []
+    types, threads = launcher["device_types"], section["threads_per_worker"]
+    result = []
+    for model in section["models"]:
+        for type_name in section["device_types"]:
+            typing = device_types.typed_params([type_name], types, threads, None)
+            for batch in section["batches_per_est"]:
+                for ests in section["ests_per_device"]:
+                    point = consistent_point(
+                        ID,
+                        {**section, "model": model, "batch_size": batch},
+                        launcher,
+                        logical_workers=ests,
+                        placement=[ests],
+                        mode="D1",
+                        steps=section["steps"],
+                        profile_type=type_name,
+                        checkpoint_timing=True,
+                        **typing,
+                    )
+                    result.append(replace(point, threads_per_worker=device_types.point_threads(typing, threads)))
+    return result
+
+
+def check_section(section: dict[str, Any], launcher: dict[str, Any]) -> None:
+    """What the schema cannot say, each error naming its key: types, the cluster's types, the files named."""
+    defined = ", ".join(sorted(launcher["device_types"]))
+    for index, name in enumerate(section["device_types"]):
+        require(
+            name in launcher["device_types"],
+            ID,
+            f"device_types[{index}]",
+            f"unknown device type {name!r}; launcher.device_types defines {defined}",
+        )
+    profiles_dir, simulation = section["profiles_dir"], section["simulation"]
+    if profiles_dir:
+        require(Path(profiles_dir).is_dir(), ID, "profiles_dir", f"{profiles_dir} is not a folder")
+    profiled = ARTIFACT_TYPES if profiles_dir else section["device_types"]
+    for name in simulation["cluster"]:
+        require(
+            name in profiled,
+            ID,
+            f"simulation.cluster.{name}",
+            f"device type {name!r} has no profile; profiled: {', '.join(profiled)}",
+        )
+    trace = simulation["trace"]
+    require(trace is None or Path(trace).is_file(), ID, "simulation.trace", f"{trace} does not exist")
+    require(
+        not (profiles_dir and simulation["restart"] == "measured"),
+        ID,
+        "simulation.restart",
+        "measured needs checkpoint times from profile runs; with profiles_dir none run (use artifact)",
+    )
+
+
+def profile_values(table: pd.DataFrame) -> pd.DataFrame:
+    """Per profile run: model, type, batch, ESTs per device, one EST's step (median step ÷ k), checkpoint + restore."""
+    from ddlrepro.host.figures.step_timing import median_step_time, timed_steps
+    from ddlrepro.host.tables import HOST_LOAD_COLUMNS
+
+    warmup = int(table["warmup_steps"].iloc[0])
+    step = median_step_time(timed_steps(table, warmup), by="point_id").set_index("point_id")["step_time_s"]
+    checkpoint = table[table["metric"] == "checkpoint_restore_s"].groupby("point_id")["value"].median()
+    runs = table.drop_duplicates("point_id").set_index("point_id")
+    values = runs[["model", "profile_type", "batch_size", "logical_workers", *HOST_LOAD_COLUMNS]].copy()
+    values["step_time_s"] = step / values["logical_workers"]
+    values["checkpoint_restore_s"] = checkpoint
+    return values.reset_index(drop=True)
+
+
+def profile_table(table: pd.DataFrame, host: str) -> pd.DataFrame:
+    """The simulator's profile table (simulator.profiles.TIDY_COLUMNS) from the profile runs' tidy table, with each
+    run's checkpoint + restore seconds and host load."""
+    from ddlrepro.host.simulator.profiles import TIDY_COLUMNS
+    from ddlrepro.host.tables import HOST_LOAD_COLUMNS
+
+    values = profile_values(table).rename(
+        columns={
+            "model": "application",
+            "profile_type": "device_type",
+            "batch_size": "batch_per_est",
+            "logical_workers": "ests_per_device",
+        }
+    )
+    return values.assign(host=host)[[*TIDY_COLUMNS, "checkpoint_restore_s", *HOST_LOAD_COLUMNS]]
+
+
+def artifact_profile_rows(profiles: Profiles) -> pd.DataFrame:
+    """The rows of profiles read from the artifact's logs.json, as a tidy profile table."""
+    import pandas as pd
+
+    from ddlrepro.host.simulator.profiles import TIDY_COLUMNS
+
+    rows = [
+        (application, device_type, batch, ests, seconds, profiles.hosts[0])
+        for (application, device_type), by_batch in sorted(profiles.times.items())
+        for batch, by_ests in sorted(by_batch.items())
+        for ests, seconds in sorted(by_ests.items())
+    ]
+    return pd.DataFrame(rows, columns=TIDY_COLUMNS)
+
+
+def simulate_table(table: pd.DataFrame, section: dict[str, Any], machine: str) -> pd.DataFrame:
+    """The simulation's tidy table: the profile rows it used, then every policy's jobs and allocations."""
+    import pandas as pd
+
+    from ddlrepro.host.simulator.cluster import Cluster
+    from ddlrepro.host.simulator.engine import simulate
+    from ddlrepro.host.simulator.profiles import from_table, read_artifact_dir
+
+    settings = section["simulation"]
+    if section["profiles_dir"]:
+        profiles = read_artifact_dir(Path(section["profiles_dir"]))
+        profile_rows = artifact_profile_rows(profiles)
+    else:
+        profile_rows = profile_table(table, f"{machine}; {EMULATED}")
+        profiles = from_table(profile_rows, f"{ID} profile runs")
+    cluster = Cluster.of(settings["cluster"])
+    jobs, trace = trace_jobs(settings, profiles, cluster, artifact=bool(section["profiles_dir"]))
+    restart_s, restart = restart_cost(settings, profile_rows)
+    simulations = [
+        simulate(
+            jobs,
+            cluster,
+            profiles,
+            policy,
+            settings["round_s"],
+            settings["restart"],
+            restart_s,
+            settings["max_sim_time_s"],
+        )
+        for policy in POLICIES
+    ]
+    mapped = sorted(
+        {(job.trace_application, job.application) for job in jobs if job.trace_application != job.application}
+    )
+    labels = {
+        "profiles_host": ", ".join(profiles.hosts),
+        "cluster": cluster.label(),
+        "trace": trace,
+        "restart": restart,
+        "application_map": ", ".join(f"{a} → {b}" for a, b in mapped) or "none",
+        "round_s": settings["round_s"],
+    }
+    # The labels ride on the profile rows only (every simulation has some): the table stays small.
+    parts = [
+        profile_rows.assign(kind="profile", **labels),
+        *(simulation.jobs.assign(kind="job") for simulation in simulations),
+        *(simulation.allocations.assign(kind="allocation") for simulation in simulations),
+    ]
+    return pd.concat(parts, ignore_index=True)
+
+
+def trace_jobs(settings: dict[str, Any], profiles: Profiles, cluster: Any, artifact: bool) -> tuple[list[Job], str]:
+    """The trace's jobs (a user's file, or generated from the seed) and its label; applications without a profile
+    mapped onto profiled ones. With the artifact's profiles, its trace is read by its simulator's rules (rows out of
+    order kept, a repeated name replacing the earlier job)."""
+    from ddlrepro.host.simulator.traces import (
+        ARTIFACT_APPLICATION_COUNTS,
+        generate_trace,
+        map_applications,
+        read_trace,
+    )
+
+    mapping = map_applications(list(ARTIFACT_APPLICATION_COUNTS), sorted(profiles.applications()))
+    if settings["trace"] is None:
+        jobs = generate_trace(settings["seed"], profiles, cluster, mapping)
+        return jobs, f"generated with the artifact trace's statistics, seed {settings['seed']}"
+    path = Path(settings["trace"])
+    jobs = read_trace(path, profiles, cluster, mapping, allow_unsorted=artifact, artifact_duplicates=artifact)
+    return jobs, f"{path.name} ({len(jobs)} jobs)"
+
+
+def restart_cost(settings: dict[str, Any], profile_rows: pd.DataFrame) -> tuple[float, str]:
+    """Seconds a (re)start costs and its label: the configured one-off start, or the measured median checkpoint."""
+    if settings["restart"] == "artifact":
+        seconds = float(settings["restart_s"])
+        return seconds, f"artifact: {seconds:g} s once per job, reallocations free"
+    seconds = float(profile_rows["checkpoint_restore_s"].median())
+    return seconds, f"measured: {seconds:.3g} s (median checkpoint save + restore) at every start and reallocation"
+
+
+def devices_while_busy(table: pd.DataFrame) -> pd.Series:
+    """Per policy: devices allocated, averaged over the rounds in which some job had been submitted and not yet
+    finished (waiting or running)."""
+    jobs, allocations = table[table["kind"] == "job"], table[table["kind"] == "allocation"]
+    per_round = allocations.groupby(["policy", "time_s"], as_index=False)["allocated"].sum()
+
+    def busy(row: pd.Series) -> bool:
+        own = jobs[jobs["policy"] == row["policy"]]
+        return bool(((own["submit_s"] <= row["time_s"]) & (own["finish_s"] > row["time_s"])).any())
+
+    per_round = per_round[per_round.apply(busy, axis=1)]
+    return per_round.groupby("policy")["allocated"].mean()
+
+
+def summarise(table: pd.DataFrame) -> pd.DataFrame:
+    """Per policy: mean JCT, makespan (last finish; and as the artifact rounds it), devices allocated while busy,
+    YARN-CS's mean JCT and makespan ÷ the policy's (NaN with the reason unless artifact profiles and trace), and
+    the labels."""
+    import numpy as np
+    import pandas as pd
+
+    from ddlrepro.host import plotting
+
+    jobs = table[table["kind"] == "job"]
+    rows = []
+    for policy in POLICIES:
+        own = jobs[jobs["policy"] == policy]
+        last = float(own["finish_s"].max())
+        round_s = float(label(table, "round_s"))
+        rows.append(
+            {
+                "policy": policy,
+                "jobs": len(own),
+                "mean_jct_s": float(own["jct_s"].mean()),
+                "makespan_s": last,
+                "makespan_artifact_s": (np.ceil(round(last / round_s, 9)) - 1) * round_s,
+            }
+        )
+    summary = pd.DataFrame(rows)
+    summary["mean_devices_allocated"] = summary["policy"].map(devices_while_busy(table))
+    yarn = summary.set_index("policy").loc["yarn-cs"]
+    comparable = label(table, "profiles_host").startswith("the EasyScale artifact") and not label(
+        table, "trace"
+    ).startswith("generated")
+    # The paper's numbers compare only with a simulation of the artifact's profiles and trace: else NaN, and why.
+    for column, ratio in (("mean_jct_s", "jct_ratio_yarn_cs"), ("makespan_s", "makespan_ratio_yarn_cs")):
+        summary[ratio] = yarn[column] / summary[column] if comparable else np.nan
+        summary[f"{column}_vs_paper"] = summary[column] if comparable else np.nan
+        for name in (ratio, f"{column}_vs_paper"):
+            summary[f"{name}_skipped"] = "" if comparable else PAPER_SKIP
+    for column in LABEL_COLUMNS:
+        summary[column] = label(table, column)
+    # Every policy's numbers rest on every profile: a disturbed profile run marks them all.
+    load = plotting.run_host_load(table[table["kind"] == "profile"])
+    summary["foreign_share"], summary["steal_share"] = load["foreign_share"].max(), load["steal_share"].max()
+    summary["disturbed"] = bool(load["disturbed"].any())
+    summary["simulated"] = True
+    return summary
+
+
+def label(table: pd.DataFrame, column: str) -> Any:
+    """One of the simulation's labels (carried by its profile rows)."""
+    return table.loc[table["kind"] == "profile", column].iloc[0]
+
+
+def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+    import numpy as np
+
+    from ddlrepro.host import plotting
+
+    summary = summarise(table)
+    figure, (jct, makespan, allocated) = plotting.new_figure(3, TITLE, panel_size=(5.6, 4.6))
+    x = np.arange(len(POLICIES))
+    paper = paper_values(references)
+    for axis, column, label in ((jct, "mean_jct_s", "mean JCT"), (makespan, "makespan_s", "makespan")):
+        bars = axis.bar(x - 0.2, summary[column], 0.4, alpha=0.8, label="simulated here")
+        plotting.hatch_disturbed(bars, summary["disturbed"])
+        values = [paper["value"].get((policy, column), np.nan) for policy in POLICIES]
+        axis.bar(x + 0.2, values, 0.4, color="0.6", hatch="//", label=paper["series"])
+        axis.set_xticks(x, [policy.removeprefix("easyscale-") for policy in POLICIES], rotation=20)
+        axis.set_yscale("log")
+        axis.set_xlabel("policy (homo, heter: EasyScale's)")
+        axis.set_ylabel(f"{label} (s, log scale)")
+        plotting.panel_title(axis, f"Fig 14: {label}")
+        plotting.legend(axis)
+    allocations = table[table["kind"] == "allocation"].groupby(["policy", "time_s"], as_index=False)["allocated"].sum()
+    for policy in POLICIES:
+        rows = allocations[allocations["policy"] == policy]
+        allocated.step(rows["time_s"], rows["allocated"], where="post", label=policy)
+    allocated.set_xlabel("simulated time (s)")
+    allocated.set_ylabel(f"devices allocated (of {summary['cluster'].iloc[0]})")
+    plotting.panel_title(allocated, "Fig 15: devices allocated")
+    plotting.legend(allocated)
+    plotting.note_disturbed(jct, summary, ["policy"])
+    plotting.add_footer(figure, labels_line(summary))
+    return figure, summary
+
+
+def labels_line(summary: pd.DataFrame) -> str:
+    """What the simulation was run from, for the figure: profiles' host, trace, restart rule, application mapping."""
+    first = summary.iloc[0]
+    mapped = f"; applications mapped {first['application_map']}" if first["application_map"] != "none" else ""
+    return (
+        f"simulated, profiles from {first['profiles_host']}; trace {first['trace']}; restart {first['restart']}{mapped}"
+    )
+
+
+def paper_values(references: list[dict[str, Any]]) -> dict[str, Any]:
+    """EasyScale's simulated mean JCT and makespan by (policy, column), and their legend label."""
+    drawn = [r for r in references if "series" in r]
+    values = {
+        (r["measured"]["where"]["policy"], r["measured"]["column"].removesuffix("_vs_paper")): r["value"] for r in drawn
+    }
+    return {"value": values, "series": drawn[0]["series"] if drawn else "_nolegend_"}

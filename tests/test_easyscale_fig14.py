@@ -1,0 +1,123 @@
+"""EasyScale Figs 14–15 (simulated): profile runs into the simulator's profile table, the summary and checks of a
+simulation recorded from real profile runs, its labels, bad settings named before any job, and the workflow end
+to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
+from conftest import REPO, snakemake
+
+from ddlrepro.host.checks import check_figure, load_references
+from ddlrepro.host.config import ConfigError, load_config
+from ddlrepro.host.figures import draw_figure, figure_points
+from ddlrepro.host.figures.easyscale_fig14 import POLICIES, profile_table, summarise
+from ddlrepro.host.simulator.profiles import TIDY_COLUMNS, from_table
+from ddlrepro.host.tables import read_table
+
+PROFILE_RUNS = REPO / "tests" / "data" / "easyscale-fig14-profile-runs.csv"  # resnet20's runs of the smoke config
+RECORDED = REPO / "tests" / "data" / "tables" / "easyscale-fig14.csv"  # the smoke config's simulation
+ORDER_CHECKS = [
+    "jct-heter-below-homo",
+    "jct-homo-below-yarn-cs",
+    "makespan-heter-below-homo",
+    "makespan-homo-below-yarn-cs",
+    "heter-allocates-more",
+]
+
+
+def references() -> list[dict]:
+    return load_references(REPO / "config" / "references.yaml")["easyscale-fig14"]
+
+
+def test_profile_table_is_one_ests_step_per_run() -> None:
+    runs = read_table(PROFILE_RUNS)
+    profiles = profile_table(runs, "here")
+    assert list(profiles.columns[: len(TIDY_COLUMNS)]) == TIDY_COLUMNS and len(profiles) == 4
+    row = profiles[(profiles["device_type"] == "slow") & (profiles["ests_per_device"] == 2)].iloc[0]
+    point = runs[(runs["profile_type"] == "slow") & (runs["logical_workers"] == 2)]
+    steps = point[(point["metric"] == "step_time_s") & (point["step"] >= 2)]["value"]
+    assert row["step_time_s"] == pytest.approx(steps.median() / 2)
+    assert row["checkpoint_restore_s"] == point.loc[point["metric"] == "checkpoint_restore_s", "value"].iloc[0]
+    loaded = from_table(profiles)
+    assert loaded.step_time("resnet20", "slow", 8, 2) == pytest.approx(row["step_time_s"])
+    assert loaded.hosts == ("here",)
+
+
+def test_recorded_simulation_passes_its_checks() -> None:
+    summary = summarise(read_table(RECORDED))
+    assert list(summary["policy"]) == POLICIES and (summary["jobs"] == 68).all()
+    checks = check_figure("easyscale-fig14", summary, references(), "smoke").set_index("check")
+    assert (checks.loc[ORDER_CHECKS, "status"] == "pass").all()
+    assert set(checks.loc[checks["scale"] == "paper", "status"]) == {"skipped"}
+    paper = check_figure("easyscale-fig14", summary, references(), "paper").set_index("check")
+    assert set(paper.loc[paper["scale"] == "paper", "reason"]) == {summary["jct_ratio_yarn_cs_skipped"].iloc[0]}
+
+
+@pytest.mark.parametrize(
+    ("column", "check"),
+    [
+        ("mean_jct_s", "jct-heter-below-homo"),
+        ("makespan_s", "makespan-homo-below-yarn-cs"),
+        ("mean_devices_allocated", "heter-allocates-more"),
+    ],
+)
+def test_each_order_check_fails_on_a_tie(column: str, check: str) -> None:
+    summary = summarise(read_table(RECORDED)).set_index("policy")
+    first, second = ("easyscale-homo", "yarn-cs") if "yarn" in check else ("easyscale-heter", "easyscale-homo")
+    summary.loc[first, column] = summary.loc[second, column]
+    checks = check_figure("easyscale-fig14", summary.reset_index(), references(), "smoke").set_index("check")
+    assert checks.loc[check, "status"] == "fail"
+
+
+def test_figure_and_summary_say_simulated_and_emulated() -> None:
+    table = read_table(RECORDED)
+    drawing, summary = draw_figure("easyscale-fig14", table, "smoke", references(), "test machine")
+    footer = drawing.get_supxlabel().replace("\n", " ")
+    plt.close(drawing)
+    assert "EasyScale Figs 14–15 (simulated)" in drawing.get_suptitle()
+    assert "simulated, profiles from" in footer and "device types emulated on CPU" in footer
+    assert "bert → bert_tiny" in footer and "bert → bert_tiny" in summary["application_map"].iloc[0]
+    assert "device types emulated on CPU" in summary["profiles_host"].iloc[0] and summary["simulated"].all()
+    caption = (REPO / "workflow" / "report" / "easyscale-fig14.rst").read_text()
+    assert "Simulated" in caption and "emulated on CPU" in caption
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"device_types": ["fast", "gpu"]}, "figures.easyscale-fig14.device_types[1]: unknown device type 'gpu'"),
+        ({"simulation": {"cluster": {"fast": 4, "v100": 4}}}, "figures.easyscale-fig14.simulation.cluster.v100"),
+        ({"simulation": {"trace": "no/such/trace.csv"}}, "figures.easyscale-fig14.simulation.trace: no/such"),
+        ({"profiles_dir": "no/such/folder"}, "figures.easyscale-fig14.profiles_dir: no/such/folder is not a folder"),
+    ],
+)
+def test_bad_settings_name_their_key(change: dict, message: str) -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    section = config["figures"]["easyscale-fig14"]
+    for key, value in change.items():
+        section[key] = {**section[key], **value} if isinstance(value, dict) else value
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        figure_points(config)
+
+
+@pytest.mark.slow
+def test_snakemake_easyscale_fig14_end_to_end(workflow_copy: Path) -> None:
+    """One model on both types, 1 and 2 ESTs per device, 2 steps: runs, simulation, plot and checks."""
+    overlay = workflow_copy / "fig14.yaml"
+    figure = {"enabled": True, "models": ["resnet20"], "steps": 2, "warmup_steps": 1}
+    overlay.write_text(json.dumps({"figures": {"easyscale-fig14": figure}}))
+    built = snakemake(workflow_copy, "easyscale_fig14", "--configfile", "tests/configs/tiny.yaml", str(overlay))
+    assert built.returncode == 0, built.stderr[-3000:]
+    results = workflow_copy / "results"
+    assert (results / "figures" / "easyscale-fig14.png").stat().st_size > 0
+    simulated = read_table(results / "tables" / "easyscale-fig14.simulated.csv")
+    assert set(simulated["kind"]) == {"profile", "job", "allocation"}
+    assert len(simulated[simulated["kind"] == "profile"]) == 4
+    checks = pd.read_csv(results / "checks" / "easyscale-fig14.tsv", sep="\t").set_index("check")
+    assert set(checks.loc[ORDER_CHECKS, "status"]) <= {"pass", "fail"}
+    assert set(checks.loc[checks["scale"] == "paper", "status"]) == {"skipped"}
