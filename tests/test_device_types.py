@@ -16,8 +16,8 @@ from test_consistent import differing, losses
 from ddlrepro.host import cpuquota
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.cpuquota import CpuQuotas
-from ddlrepro.host.figures import easyscale_fig9, figure_points
-from ddlrepro.host.figures.device_types import typed_params
+from ddlrepro.host.figures import figure_points
+from ddlrepro.host.figures.device_types import quota_status, typed_params
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.launchers.processes import free_loopback_port
 from ddlrepro.host.run import run_point
@@ -109,7 +109,7 @@ def test_an_unapplied_quota_is_recorded_with_its_reason(tmp_path: Path, monkeypa
     status = workers(tmp_path / "run")[1]["cpu_quota_status"]
     assert status.startswith("not applied: no cpu controller under")
     table = tidy_table([tmp_path / "run"])
-    assert easyscale_fig9.quota_status(table) == status
+    assert quota_status(table) == status
 
 
 def busy_rate(quotas: CpuQuotas | None) -> float:

@@ -94,6 +94,9 @@ def test_figure_and_summary_say_simulated_and_emulated() -> None:
         ({"simulation": {"cluster": {"fast": 4, "v100": 4}}}, "figures.easyscale-fig14.simulation.cluster.v100"),
         ({"simulation": {"trace": "no/such/trace.csv"}}, "figures.easyscale-fig14.simulation.trace: no/such"),
         ({"profiles_dir": "no/such/folder"}, "figures.easyscale-fig14.profiles_dir: no/such/folder is not a folder"),
+        ({"warmup_steps": 6}, "figures.easyscale-fig14.warmup_steps: 6 leaves none of the 6 steps timed"),
+        ({"ests_per_device": [2]}, "figures.easyscale-fig14.ests_per_device: must include 1"),
+        ({"simulation": {"cluster": {"fast": 0, "slow": 0}}}, "figures.easyscale-fig14.simulation.cluster: no devices"),
     ],
 )
 def test_bad_settings_name_their_key(change: dict, message: str) -> None:
@@ -103,6 +106,13 @@ def test_bad_settings_name_their_key(change: dict, message: str) -> None:
         section[key] = {**section[key], **value} if isinstance(value, dict) else value
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         figure_points(config)
+
+
+def test_a_cluster_type_without_devices_needs_no_profile() -> None:
+    """Config files merge key by key: the artifact's cluster beside the emulated types set to 0 devices."""
+    config = load_config(REPO / "config" / "config.yaml")
+    config["figures"]["easyscale-fig14"]["simulation"]["cluster"] = {"fast": 4, "slow": 0, "v100": 0}
+    assert len(figure_points(config)["easyscale-fig14"]) == 8
 
 
 @pytest.mark.slow
@@ -119,5 +129,8 @@ def test_snakemake_easyscale_fig14_end_to_end(workflow_copy: Path) -> None:
     assert set(simulated["kind"]) == {"profile", "job", "allocation"}
     assert len(simulated[simulated["kind"] == "profile"]) == 4
     checks = pd.read_csv(results / "checks" / "easyscale-fig14.tsv", sep="\t").set_index("check")
-    assert set(checks.loc[ORDER_CHECKS, "status"]) <= {"pass", "fail"}
+    assert checks.loc[ORDER_CHECKS, "measured"].notna().all()
+    assert set(checks.loc[ORDER_CHECKS, "status"]) <= {"pass", "fail"}  # 2 timed steps: a verdict, either way
+    host = simulated.loc[simulated["kind"] == "profile", "profiles_host"].iloc[0]
+    assert "device types emulated on CPU" in host and "CPU quota " in host
     assert set(checks.loc[checks["scale"] == "paper", "status"]) == {"skipped"}

@@ -79,11 +79,14 @@ def write_simulated_table(figure: str, table: Path, settings: dict[str, Any], ru
 
 
 def figure_source(figure: str) -> list[str]:
-    """The code a figure's plot depends on: its module, the helpers beside it, and plotting.py."""
+    """The code a figure's plot depends on: its module, the helpers beside it, and plotting.py; for a simulated
+    figure also the simulator's modules (editing one reruns the simulation)."""
     here = Path(__file__).parent
     figure_files = {f"{module.rsplit('.', 1)[1]}.py" for module in FIGURES.values()}
     helpers = [str(path) for path in sorted(here.glob("*.py")) if path.name not in figure_files]
-    return [str(here / f"{FIGURES[figure].rsplit('.', 1)[1]}.py"), *helpers, str(here.parent / "plotting.py")]
+    simulator = sorted(str(path) for path in (here.parent / "simulator").rglob("*.py")) if is_simulated(figure) else []
+    own = str(here / f"{FIGURES[figure].rsplit('.', 1)[1]}.py")
+    return [own, *helpers, str(here.parent / "plotting.py"), *simulator]
 
 
 def draw_figure(

@@ -8,10 +8,13 @@ threads, no quota), so an untyped run stays the same point whatever way it was w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddlrepro.host.figures.common import require
 from ddlrepro.rank.devicetypes import DEFAULT_TYPE, ISA_ENVIRONMENT
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ISA_ORDER = list(ISA_ENVIRONMENT)  # most basic first
 
@@ -67,3 +70,14 @@ def point_threads(params: dict[str, Any], threads: int) -> int:
     if params.get("kernels"):
         return params["kernels"]["threads"]
     return max((spec["threads"] for spec in params.get("device_types", [])), default=threads)
+
+
+def quota_status(table: pd.DataFrame) -> str:
+    """Whether the typed runs' CPU quotas were applied: `applied`, `not applied: <why>`, or `none wanted`."""
+    records = table[table["metric"] == "cpu_quota_cores"]
+    details = records["detail"].dropna().astype(str) if "detail" in records else records["metric"].iloc[0:0]
+    wanted = details[details != "none wanted"]
+    failed = wanted[wanted != "applied"]
+    if len(failed):
+        return failed.iloc[0]
+    return "applied" if len(wanted) else "none wanted"

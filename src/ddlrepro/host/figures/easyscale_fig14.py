@@ -1,5 +1,6 @@
 """EasyScale Figs 14–15, simulated: mean JCT and makespan per scheduling policy (Fig 14) and devices allocated over
-time (Fig 15), from one simulation of a 67-job trace (host/simulator).
+time (Fig 15), from one simulation of a trace (host/simulator): 68 generated jobs (the artifact trace's rows; the
+paper says 67), or a user's file.
 
 Points (profiles): one consistent-training (D1) run per model × device type (emulated on CPU) × per-EST batch × ESTs
 per device: one process of that type holding k ESTs (placement [[k, type]]), `steps` steps of which the first
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddlrepro.host.figures import device_types
 from ddlrepro.host.figures.common import consistent_point, require
+from ddlrepro.host.simulator.profiles import ARTIFACT_HOST, ARTIFACT_TYPES
 from ddlrepro.points import Point
 
 if TYPE_CHECKING:
@@ -33,7 +35,6 @@ ID = "easyscale-fig14"
 TITLE = "EasyScale Figs 14–15 (simulated)"
 EMULATED = "device types emulated on CPU"
 POLICIES = ["yarn-cs", "fifo-gang", "easyscale-homo", "easyscale-heter"]
-ARTIFACT_TYPES = ("v100", "p100", "t4")  # the artifact's logs.json types (simulator.profiles.ARTIFACT_TYPES)
 SIMULATION_KEYS = ("profiles_dir", "simulation")  # what simulate_table reads of the section (the rule's params)
 LABEL_COLUMNS = ["profiles_host", "cluster", "trace", "restart", "application_map"]
 PAPER_SKIP = "the paper's ratios need the artifact's profiles (profiles_dir, not public) and its trace (trace)"
@@ -68,6 +69,18 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
 
 def check_section(section: dict[str, Any], launcher: dict[str, Any]) -> None:
     """What the schema cannot say, each error naming its key: types, the cluster's types, the files named."""
+    require(
+        section["warmup_steps"] < section["steps"],
+        ID,
+        "warmup_steps",
+        f"{section['warmup_steps']} leaves none of the {section['steps']} steps timed",
+    )
+    require(
+        1 in section["ests_per_device"],
+        ID,
+        "ests_per_device",
+        "must include 1: gang policies (yarn-cs, fifo-gang) run one EST per device",
+    )
     defined = ", ".join(sorted(launcher["device_types"]))
     for index, name in enumerate(section["device_types"]):
         require(
@@ -80,7 +93,8 @@ def check_section(section: dict[str, Any], launcher: dict[str, Any]) -> None:
     if profiles_dir:
         require(Path(profiles_dir).is_dir(), ID, "profiles_dir", f"{profiles_dir} is not a folder")
     profiled = ARTIFACT_TYPES if profiles_dir else section["device_types"]
-    for name in simulation["cluster"]:
+    require(sum(simulation["cluster"].values()) > 0, ID, "simulation.cluster", "no devices")
+    for name in (name for name, count in simulation["cluster"].items() if count > 0):
         require(
             name in profiled,
             ID,
@@ -157,7 +171,8 @@ def simulate_table(table: pd.DataFrame, section: dict[str, Any], machine: str) -
         profiles = read_artifact_dir(Path(section["profiles_dir"]))
         profile_rows = artifact_profile_rows(profiles)
     else:
-        profile_rows = profile_table(table, f"{machine}; {EMULATED}")
+        quota = f"CPU quota {device_types.quota_status(table)}"  # not applied without cgroup permission: said so
+        profile_rows = profile_table(table, f"{machine}; {EMULATED}, {quota}")
         profiles = from_table(profile_rows, f"{ID} profile runs")
     cluster = Cluster.of(settings["cluster"])
     jobs, trace = trace_jobs(settings, profiles, cluster, artifact=bool(section["profiles_dir"]))
@@ -246,32 +261,25 @@ def summarise(table: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
     from ddlrepro.host import plotting
+    from ddlrepro.host.simulator.engine import Simulation
 
-    jobs = table[table["kind"] == "job"]
+    jobs, round_s = table[table["kind"] == "job"], float(label(table, "round_s"))
     rows = []
     for policy in POLICIES:
         own = jobs[jobs["policy"] == policy]
-        last = float(own["finish_s"].max())
-        round_s = float(label(table, "round_s"))
-        rows.append(
-            {
-                "policy": policy,
-                "jobs": len(own),
-                "mean_jct_s": float(own["jct_s"].mean()),
-                "makespan_s": last,
-                "makespan_artifact_s": (np.ceil(round(last / round_s, 9)) - 1) * round_s,
-            }
-        )
+        rows.append({"policy": policy, "jobs": len(own), **Simulation(policy, round_s, own, own.iloc[0:0]).summary()})
     summary = pd.DataFrame(rows)
     summary["mean_devices_allocated"] = summary["policy"].map(devices_while_busy(table))
     yarn = summary.set_index("policy").loc["yarn-cs"]
-    comparable = label(table, "profiles_host").startswith("the EasyScale artifact") and not label(
-        table, "trace"
-    ).startswith("generated")
+    comparable = label(table, "profiles_host") == ARTIFACT_HOST and not label(table, "trace").startswith("generated")
     # The paper's numbers compare only with a simulation of the artifact's profiles and trace: else NaN, and why.
-    for column, ratio in (("mean_jct_s", "jct_ratio_yarn_cs"), ("makespan_s", "makespan_ratio_yarn_cs")):
-        summary[ratio] = yarn[column] / summary[column] if comparable else np.nan
-        summary[f"{column}_vs_paper"] = summary[column] if comparable else np.nan
+    # Its makespans are what the artifact printed: the start of the round in which the last job finished.
+    for column, source, ratio in (
+        ("mean_jct_s", "mean_jct_s", "jct_ratio_yarn_cs"),
+        ("makespan_s", "makespan_artifact_s", "makespan_ratio_yarn_cs"),
+    ):
+        summary[ratio] = yarn[source] / summary[source] if comparable else np.nan
+        summary[f"{column}_vs_paper"] = summary[source] if comparable else np.nan
         for name in (ratio, f"{column}_vs_paper"):
             summary[f"{name}_skipped"] = "" if comparable else PAPER_SKIP
     for column in LABEL_COLUMNS:

@@ -187,17 +187,6 @@ def stage_label(row: pd.Series) -> str:
     return " + ".join(f"{count} {name}" for count, name in zip(counts, names, strict=True))
 
 
-def quota_status(table: pd.DataFrame) -> str:
-    """Whether the typed runs' CPU quotas were applied: `applied`, `not applied: <why>`, or `none wanted`."""
-    records = table[table["metric"] == "cpu_quota_cores"]
-    details = records["detail"].dropna().astype(str) if "detail" in records else records["metric"].iloc[0:0]
-    wanted = details[details != "none wanted"]
-    failed = wanted[wanted != "applied"]
-    if len(failed):
-        return failed.iloc[0]
-    return "applied" if len(wanted) else "none wanted"
-
-
 def first_nonzero_magnitude(differences: pd.Series) -> float:
     """|difference| at the first step that differs (pure rounding, before training amplifies it); 0 if none."""
     nonzero = differences[differences != 0]
@@ -262,7 +251,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         draw_panel(axis, differences)
     summary = summarise(pd.concat(panels, ignore_index=True))
     if len(panels) == 2:
-        quota = f"CPU quota {quota_status(table)}"
+        quota = f"CPU quota {device_types.quota_status(table)}"
         plotting.panel_title(axes[0], "one device type")
         plotting.panel_title(axes[1], EMULATED)
         plotting.add_footer(figure, f"Panel (b): {EMULATED}; {quota}.")
