@@ -10,13 +10,15 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
-from conftest import REPO, snakemake
+from conftest import REPO, copy_workflow, snakemake
 
+from ddlrepro.host.bundle import read_bundle, verify_bundle
 from ddlrepro.host.checks import check_figure, load_references
 from ddlrepro.host.config import ConfigError, load_config
-from ddlrepro.host.figures import draw_figure, figure_points
+from ddlrepro.host.figures import FIGURES, draw_figure, figure_points
 from ddlrepro.host.figures.easyscale_fig14 import POLICIES, profile_table, summarise
 from ddlrepro.host.simulator.profiles import TIDY_COLUMNS, from_table
+from ddlrepro.host.simulator.traces import ARTIFACT_COLUMNS
 from ddlrepro.host.tables import read_table
 
 PROFILE_RUNS = REPO / "tests" / "data" / "easyscale-fig14-profile-runs.csv"  # resnet20's runs of the smoke config
@@ -134,3 +136,27 @@ def test_snakemake_easyscale_fig14_end_to_end(workflow_copy: Path) -> None:
     host = simulated.loc[simulated["kind"] == "profile", "profiles_host"].iloc[0]
     assert "device types emulated on CPU" in host and "CPU quota " in host
     assert set(checks.loc[checks["scale"] == "paper", "status"]) == {"skipped"}
+
+
+# A user's trace in the artifact's format (its ninth, unnamed column included); applications mapped onto resnet20.
+USER_TRACE = ",".join([*ARTIFACT_COLUMNS, "\n"]) + "job0,0,resnet50,4,8,1,1,fast,\njob1,30,bert,2,8,1,0,slow,\n"
+
+
+@pytest.mark.slow
+def test_a_bundle_carries_the_users_trace_and_verifies_without_it(tmp_path: Path) -> None:
+    """The simulation read a file outside results/: the bundle holds it, and re-derives the figure from its copy
+    after the original is gone."""
+    workdir = copy_workflow(tmp_path / "workflow", commit=True)
+    trace = tmp_path / "my-trace.csv"
+    trace.write_text(USER_TRACE)
+    figure = {"models": ["resnet20"], "steps": 2, "warmup_steps": 1, "simulation": {"trace": str(trace)}}
+    figures = {name: {"enabled": False} for name in FIGURES} | {"easyscale-fig14": {"enabled": True, **figure}}
+    (workdir / "fig14.yaml").write_text(json.dumps({"figures": figures}))
+    built = snakemake(workdir, "bundle", "--configfile", "tests/configs/tiny.yaml", "fig14.yaml")
+    assert built.returncode == 0, built.stderr[-3000:]
+    (bundle,) = (workdir / "results" / "bundle").glob("ddlrepro-*.tar.gz")
+    assert read_bundle(bundle)["inputs/easyscale-fig14/trace/my-trace.csv"] == USER_TRACE.encode()
+    simulated = read_table(workdir / "results" / "tables" / "easyscale-fig14.simulated.csv")
+    assert set(simulated.loc[simulated["kind"] == "job", "id"]) == {"job0", "job1"}
+    trace.unlink()
+    assert verify_bundle(bundle) == []

@@ -18,6 +18,7 @@ from ddlrepro.host.figures import (
     figure_source,
     is_simulated,
     simulated_table_name,
+    simulation_inputs,
     simulation_settings,
 )
 from ddlrepro.host.provenance import git_state, profile_from_command, record_invocation
@@ -209,12 +210,7 @@ def plot_table(wildcards):
 def simulation_files(wildcards):
     """The files a simulation reads besides its runs' table: a user's trace, the artifact's profiles."""
     section = config["figures"][wildcards.figure]
-    trace, profiles = section["simulation"]["trace"], section["profiles_dir"]
-    return ([trace] if trace else []) + (
-        sorted(str(path) for path in Path(profiles).glob("*/logs.json"))
-        if profiles
-        else []
-    )
+    return [str(path) for path in simulation_inputs(wildcards.figure, section).values()]
 
 
 def figure_outputs(figures):

@@ -8,6 +8,7 @@
         config-used.yaml     the configuration as the workflow used it
         references.yaml      the papers' numbers the figures were checked against
         results/...          report, checks, figures, tables, run folders, invocation provenance, image digests
+        inputs/<figure>/...  files a simulated figure read outside results/ (a user's trace, the artifact's profiles)
 
 Beside the tarball, `<bundle>.manifest.sha256` holds MANIFEST.json's digest: published elsewhere, it is the anchor
 `verify --expect` compares with. `verify` reads the tarball without extracting it (refusing links, devices, absolute
@@ -28,6 +29,7 @@ import tarfile
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -50,6 +52,7 @@ BUNDLE_FORMAT = 2
 PIXEL_TOLERANCE = 2 / 255
 TABLE_TOLERANCE = 1e-9
 POINT_FOLDER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+INPUTS = "inputs/"  # files a simulated figure read outside results/, per figure
 # verify reads every member into memory: a gzip bomb must be refused before that, by the sizes its headers declare.
 MAX_BUNDLE_BYTES = 4 * 2**30
 REQUIRED_FOR_REDERIVING = ("config-used.yaml", "references.yaml", "results/checks.tsv")
@@ -106,6 +109,19 @@ def figure_tables(figure: str) -> list[str]:
     return [f"{figure}.csv", *simulated, f"{figure}.summary.csv"]
 
 
+def simulation_members(figures: list[str], config: dict[str, Any]) -> dict[str, bytes]:
+    """The files simulated figures read outside results/ (a user's trace, the artifact's profiles), under
+    inputs/<figure>/, so that the bundle re-derives them anywhere."""
+    from ddlrepro.host.figures import is_simulated, simulation_inputs
+
+    return {
+        f"{INPUTS}{figure}/{name}": path.read_bytes()
+        for figure in figures
+        if is_simulated(figure)
+        for name, path in simulation_inputs(figure, config["figures"][figure]).items()
+    }
+
+
 def git_archive(repo: Path) -> bytes | None:
     try:
         return subprocess.run(
@@ -135,6 +151,7 @@ def create_bundle(
         members["code.tar.gz"] = code
     for path in results_files(results, figures, run_dirs):
         members[f"results/{path.relative_to(results).as_posix()}"] = path.read_bytes()
+    members |= simulation_members(figures, config)
     refuse_secrets(members)
     manifest = {
         "format": BUNDLE_FORMAT,
@@ -448,24 +465,34 @@ def rederive_figure(
     import pandas as pd
 
     from ddlrepro.host.checks import check_figure
-    from ddlrepro.host.figures import is_simulated, render_figure, simulation_settings, write_simulated_table
+    from ddlrepro.host.figures import (
+        figure_module,
+        is_simulated,
+        render_figure,
+        simulation_settings,
+        write_simulated_table,
+    )
     from ddlrepro.host.tables import tidy_table
 
     missing = [name for name in figure_files(figure) if name not in members]
     if missing:
         return [f"{name}: missing from the bundle" for name in missing]
     runs = f"results/runs/{figure}/"
+    simulated = is_simulated(figure)
+    section = settings["figures"][figure]
     try:
-        run_dirs = unpack_runs(members, runs, folder / "runs")
+        # A simulated figure on given profiles (profiles_dir) has no runs: its table is empty.
+        run_dirs = unpack_runs(members, runs, folder / "runs", required=not (simulated and section["profiles_dir"]))
         table, png, summary, checks = (folder / f"{figure}{end}" for end in (".csv", ".png", ".summary.csv", ".tsv"))
         tidy_table(run_dirs, settings["max_foreign_share"]).to_csv(table, index=False)
         outputs = (png, folder / f"{figure}.pdf", summary)
         results = [run / "result.json" for run in run_dirs]
         drawn = table
-        if is_simulated(figure):
+        if simulated:
             drawn = folder / f"{figure}.simulated.csv"
-            section = simulation_settings(figure, settings["figures"][figure])
-            write_simulated_table(figure, table, section, results, drawn)
+            inputs = unpack_inputs(members, f"{INPUTS}{figure}/", folder / "inputs")
+            bundled = figure_module(figure).with_inputs_in(section, inputs)
+            write_simulated_table(figure, table, simulation_settings(figure, bundled), results, drawn)
         render_figure(figure, drawn, outputs, scale, references, results)
         derived = check_figure(figure, pd.read_csv(summary), references, scale, settings["exclude"])
         derived.to_csv(checks, sep="\t", index=False)
@@ -489,21 +516,39 @@ def figure_files(figure: str) -> list[str]:
     ]
 
 
-def unpack_runs(members: dict[str, bytes], prefix: str, target: Path) -> list[Path]:
-    """Write the figure's run folders (point ids checked) under `target`; the folders that hold a result.json."""
+def unpack_inputs(members: dict[str, bytes], prefix: str, target: Path) -> Path:
+    """Write a simulated figure's bundled input files (simulation_members) under `target`."""
+    unpack_members(members, prefix, target, lambda relative: ".." not in relative.parts, "not a plain path")
+    return target
+
+
+def unpack_runs(members: dict[str, bytes], prefix: str, target: Path, required: bool = True) -> list[Path]:
+    """Write the figure's run folders (point ids checked) under `target`; the folders that hold a result.json
+    (none is an error when they are `required`)."""
+
+    def in_run_folder(relative: PurePosixPath) -> bool:
+        return len(relative.parts) >= 2 and bool(POINT_FOLDER.fullmatch(relative.parts[0]))
+
+    unpack_members(members, prefix, target, in_run_folder, "not inside a run folder named by a point id")
+    run_dirs = sorted(result.parent for result in target.glob("*/result.json"))
+    if not run_dirs and required:
+        raise ValueError(f"{prefix}: no run folder with a result.json")
+    return run_dirs
+
+
+def unpack_members(
+    members: dict[str, bytes], prefix: str, target: Path, valid: Callable[[PurePosixPath], bool], problem: str
+) -> None:
+    """Write the members below `prefix` under `target`; ValueError naming the first whose path is not `valid`."""
     for name, data in members.items():
         if not name.startswith(prefix):
             continue
         relative = PurePosixPath(name[len(prefix) :])
-        if len(relative.parts) < 2 or not POINT_FOLDER.fullmatch(relative.parts[0]):
-            raise ValueError(f"{name}: not inside a run folder named by a point id")
+        if not valid(relative):
+            raise ValueError(f"{name}: {problem}")
         path = target.joinpath(*relative.parts)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-    run_dirs = sorted(result.parent for result in target.glob("*/result.json"))
-    if not run_dirs:
-        raise ValueError(f"{prefix}: no run folder with a result.json")
-    return run_dirs
 
 
 def compare_file(members: dict[str, bytes], name: str, rederived: Path, source: str) -> list[str]:

@@ -88,7 +88,10 @@ def tidy_table(run_dirs: list[Path], max_foreign_share: float = DEFAULT_MAX_FORE
     """Every run's rows; a figure without runs (e.g. simulated from given profiles) gets an empty table."""
     if not run_dirs:
         return pd.DataFrame(columns=[*POINT_COLUMNS, *RECORD_COLUMNS])
-    table = pd.concat([run_rows(run_dir, max_foreign_share) for run_dir in run_dirs], ignore_index=True)
+    # In point-id order: a param only some runs have (device_types) then sits in the same column wherever the
+    # runs are listed from (the workflow's input order, a bundle's folders).
+    ordered = sorted(run_dirs, key=lambda run_dir: run_dir.name)
+    table = pd.concat([run_rows(run_dir, max_foreign_share) for run_dir in ordered], ignore_index=True)
     table[INTEGER_COLUMNS] = table[INTEGER_COLUMNS].astype("Int64")
     return table.sort_values(["point_id", "metric", "rank", "time"], kind="stable", ignore_index=True)
 

@@ -70,6 +70,11 @@ def simulation_settings(figure: str, section: dict[str, Any]) -> dict[str, Any]:
     return {key: section[key] for key in figure_module(figure).SIMULATION_KEYS}
 
 
+def simulation_inputs(figure: str, section: dict[str, Any]) -> dict[str, Path]:
+    """The files a simulated figure's simulation reads besides its runs, by the name a bundle keeps each under."""
+    return figure_module(figure).simulation_inputs(section)
+
+
 def write_simulated_table(figure: str, table: Path, settings: dict[str, Any], runs: list[Path], out: Path) -> None:
     """A simulated figure's simulation table, from its runs' tidy table and its simulation settings."""
     from ddlrepro.host.tables import read_table

@@ -111,6 +111,26 @@ def check_section(section: dict[str, Any], launcher: dict[str, Any]) -> None:
     )
 
 
+def simulation_inputs(section: dict[str, Any]) -> dict[str, Path]:
+    """The files the simulation reads besides the runs (a user's trace, the artifact's profiles), each by the name a
+    bundle keeps it under (the trace's own file name: the figure's label names it)."""
+    trace, profiles = section["simulation"]["trace"], section["profiles_dir"]
+    files = {f"trace/{Path(trace).name}": Path(trace)} if trace else {}
+    if profiles:
+        files |= {f"profiles/{path.parent.name}/logs.json": path for path in sorted(Path(profiles).glob("*/logs.json"))}
+    return files
+
+
+def with_inputs_in(section: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The section reading its input files from `folder`, where a bundle's copies (simulation_inputs) lie."""
+    trace, profiles = section["simulation"]["trace"], section["profiles_dir"]
+    return {
+        **section,
+        "simulation": {**section["simulation"], "trace": str(folder / "trace" / Path(trace).name) if trace else None},
+        "profiles_dir": str(folder / "profiles") if profiles else None,
+    }
+
+
 def profile_values(table: pd.DataFrame) -> pd.DataFrame:
     """Per profile run: model, type, batch, ESTs per device, one EST's step (median step ÷ k), checkpoint + restore."""
     from ddlrepro.host.figures.step_timing import median_step_time, timed_steps
