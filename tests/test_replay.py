@@ -5,16 +5,21 @@ checkpoint to checkpoint, no device running two stages at once, no stage before 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from ddlrepro.host.simulator.cluster import Cluster
+from ddlrepro.host.config import load_config
+from ddlrepro.host.launchers import local_launcher
+from ddlrepro.host.replay import completion_times, execute, stage_points
+from ddlrepro.host.simulator.cluster import Cluster, Placement, Share
 from ddlrepro.host.simulator.engine import CHANGE_COLUMNS, simulate
 from ddlrepro.host.simulator.profiles import Profiles, from_table
 from ddlrepro.host.simulator.replay import ReplayError, plan
 from ddlrepro.host.simulator.traces import Job
+from ddlrepro.host.tables import tidy_table
 
 REPO = Path(__file__).resolve().parents[1]
 SLOTS = Cluster.of({"fast": 1, "slow": 1})
@@ -105,3 +110,46 @@ def test_simulation_changes_give_the_plan_every_step() -> None:
         own = [stage for stage in stages if stage.job == spec.id]
         assert sum(stage.steps for stage in own) == spec.work_samples / spec.batch / spec.max_parallelism
     assert max(stage.index for stage in stages) >= 1
+
+
+@pytest.mark.slow
+def test_tiny_real_replay(tmp_path: Path) -> None:
+    """The hand-made decisions run for real (resnet20, batch 4): each job's stages train its steps once each, in
+    order, each continuing from the previous checkpoint; no stage before its decision or before those it waits for."""
+    stages = plan(hand_changes(), FINISH, HAND_JOBS, SLOTS)
+    launcher = load_config(REPO / "config" / "config.yaml")["launcher"]
+    points = stage_points(stages, HAND_JOBS, launcher, {"learning_rate": 0.05, "threads_per_worker": 1})
+    runs = execute(stages, points, tmp_path, local_launcher(120)).set_index(["job", "stage"])
+    for stage in stages:
+        run = runs.loc[(stage.job, stage.index)]
+        assert run["start_s"] >= stage.start_s
+        assert all(run["start_s"] >= runs.loc[waited, "end_s"] for waited in stage.after)
+    for device in ("fast-0", "slow-0"):
+        used = sorted(
+            (runs.loc[(s.job, s.index), "start_s"], runs.loc[(s.job, s.index), "end_s"])
+            for s in stages
+            if device in s.devices
+        )
+        assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(used))
+    table = tidy_table([tmp_path / point.id for point in points.values()])
+    losses = table[table["metric"] == "loss"]
+    for spec in HAND_JOBS:
+        own = [points[(s.job, s.index)].id for s in stages if s.job == spec.id]
+        steps = [list(losses.loc[losses["point_id"] == point_id, "step"]) for point_id in own]
+        assert list(itertools.chain.from_iterable(steps)) == list(
+            range(spec.work_samples // (spec.batch * spec.max_parallelism))
+        )
+    simulated = pd.DataFrame(
+        [(spec.id, spec.submit_s, FINISH[spec.id], FINISH[spec.id] - spec.submit_s) for spec in HAND_JOBS],
+        columns=["id", "submit_s", "finish_s", "jct_s"],
+    )
+    times = completion_times(runs.reset_index(), simulated).set_index("id")
+    assert times.loc["a", "real_finish_s"] == runs.loc[("a", 1), "end_s"]
+    assert times.loc["b", "real_jct_s"] == runs.loc[("b", 1), "end_s"] - 1
+
+
+def test_placement_label_round_trip() -> None:
+    placement = Placement((Share("fast", 1, 2), Share("slow", 3, 1)))
+    assert Placement.from_label(placement.label()) == placement
+    with pytest.raises(ValueError, match="'fast:1x' is not a placement label"):
+        Placement.from_label("fast:1x")
