@@ -189,8 +189,9 @@ def throughput_fidelity(profiles: Profiles, launcher: dict, settings: dict, fold
         predicted = profiles.throughput(MODEL, BATCH, ests, model_placement(placement))
         measured = BATCH * ests / float(steps.loc[point.id, "step_time_s"])
         label = " + ".join(f"[{k}, {name}]" for k, name in placement)
-        rows.append((label, ests, predicted, measured, predicted / measured - 1))
-    return pd.DataFrame(rows, columns=["placement", "ests", "predicted_per_s", "measured_per_s", "error"])
+        slug = "-".join(f"{k}{name}" for k, name in placement)
+        rows.append((label, slug, ests, predicted, measured, predicted / measured - 1))
+    return pd.DataFrame(rows, columns=["placement", "slug", "ests", "predicted_per_s", "measured_per_s", "error"])
 
 
 def replay(profiles: Profiles, startup_s: float, launcher: dict, settings: dict, folder: Path) -> pd.DataFrame:
@@ -221,10 +222,10 @@ def measure_real(args: argparse.Namespace, record: BenchmarkRecord, folder: Path
     with ForeignLoadMeter() as meter:
         timing = {**settings, "steps": args.steps, "warmup_steps": args.warmup_steps}
         fidelity = throughput_fidelity(profiles, launcher, timing, folder / "fidelity")
-    print(fidelity.to_string(index=False, float_format="%.3f"))
+    print(fidelity.drop(columns="slug").to_string(index=False, float_format="%.3f"))
     for row in fidelity.itertuples():
         what = f"throughput model error on {row.placement} (predicted ÷ measured − 1)"
-        record.add(f"throughput-error-{row.placement}", what, 100 * row.error, "%", meter.load)
+        record.add(f"throughput-error-{row.slug}", what, 100 * row.error, "%", meter.load)
     what = f"median |error| of the throughput model over {len(fidelity)} placements"
     record.add("throughput-median-error", what, 100 * fidelity["error"].abs().median(), "%", meter.load)
     with ForeignLoadMeter() as meter:
