@@ -7,7 +7,8 @@ progress, and reallocations are free. Its JCT is finish − submit; its makespan
 the last job finished (`makespan_artifact_s`). Ours: a decision at t = 0 as well (the artifact's first is at
 `round_s`), `restart="measured"` (a given checkpoint + restore time paid at every start and reallocation), the
 makespan as the last finish (`makespan_s`), and `max_sim_time_s`, past which unfinished jobs are an error.
-Round k starts at k × round_s (never a running sum, which drifts).
+Round k starts at k × round_s (never a running sum, which drifts). Besides the per-job and allocation tables, a
+simulation lists every job's placement changes (`changes`): what the real replay runs (simulator/replay.py).
 """
 
 from __future__ import annotations
