@@ -2,14 +2,24 @@
 statistics, seeded) under all four policies on its cluster (32 V100 + 16 P100 + 16 T4) within 10 s; the same bytes
 of jobs.csv, allocations.csv and trace.csv from `ddlrepro simulate` run in two processes with other hash seeds
 (PYTHONHASHSEED 1 and 2); the order of the policies' mean JCT (the issue's check: heter < homo < YARN-CS, a target)
-and of their makespans (recorded: 1 when heter < homo < YARN-CS holds, 0 when not).
+and of their makespans (recorded: 1 when heter < homo < YARN-CS holds, 0 when not). Those run on SYNTHETIC profiles
+(the artifact's eight applications on V100 / P100 / T4 at its batches, 1–32 ESTs per device, step times
+proportional to the batch; labelled `synthetic`).
 
-Profiles: SYNTHETIC until measured ones exist (the artifact's eight applications on V100 / P100 / T4 at its batches,
-1–32 ESTs per device, step times proportional to the batch; figures say `synthetic`). The fidelity targets (the
-throughput model against real consistent-training runs, the real replay against the simulation) need measured
-profiles and the replay: they are added here, as further figures and targets, with those.
+Then, for real on this machine (device types emulated on CPU; leave out with --no-real; quiet machine only):
 
-    python benchmarks/simulator_fidelity.py [--seed 0]
+1. Profiles: easyscale-fig14's profile runs, resnet20 at batch 8 per EST, one process of each type (fast, slow)
+   holding 1 and 2 ESTs; and each run's start-up cost: its wall time less its steps at the median step time.
+2. The throughput model: real consistent-training runs (D1, one process per device, the profiles' thread count) on
+   six placements, mixed types and 2 ESTs per device among them; samples/s predicted by `Profiles.throughput` from
+   the profiles against measured (batch × ESTs ÷ the median over steps of the slowest process's step time).
+3. The real replay (`ddlrepro.host.replay`): 3 small jobs on one fast and one slow device, easyscale-heter's
+   decisions from a simulation on those profiles (10 s rounds; every start and reallocation costs the measured
+   start-up), each job run as checkpoint-to-checkpoint stages in simulated-time order; per-job JCT against the
+   simulation's, and the order in which the jobs finish. A benchmark, not a figure: it takes about a minute of real
+   time, more than `make reproduce` has to spare.
+
+    python benchmarks/simulator_fidelity.py [--seed 0] [--steps 24] [--no-real]
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,14 +35,23 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from _common import BenchmarkRecord
+from _common import REPO, BenchmarkRecord
 
+from ddlrepro.host.config import load_config
+from ddlrepro.host.figures import device_types, easyscale_fig14
+from ddlrepro.host.figures.step_timing import median_step_time, timed_steps
 from ddlrepro.host.hostload import ForeignLoadMeter
-from ddlrepro.host.simulator.cluster import ARTIFACT_CLUSTER, Cluster
+from ddlrepro.host.launchers import local_launcher
+from ddlrepro.host.replay import completion_times, execute, stage_points, typed_point
+from ddlrepro.host.run import run_point
+from ddlrepro.host.simulator.cluster import ARTIFACT_CLUSTER, Cluster, Placement, Share
 from ddlrepro.host.simulator.engine import Simulation, simulate
 from ddlrepro.host.simulator.policies import POLICIES
 from ddlrepro.host.simulator.profiles import Profiles, from_table
-from ddlrepro.host.simulator.traces import ARTIFACT_APPLICATION_COUNTS, generate_trace
+from ddlrepro.host.simulator.replay import plan
+from ddlrepro.host.simulator.traces import ARTIFACT_APPLICATION_COUNTS, Job, generate_trace
+from ddlrepro.host.tables import tidy_table
+from ddlrepro.points import Point
 
 SYNTHETIC_HOST = "synthetic (no measured profiles yet)"
 # Relative step time per device type (V100 fastest), and per application at batch 1 (s).
@@ -92,9 +112,142 @@ def strictly_increasing(values: dict[str, float]) -> bool:
     return all(low < high for low, high in itertools.pairwise(ordered))
 
 
+MODEL, BATCH, THREADS = "resnet20", 8, 1
+FIDELITY_PLACEMENTS = [
+    [(1, "fast")],
+    [(2, "fast")],
+    [(1, "fast"), (1, "slow")],
+    [(2, "fast"), (1, "slow")],
+    [(2, "fast"), (2, "slow")],
+    [(1, "slow"), (1, "slow")],
+]
+SLOTS = {"fast": 1, "slow": 1}
+REPLAY_POLICY, REPLAY_ROUND_S = "easyscale-heter", 10.0
+# (id, submit s, ESTs, global steps, preferred type): j1 holds the fast device, j2 starts on the slow one and moves
+# to fast after j3 (which prefers slow but takes fast, free first) — three stage boundaries, one a reallocation.
+REPLAY_JOBS = [("j1", 0, 2, 300, "fast"), ("j2", 5, 1, 150, "fast"), ("j3", 10, 1, 60, "slow")]
+
+
+def run_timed(points: list[Point], folder: Path) -> tuple[pd.DataFrame, dict[str, float]]:
+    """Run the points one after another: their tidy table and each run's wall time."""
+    walls = {}
+    for point in points:
+        started = time.perf_counter()
+        run_point(point, folder / point.id, local_launcher(900))
+        walls[point.id] = time.perf_counter() - started
+    return tidy_table([folder / point.id for point in points]), walls
+
+
+def measure_profiles(launcher: dict, section: dict, folder: Path) -> tuple[Profiles, float, str]:
+    """easyscale-fig14's profile runs of MODEL: the profiles, the median start-up cost of a run, the CPU quota's
+    status."""
+    section = {
+        **section,
+        "models": [MODEL],
+        "batches_per_est": [BATCH],
+        "ests_per_device": [1, 2],
+        "device_types": list(SLOTS),
+        "threads_per_worker": THREADS,
+    }
+    points = easyscale_fig14.points(section, launcher)
+    table, walls = run_timed(points, folder)
+    quota = device_types.quota_status(table)
+    rows = easyscale_fig14.profile_table(table, f"this machine; {easyscale_fig14.EMULATED}, CPU quota {quota}")
+    step_s = rows.set_index(["device_type", "ests_per_device"])["step_time_s"]
+    startup = [
+        walls[p.id]
+        - p.params["steps"]
+        * step_s[(p.params["profile_type"], p.params["logical_workers"])]
+        * p.params["logical_workers"]
+        for p in points
+    ]
+    return from_table(rows, "profile runs"), statistics.median(startup), quota
+
+
+def model_placement(processes: list[tuple[int, str]]) -> Placement:
+    """The simulator's placement of one process per device: per type, its devices and its most ESTs per device."""
+    types = list(dict.fromkeys(name for _, name in processes))
+    return Placement(
+        tuple(
+            Share(t, sum(name == t for _, name in processes), max(k for k, name in processes if name == t))
+            for t in types
+        )
+    )
+
+
+def throughput_fidelity(profiles: Profiles, launcher: dict, settings: dict, folder: Path) -> pd.DataFrame:
+    """Per placement: predicted and measured samples/s, and the relative error of the prediction."""
+    points = [
+        typed_point(MODEL, BATCH, placement, launcher, settings, steps=settings["steps"], run="throughput-fidelity")
+        for placement in FIDELITY_PLACEMENTS
+    ]
+    table, _ = run_timed(points, folder)
+    steps = median_step_time(timed_steps(table, settings["warmup_steps"]), by="point_id").set_index("point_id")
+    rows = []
+    for placement, point in zip(FIDELITY_PLACEMENTS, points, strict=True):
+        ests = sum(k for k, _ in placement)
+        predicted = profiles.throughput(MODEL, BATCH, ests, model_placement(placement))
+        measured = BATCH * ests / float(steps.loc[point.id, "step_time_s"])
+        label = " + ".join(f"[{k}, {name}]" for k, name in placement)
+        slug = "-".join(f"{k}{name}" for k, name in placement)
+        rows.append((label, slug, ests, predicted, measured, predicted / measured - 1))
+    return pd.DataFrame(rows, columns=["placement", "slug", "ests", "predicted_per_s", "measured_per_s", "error"])
+
+
+def replay(profiles: Profiles, startup_s: float, launcher: dict, settings: dict, folder: Path) -> pd.DataFrame:
+    """REPLAY_JOBS under REPLAY_POLICY, simulated on the profiles and replayed for real: completion_times' table."""
+    jobs = [
+        Job(name, row, submit, MODEL, MODEL, ests, BATCH, 1, True, preferred, steps * BATCH * ests)
+        for row, (name, submit, ests, steps, preferred) in enumerate(REPLAY_JOBS, start=1)
+    ]
+    cluster = Cluster.of(SLOTS)
+    simulation = simulate(jobs, cluster, profiles, REPLAY_POLICY, REPLAY_ROUND_S, "measured", startup_s)
+    stages = plan(simulation.changes, simulation.jobs.set_index("id")["finish_s"], jobs, cluster)
+    runs = execute(stages, stage_points(stages, jobs, launcher, settings), folder, local_launcher(900))
+    print(runs.to_string(index=False, float_format="%.2f"))
+    return completion_times(runs, simulation.jobs)
+
+
+def measure_real(args: argparse.Namespace, record: BenchmarkRecord, folder: Path) -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    launcher, section = config["launcher"], config["figures"]["easyscale-fig14"]
+    settings = {"learning_rate": section["learning_rate"], "threads_per_worker": THREADS}
+    with ForeignLoadMeter() as meter:
+        section = {**section, "steps": args.steps, "warmup_steps": args.warmup_steps}
+        profiles, startup_s, quota = measure_profiles(launcher, section, folder / "profiles")
+    print(f"profiles ({MODEL}, batch {BATCH}; CPU quota {quota}): start-up of a run {startup_s:.2f} s")
+    record.add(
+        "run-startup", "start-up of a consistent-training run (wall − steps × median step)", startup_s, "s", meter.load
+    )
+    with ForeignLoadMeter() as meter:
+        timing = {**settings, "steps": args.steps, "warmup_steps": args.warmup_steps}
+        fidelity = throughput_fidelity(profiles, launcher, timing, folder / "fidelity")
+    print(fidelity.drop(columns="slug").to_string(index=False, float_format="%.3f"))
+    for row in fidelity.itertuples():
+        what = f"throughput model error on {row.placement} (predicted ÷ measured − 1)"
+        record.add(f"throughput-error-{row.slug}", what, 100 * row.error, "%", meter.load)
+    what = f"median |error| of the throughput model over {len(fidelity)} placements"
+    record.add("throughput-median-error", what, 100 * fidelity["error"].abs().median(), "%", meter.load)
+    with ForeignLoadMeter() as meter:
+        times = replay(profiles, startup_s, launcher, settings, folder / "replay")
+    print(times.to_string(index=False, float_format="%.2f"))
+    for row in times.itertuples():
+        record.add(f"replay-jct-{row.id}", f"real replay: {row.id}'s JCT", row.real_jct_s, "s", meter.load)
+        record.add(f"simulated-jct-{row.id}", f"simulation: {row.id}'s JCT", row.simulated_jct_s, "s", meter.load)
+    what = "real replay: the largest |real ÷ simulated JCT − 1| over its jobs"
+    record.add("replay-max-jct-error", what, 100 * times["jct_error"].abs().max(), "%", meter.load)
+    what = "real replay: jobs finishing at another rank than simulated"
+    record.add(
+        "replay-order-differences", what, int((times["real_rank"] != times["simulated_rank"]).sum()), "", meter.load
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=24, help="steps of each profile and throughput run")
+    parser.add_argument("--warmup-steps", type=int, default=4, help="of which not timed")
+    parser.add_argument("--no-real", action="store_true", help="leave out the real runs (their targets: skipped)")
     args = parser.parse_args()
     with BenchmarkRecord(__file__, args) as record, tempfile.TemporaryDirectory() as scratch:
         with ForeignLoadMeter() as meter:
@@ -121,6 +274,8 @@ def main() -> None:
         makespans = {policy: summary["makespan_s"] for policy, summary in summaries.items()}
         what = "makespan heter < homo < YARN-CS (1 holds, 0 not; simulated, synthetic profiles)"
         record.add("makespan-order", what, int(strictly_increasing(makespans)), "", meter.load)
+        if not args.no_real:
+            measure_real(args, record, Path(scratch))
 
 
 if __name__ == "__main__":

@@ -7,11 +7,13 @@ runs; as in the artifact, the device type is all that matters, not which node a 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 # The artifact's cluster (simulator/simulator.py, Cluster.gpu_nums): 32 V100, 16 P100, 16 T4, named as in its trace.
 ARTIFACT_CLUSTER = {"v100": 32, "p100": 16, "t4": 16}
+SHARE_LABEL = r"([^:+\s]+):(\d+)x(\d+)"  # one share of Placement.label(): type:devices x ESTs per device
 
 
 class OverAllocation(AssertionError):
@@ -46,6 +48,15 @@ class Placement:
     def label(self) -> str:
         """E.g. `v100:2x8+t4:1x2` (type: devices × ESTs per device)."""
         return "+".join(f"{s.device_type}:{s.devices}x{s.ests_per_device}" for s in self.shares)
+
+    @classmethod
+    def from_label(cls, label: str) -> Placement:
+        """The placement `label()` wrote; ValueError naming the label when it is not one."""
+        if not re.fullmatch(rf"{SHARE_LABEL}(\+{SHARE_LABEL})*", label):
+            raise ValueError(
+                f"{label!r} is not a placement label (type:devices x ESTs, joined by +: fast:1x2+slow:1x1)"
+            )
+        return cls(tuple(Share(t, int(n), int(k)) for t, n, k in re.findall(SHARE_LABEL, label)))
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,13 @@ progress, and reallocations are free. Its JCT is finish − submit; its makespan
 the last job finished (`makespan_artifact_s`). Ours: a decision at t = 0 as well (the artifact's first is at
 `round_s`), `restart="measured"` (a given checkpoint + restore time paid at every start and reallocation), the
 makespan as the last finish (`makespan_s`), and `max_sim_time_s`, past which unfinished jobs are an error.
-Round k starts at k × round_s (never a running sum, which drifts).
+Round k starts at k × round_s (never a running sum, which drifts). Besides the per-job and allocation tables, a
+simulation lists every job's placement changes (`changes`): what the real replay runs (simulator/replay.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +45,9 @@ JOB_COLUMNS = [
     "reallocations",
 ]
 ALLOCATION_COLUMNS = ["time_s", "policy", "device_type", "allocated"]
+# A job's placement changes: its new placement (Placement.label(); "" = it gives its devices back) and the samples
+# it had trained by then. A job that finishes gives its devices back at its finish_s (jobs table), not listed here.
+CHANGE_COLUMNS = ["time_s", "policy", "id", "placement", "progress_samples"]
 FLOAT_FORMAT = "%.3f"
 ROUNDS_DIGITS = 9  # a time ÷ round_s is rounded to this many decimals before ceil/floor: 120.000000001 s is round 2
 
@@ -70,6 +75,7 @@ class Simulation:
     round_s: float
     jobs: pd.DataFrame
     allocations: pd.DataFrame
+    changes: pd.DataFrame = dataclasses.field(default_factory=lambda: pd.DataFrame(columns=CHANGE_COLUMNS))
 
     def summary(self) -> dict[str, float]:
         """Mean JCT; makespan as the last finish and as the artifact printed it (its round's start)."""
@@ -110,6 +116,7 @@ def simulate(
     validate(jobs, cluster, profiles, scheduler)
     states = [JobState(job) for job in jobs]
     rows: list[tuple[float, str, str, int]] = []
+    changes: list[tuple[float, str, str, str, float]] = []
     for index in range(last_round + 1):
         if all(state.finish_s is not None for state in states):
             break
@@ -119,13 +126,22 @@ def simulate(
         decided = scheduler.decide(now, cluster, [s.job for s in active], current, profiles)
         cluster.check(decided, now)
         for state in active:
-            _reallocate(state, decided.get(state.job.id), now, restart, restart_s)
+            new = decided.get(state.job.id)
+            if new != state.placement:
+                changes.append((now, policy, state.job.id, new.label() if new else "", state.progress))
+            _reallocate(state, new, now, restart, restart_s)
         rows += [(now, policy, t, n) for t, n in cluster.used(decided.values()).items()]
         for state in active:
             _advance(state, now, round_s, profiles)
     if any(state.finish_s is None for state in states):
         raise SimulationError(_unfinished(states, (last_round + 1) * round_s, max_sim_time_s))
-    return Simulation(policy, round_s, _job_table(policy, states), pd.DataFrame(rows, columns=ALLOCATION_COLUMNS))
+    return Simulation(
+        policy,
+        round_s,
+        _job_table(policy, states),
+        pd.DataFrame(rows, columns=ALLOCATION_COLUMNS),
+        pd.DataFrame(changes, columns=CHANGE_COLUMNS),
+    )
 
 
 def _in_rounds(seconds: float, round_s: float) -> float:

@@ -1,0 +1,112 @@
+"""The real replay: a simulated policy's decisions (simulator.replay's stages) run for real with the consistent
+trainer, to hold the simulator against reality (issue 17, benchmarks/simulator_fidelity.py).
+
+Each stage is one consistent-training run (D1, emulated device types, one process per device of `threads` threads)
+of its job's model, continuing from the checkpoint of the job's previous stage. Stages start in simulated-time
+order, each once the wall clock since the replay began reaches its simulated start and the stages it waits for
+(its job's previous one, the last one on each of its devices) have ended: a run that takes longer than simulated
+delays those after it, one that takes less leaves its devices idle until the next decision, as in the cluster.
+A job's real completion is its last stage's end; its JCT that less its submit time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ddlrepro.host.figures import device_types
+from ddlrepro.host.figures.common import consistent_point
+from ddlrepro.host.launchers.base import Launcher
+from ddlrepro.host.run import run_point
+from ddlrepro.host.simulator.replay import Stage
+from ddlrepro.host.simulator.traces import Job
+from ddlrepro.points import Point
+
+FIGURE = "simulator-replay"  # where the runs are filed: the replay is a benchmark, not a figure
+RUN_COLUMNS = ["job", "stage", "placement", "steps", "simulated_start_s", "simulated_end_s", "start_s", "end_s"]
+
+
+def typed_point(
+    model: str, batch: int, processes: Sequence[tuple[int, str]], launcher: dict[str, Any], settings: Mapping, **params
+) -> Point:
+    """A D1 consistent-training run of `model` with `processes` [(ESTs, device type)], one process each;
+    `settings`: learning_rate, threads_per_worker."""
+    counts, names = [ests for ests, _ in processes], [name for _, name in processes]
+    threads = settings["threads_per_worker"]
+    typing = device_types.typed_params(names, launcher["device_types"], threads, None)
+    section = {"model": model, "batch_size": batch, **settings}
+    point = consistent_point(
+        FIGURE, section, launcher, logical_workers=sum(counts), placement=counts, mode="D1", **params, **typing
+    )
+    return replace(point, threads_per_worker=device_types.point_threads(typing, threads))
+
+
+def stage_points(
+    stages: Sequence[Stage], jobs: Sequence[Job], launcher: dict[str, Any], settings: Mapping
+) -> dict[tuple[str, int], Point]:
+    """Each stage's run, resuming from its job's previous stage (its run folder is a sibling of the others)."""
+    by_id = {job.id: job for job in jobs}
+    points: dict[tuple[str, int], Point] = {}
+    for stage in stages:
+        job = by_id[stage.job]
+        previous = points[(stage.job, stage.index - 1)].id if stage.index else None
+        points[(stage.job, stage.index)] = typed_point(
+            job.application,
+            job.batch,
+            stage.processes,
+            launcher,
+            settings,
+            steps=stage.steps,
+            resume_from=previous,
+            replay_job=stage.job,
+            stage=stage.index,
+        )
+    return points
+
+
+def execute(
+    stages: Sequence[Stage], points: Mapping[tuple[str, int], Point], folder: Path, launcher: Launcher
+) -> pd.DataFrame:
+    """Run every stage (RUN_COLUMNS; start and end in seconds since the replay began); a failed run fails it."""
+    origin = time.monotonic()
+    futures: dict[tuple[str, int], Future] = {}
+    with ThreadPoolExecutor(max_workers=len(stages)) as pool:
+        for stage in stages:
+            waits = [futures[key] for key in stage.after]
+            key = (stage.job, stage.index)
+            futures[key] = pool.submit(_run_stage, stage, points[key], waits, origin, folder, launcher)
+        rows = [future.result() for future in futures.values()]
+    return pd.DataFrame(rows, columns=RUN_COLUMNS)
+
+
+def _run_stage(
+    stage: Stage, point: Point, waits: Sequence[Future], origin: float, folder: Path, launcher: Launcher
+) -> tuple:
+    for waited in waits:
+        waited.result()  # raises if a stage it waits for failed
+    time.sleep(max(0.0, origin + stage.start_s - time.monotonic()))
+    started = time.monotonic() - origin
+    run_point(point, folder / point.id, launcher)
+    ended = time.monotonic() - origin
+    return (stage.job, stage.index, stage.placement, stage.steps, stage.start_s, stage.end_s, started, ended)
+
+
+def completion_times(runs: pd.DataFrame, simulated: pd.DataFrame) -> pd.DataFrame:
+    """Per job (simulated jobs table order): simulated and real finish and JCT, the relative JCT error, and each
+    job's rank by finish in both."""
+    real_finish = runs.groupby("job")["end_s"].max()
+    table = simulated[["id", "submit_s", "finish_s", "jct_s"]].rename(
+        columns={"finish_s": "simulated_finish_s", "jct_s": "simulated_jct_s"}
+    )
+    table["real_finish_s"] = table["id"].map(real_finish)
+    table["real_jct_s"] = table["real_finish_s"] - table["submit_s"]
+    table["jct_error"] = table["real_jct_s"] / table["simulated_jct_s"] - 1
+    table["simulated_rank"] = table["simulated_finish_s"].rank(method="first").astype(int)
+    table["real_rank"] = table["real_finish_s"].rank(method="first").astype(int)
+    return table.reset_index(drop=True)
