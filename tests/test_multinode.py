@@ -182,7 +182,7 @@ def test_killed_task_on_the_second_node_fails_naming_it_and_a_retry_recovers(
     cluster: dict[str, str], tmp_path: Path
 ) -> None:
     workdir = copy_workflow(tmp_path)
-    sections = {"dlaas-scaling": f"{{workers: [{WORKERS}], iterations: 300, batch_size: 4}}"}
+    sections = {"dlaas-scaling": f"{{workers: [{WORKERS}], iterations: 80, batch_size: 4}}"}
     slow = only(workdir, "slow.yaml", sections, checks_excluding(*ONE_WORKER_COUNT_DLAAS))
     nodes = two_per_node(workdir)
     second = TASKS_PER_NODE  # the second node's first rank
