@@ -13,16 +13,25 @@ import pytest
 
 from ddlrepro.host.config import load_config
 from ddlrepro.host.launchers import local_launcher
-from ddlrepro.host.replay import completion_times, execute, stage_points
+from ddlrepro.host.replay import (
+    completion_times,
+    concurrent_pairs,
+    execute,
+    order_differences,
+    stage_points,
+    typed_point,
+)
+from ddlrepro.host.run import run_point
 from ddlrepro.host.simulator.cluster import Cluster, Placement, Share
 from ddlrepro.host.simulator.engine import CHANGE_COLUMNS, simulate
 from ddlrepro.host.simulator.profiles import Profiles, from_table
-from ddlrepro.host.simulator.replay import ReplayError, plan
+from ddlrepro.host.simulator.replay import ReplayError, Stage, plan
 from ddlrepro.host.simulator.traces import Job
 from ddlrepro.host.tables import tidy_table
 
 REPO = Path(__file__).resolve().parents[1]
 SLOTS = Cluster.of({"fast": 1, "slow": 1})
+SETTINGS = {"learning_rate": 0.05, "threads_per_worker": 1}
 
 
 def job(name: str, submit_s: float, ests: int, steps: int, batch: int = 4, preferred: str = "fast") -> Job:
@@ -83,6 +92,32 @@ def test_plan_errors_name_what_cannot_be_replayed() -> None:
         plan(hand_changes(), FINISH, HAND_JOBS[1:], SLOTS)
     with pytest.raises(ReplayError, match="t=2 s: job b needs 1 slow, only 0 free"):
         plan(hand_changes(), FINISH, HAND_JOBS, Cluster.of({"fast": 1, "slow": 0}))
+    bad = {
+        "row 2, field placement: 'slow:1' is not a placement label": (1, "placement", "slow:1"),
+        "row 1, field time_s: -1 is not a time": (0, "time_s", -1),
+        "row 3, field progress_samples: 81 is not within \\[0, 80\\]": (2, "progress_samples", 81),
+        "row 6, field time_s: a second change of job b at 8 s": (5, "id", "b"),
+    }
+    for message, (row, field, value) in bad.items():
+        changes = hand_changes()
+        changes.loc[row, field] = value
+        with pytest.raises(ReplayError, match=message):
+            plan(changes, FINISH, HAND_JOBS, SLOTS)
+    with pytest.raises(ReplayError, match="placement changes: no rows"):
+        plan(hand_changes().iloc[:0], FINISH, HAND_JOBS, SLOTS)
+    with pytest.raises(ReplayError, match="the plan has no stages"):
+        execute([], {}, Path("unused"), local_launcher(1))
+
+
+def test_concurrent_pairs_leave_out_pairs_ordered_by_waits_or_time() -> None:
+    """a's last stage ends before b's and c's start (and both wait for it); b's and c's overlap on two devices."""
+    stages = plan(hand_changes(), FINISH, HAND_JOBS, SLOTS)
+    assert concurrent_pairs(stages) == [("b", "c")]
+    times = pd.DataFrame(
+        {"id": ["a", "b", "c"], "simulated_finish_s": [7.0, 10.0, 11.0], "real_finish_s": [7.5, 12.0, 11.5]}
+    )
+    assert order_differences(times, [("b", "c")]) == 1
+    assert order_differences(times, []) == 0
 
 
 def resnet20_profiles(batch: int) -> Profiles:
@@ -118,7 +153,7 @@ def test_tiny_real_replay(tmp_path: Path) -> None:
     order, each continuing from the previous checkpoint; no stage before its decision or before those it waits for."""
     stages = plan(hand_changes(), FINISH, HAND_JOBS, SLOTS)
     launcher = load_config(REPO / "config" / "config.yaml")["launcher"]
-    points = stage_points(stages, HAND_JOBS, launcher, {"learning_rate": 0.05, "threads_per_worker": 1})
+    points = stage_points(stages, HAND_JOBS, launcher, SETTINGS)
     runs = execute(stages, points, tmp_path, local_launcher(120)).set_index(["job", "stage"])
     for stage in stages:
         run = runs.loc[(stage.job, stage.index)]
@@ -146,6 +181,26 @@ def test_tiny_real_replay(tmp_path: Path) -> None:
     times = completion_times(runs.reset_index(), simulated).set_index("id")
     assert times.loc["a", "real_finish_s"] == runs.loc[("a", 1), "end_s"]
     assert times.loc["b", "real_jct_s"] == runs.loc[("b", 1), "end_s"] - 1
+    b_runs = runs.loc["b"]
+    assert times.loc["b", "real_busy_s"] == pytest.approx((b_runs["end_s"] - b_runs["start_s"]).sum())
+    assert times.loc["b", "simulated_busy_s"] == pytest.approx((4 - 2) + (10 - 8))
+    # the model state comes through the checkpoint: a one-type chain of stages trains as one uninterrupted run
+    # (emulated types differ in their last bits, so b's slow-then-fast chain cannot be compared so)
+    d = job("d", 0, 1, 12)
+    fast = ((1, "fast"),)
+    chain = [
+        Stage("d", 0, 0, 1, "fast:1x1", fast, ("fast-0",), 5, ()),
+        Stage("d", 1, 0, 1, "fast:1x1", fast, ("fast-0",), 7, (("d", 0),)),
+    ]
+    chain_points = stage_points(chain, [d], launcher, SETTINGS)
+    execute(chain, chain_points, tmp_path, local_launcher(120))
+    whole = typed_point("resnet20", 4, fast, launcher, SETTINGS, steps=12, run="uninterrupted")
+    run_point(whole, tmp_path / whole.id, local_launcher(120))
+    ids = [point.id for point in chain_points.values()] + [whole.id]
+    table = tidy_table([tmp_path / point_id for point_id in ids]).query("metric == 'loss'")
+    chained = table[table["point_id"] != whole.id].sort_values("step")["value"].tolist()
+    assert len(chained) == 12
+    assert chained == table[table["point_id"] == whole.id].sort_values("step")["value"].tolist()
 
 
 def test_placement_label_round_trip() -> None:

@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ddlrepro.host.errors import UserError
+
 # The artifact's cluster (simulator/simulator.py, Cluster.gpu_nums): 32 V100, 16 P100, 16 T4, named as in its trace.
 ARTIFACT_CLUSTER = {"v100": 32, "p100": 16, "t4": 16}
 SHARE_LABEL = r"([^:+\s]+):(\d+)x(\d+)"  # one share of Placement.label(): type:devices x ESTs per device
@@ -51,11 +53,9 @@ class Placement:
 
     @classmethod
     def from_label(cls, label: str) -> Placement:
-        """The placement `label()` wrote; ValueError naming the label when it is not one."""
-        if not re.fullmatch(rf"{SHARE_LABEL}(\+{SHARE_LABEL})*", label):
-            raise ValueError(
-                f"{label!r} is not a placement label (type:devices x ESTs, joined by +: fast:1x2+slow:1x1)"
-            )
+        """The placement `label()` wrote; UserError naming the label when it is not one."""
+        if not isinstance(label, str) or not re.fullmatch(rf"{SHARE_LABEL}(\+{SHARE_LABEL})*", label):
+            raise UserError(f"{label!r} is not a placement label (type:devices x ESTs, joined by +: fast:1x2+slow:1x1)")
         return cls(tuple(Share(t, int(n), int(k)) for t, n, k in re.findall(SHARE_LABEL, label)))
 
 

@@ -16,6 +16,7 @@ per device, the job's ESTs filled in placement order (the simulator may allot mo
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -96,11 +97,31 @@ def plan(changes: pd.DataFrame, finish_s: Mapping[str, float], jobs: Sequence[Jo
 
 
 def _check(changes: pd.DataFrame, finish_s: Mapping[str, float], jobs: Mapping[str, Job]) -> None:
+    """Every row's fields (errors name the row, 1 = the first, and the field), before anything is planned."""
+    if changes.empty:
+        raise ReplayError("placement changes: no rows, nothing to replay")
     if changes["policy"].nunique() > 1:
         raise ReplayError(f"placement changes of several policies ({sorted(changes['policy'].unique())}): give one's")
+    seen: set[tuple[float, str]] = set()
     for row, record in enumerate(changes.to_dict("records"), start=1):
-        if record["id"] not in jobs or record["id"] not in finish_s:
-            raise ReplayError(f"placement changes row {row}, field id: no job {record['id']!r} with a finish time")
+        where = f"placement changes row {row}, field"
+        job = jobs.get(record["id"])
+        if job is None or record["id"] not in finish_s:
+            raise ReplayError(f"{where} id: no job {record['id']!r} with a finish time")
+        time_s = record["time_s"]
+        if not isinstance(time_s, numbers.Real) or not 0 <= time_s < float("inf"):
+            raise ReplayError(f"{where} time_s: {time_s!r} is not a time ≥ 0 s")
+        if (time_s, job.id) in seen:
+            raise ReplayError(f"{where} time_s: a second change of job {job.id} at {time_s:g} s")
+        seen.add((time_s, job.id))
+        if record["placement"]:
+            try:
+                Placement.from_label(record["placement"])
+            except UserError as error:
+                raise ReplayError(f"{where} placement: {error}") from None
+        progress = record["progress_samples"]
+        if not isinstance(progress, numbers.Real) or not 0 <= progress <= job.work_samples:
+            raise ReplayError(f"{where} progress_samples: {progress!r} is not within [0, {job.work_samples:g}]")
     for job in jobs.values():
         global_batch = job.batch * job.max_parallelism
         if job.work_samples % global_batch:
