@@ -83,6 +83,9 @@ def test_plan_fills_ests_in_order_and_skips_stages_without_steps() -> None:
     assert [(stage.index, stage.processes, stage.steps, stage.start_s) for stage in stages] == [
         (0, ((2, "fast"), (1, "slow")), 4, 2.0)
     ]
+    # the throughput model charges the slow device the 1 EST it runs, not the 2 it has room for
+    placement = Placement.from_label("fast:1x2+slow:1x2")
+    assert resnet20_profiles(4).global_step_s("resnet20", 4, 3, placement) == 0.194
 
 
 def test_plan_errors_name_what_cannot_be_replayed() -> None:

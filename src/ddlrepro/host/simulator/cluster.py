@@ -22,6 +22,10 @@ class OverAllocation(AssertionError):
     """A policy allocated more devices of a type than the cluster has: a bug in the policy, never bad input."""
 
 
+class OverFilled(ValueError):
+    """More ESTs than a placement has room for."""
+
+
 @dataclass(frozen=True, order=True)
 class Share:
     """`devices` devices of one type, each running `ests_per_device` ESTs."""
@@ -46,6 +50,20 @@ class Placement:
 
     def counts(self) -> dict[str, int]:
         return {share.device_type: share.devices for share in self.shares}
+
+    def processes(self, ests: int) -> tuple[tuple[int, str], ...]:
+        """(ESTs, type) of each device that runs any of `ests` ESTs: each up to its share's ESTs per device, filled
+        in share order (a policy may allot more room than the ESTs need); OverFilled when they do not fit."""
+        left, processes = ests, []
+        for share in self.shares:
+            for _ in range(share.devices):
+                held = min(share.ests_per_device, left)
+                if held:
+                    processes.append((held, share.device_type))
+                left -= held
+        if left:
+            raise OverFilled(f"{self.label()} holds {ests - left} of {ests} ESTs")
+        return tuple(processes)
 
     def label(self) -> str:
         """E.g. `v100:2x8+t4:1x2` (type: devices × ESTs per device)."""
@@ -106,6 +124,20 @@ class Cluster:
                     f"t={now:g} s: {self.size(device_type) - free} {device_type} allocated, "
                     f"the cluster has {self.size(device_type)}"
                 )
+
+    def processes(self, ests: int) -> tuple[tuple[int, str], ...]:
+        """(ESTs, type) of each device that runs any of `ests` ESTs: each up to its share's ESTs per device, filled
+        in share order (a policy may allot more room than the ESTs need); OverFilled when they do not fit."""
+        left, processes = ests, []
+        for share in self.shares:
+            for _ in range(share.devices):
+                held = min(share.ests_per_device, left)
+                if held:
+                    processes.append((held, share.device_type))
+                left -= held
+        if left:
+            raise OverFilled(f"{self.label()} holds {ests - left} of {ests} ESTs")
+        return tuple(processes)
 
     def label(self) -> str:
         """E.g. `32 v100 + 16 p100 + 16 t4`."""

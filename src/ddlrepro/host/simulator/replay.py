@@ -9,8 +9,8 @@ simulation trained nothing (a placement taken back within its restart) runs noth
 Devices get names (`fast-0`, `slow-0`, ...): at each decision, finished jobs and jobs that shrink or move give
 theirs back before any job takes one; a job keeps the devices of a type it still uses and takes the rest in name
 order. A stage waits for its job's previous stage and for the last stage that used each of its devices: stages of
-jobs sharing no device may run at once. Each device runs one process; a process runs ESTs up to the share's ESTs
-per device, the job's ESTs filled in placement order (the simulator may allot more room than the ESTs need).
+jobs sharing no device may run at once. Each device runs one process, with the ESTs `Placement.processes` gives it
+(the throughput model charges the same).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ddlrepro.host.errors import UserError
-from ddlrepro.host.simulator.cluster import Cluster, Placement
+from ddlrepro.host.simulator.cluster import Cluster, OverFilled, Placement
 from ddlrepro.host.simulator.traces import Job
 
 
@@ -181,16 +181,7 @@ def _type(device: str) -> str:
 
 
 def _processes(placement: Placement, job: Job) -> tuple[tuple[int, str], ...]:
-    """(ESTs, type) per device: each up to its share's ESTs per device, the job's ESTs filled in order."""
-    left, processes = job.max_parallelism, []
-    for share in placement.shares:
-        for _ in range(share.devices):
-            ests = min(share.ests_per_device, left)
-            if ests:
-                processes.append((ests, share.device_type))
-            left -= ests
-    if left:
-        raise ReplayError(
-            f"job {job.id}: {placement.label()} holds {job.max_parallelism - left} of its {job.max_parallelism} ESTs"
-        )
-    return tuple(processes)
+    try:
+        return placement.processes(job.max_parallelism)
+    except OverFilled as error:
+        raise ReplayError(f"job {job.id}: {error}") from None
