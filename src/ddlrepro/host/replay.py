@@ -18,14 +18,12 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from ddlrepro.host.figures import device_types
-from ddlrepro.host.figures.common import consistent_point
 from ddlrepro.host.launchers.base import Launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.simulator.replay import ReplayError, Stage
@@ -38,22 +36,24 @@ RUN_COLUMNS = ["job", "stage", "placement", "steps", "simulated_start_s", "simul
 
 
 def typed_point(
-    model: str, batch: int, processes: Sequence[tuple[int, str]], launcher: dict[str, Any], settings: Mapping, **params
+    model: str,
+    batch: int,
+    processes: Sequence[tuple[int, str]],
+    launcher_config: dict[str, Any],
+    settings: Mapping,
+    **params: Any,
 ) -> Point:
     """A D1 consistent-training run of `model` with `processes` [(ESTs, device type)], one process each;
     `settings`: learning_rate, threads_per_worker."""
     counts, names = [ests for ests, _ in processes], [name for _, name in processes]
-    threads = settings["threads_per_worker"]
-    typing = device_types.typed_params(names, launcher["device_types"], threads, None)
     section = {"model": model, "batch_size": batch, **settings}
-    point = consistent_point(
-        FIGURE, section, launcher, logical_workers=sum(counts), placement=counts, mode="D1", **params, **typing
+    return device_types.typed_point(
+        FIGURE, section, launcher_config, names, logical_workers=sum(counts), placement=counts, mode="D1", **params
     )
-    return replace(point, threads_per_worker=device_types.point_threads(typing, threads))
 
 
 def stage_points(
-    stages: Sequence[Stage], jobs: Sequence[Job], launcher: dict[str, Any], settings: Mapping
+    stages: Sequence[Stage], jobs: Sequence[Job], launcher_config: dict[str, Any], settings: Mapping
 ) -> dict[tuple[str, int], Point]:
     """Each stage's run, resuming from its job's previous stage (its run folder is a sibling of the others)."""
     by_id = {job.id: job for job in jobs}
@@ -65,7 +65,7 @@ def stage_points(
             job.application,
             job.batch,
             stage.processes,
-            launcher,
+            launcher_config,
             settings,
             steps=stage.steps,
             resume_from=previous,
