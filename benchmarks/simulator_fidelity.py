@@ -11,12 +11,16 @@ Then, for real on this machine (device types emulated on CPU; leave out with --n
 1. Profiles: easyscale-fig14's profile runs, resnet20 at batch 8 per EST, one process of each type (fast, slow)
    holding 1 and 2 ESTs; and each run's start-up cost: its wall time less its steps at the median step time.
 2. The throughput model: real consistent-training runs (D1, one process per device, the profiles' thread count) on
-   six placements, mixed types and 2 ESTs per device among them; samples/s predicted by `Profiles.throughput` from
-   the profiles against measured (batch × ESTs ÷ the median over steps of the slowest process's step time).
-3. The real replay (`ddlrepro.host.replay`): 3 small jobs on one fast and one slow device, easyscale-heter's
+   six placements of two processes, none a profile run (so each error is the model's, not run-to-run noise), mixed
+   types and 2 ESTs per device among them; samples/s predicted by `Profiles.throughput` from the profiles against
+   measured (batch × ESTs ÷ the median over steps of the slowest process's step time).
+3. The real replay (`ddlrepro.host.replay`): 4 small jobs on one fast and one slow device, easyscale-heter's
    decisions from a simulation on those profiles (10 s rounds; every start and reallocation costs the measured
-   start-up), each job run as checkpoint-to-checkpoint stages in simulated-time order; per-job JCT against the
-   simulation's, and the order in which the jobs finish. A benchmark, not a figure: it takes about a minute of real
+   start-up), each job run as checkpoint-to-checkpoint stages in simulated-time order. Per job: JCT (mostly the
+   simulated waiting, which the replay keeps) and busy time (its stages' run times: what the model predicts), real
+   against simulated; the jobs reallocated (≥ 1, or the checkpoint path went untested); and the pairs of jobs whose
+   last stages overlap and wait for neither other, whose finishing order is the runs' to decide (≥ 1), and how many
+   of them finish in the other order than simulated. A benchmark, not a figure: it takes about a minute of real
    time, more than `make reproduce` has to spare.
 
     python benchmarks/simulator_fidelity.py [--seed 0] [--steps 24] [--no-real]
@@ -56,7 +60,7 @@ from ddlrepro.host.simulator.cluster import ARTIFACT_CLUSTER, Cluster, Placement
 from ddlrepro.host.simulator.engine import Simulation, simulate
 from ddlrepro.host.simulator.policies import POLICIES
 from ddlrepro.host.simulator.profiles import Profiles, from_table
-from ddlrepro.host.simulator.replay import plan
+from ddlrepro.host.simulator.stages import plan
 from ddlrepro.host.simulator.traces import ARTIFACT_APPLICATION_COUNTS, Job, generate_trace
 from ddlrepro.host.tables import tidy_table
 from ddlrepro.points import Point

@@ -1,4 +1,4 @@
-"""The real replay: a simulated policy's decisions (simulator.replay's stages) run for real with the consistent
+"""The real replay: a simulated policy's decisions, as stages (simulator.stages), run for real with the consistent
 trainer, to hold the simulator against reality (issue 17, benchmarks/simulator_fidelity.py).
 
 Each stage is one consistent-training run (D1, emulated device types, one process per device of `threads` threads)
@@ -26,7 +26,7 @@ import pandas as pd
 from ddlrepro.host.figures import device_types
 from ddlrepro.host.launchers.base import Launcher
 from ddlrepro.host.run import run_point
-from ddlrepro.host.simulator.replay import ReplayError, Stage
+from ddlrepro.host.simulator.stages import ReplayError, Stage
 from ddlrepro.host.simulator.traces import Job
 from ddlrepro.points import Point
 

@@ -33,8 +33,9 @@ class ReplayError(UserError):
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of a job: `processes` [(ESTs, device type)] on the first of `devices`, for `steps` global steps
-    from simulated `start_s` to `end_s`; `after`: the (job, stage) pairs that must end before it starts."""
+    """Stage `index` (0 first) of `job`: one process per device, `processes[i]` (ESTs, device type) on `devices[i]`,
+    for `steps` global steps from simulated `start_s` to `end_s` (its `placement` label's); `after`: the (job,
+    stage) pairs that must end before it starts."""
 
     job: str
     index: int
