@@ -60,8 +60,8 @@ from ddlrepro.host.simulator.cluster import ARTIFACT_CLUSTER, Cluster, Placement
 from ddlrepro.host.simulator.engine import Simulation, simulate
 from ddlrepro.host.simulator.policies import POLICIES
 from ddlrepro.host.simulator.profiles import Profiles, from_table
-from ddlrepro.host.simulator.stages import plan
-from ddlrepro.host.simulator.traces import ARTIFACT_APPLICATION_COUNTS, Job, generate_trace
+from ddlrepro.host.simulator.stages import plan, steps_job
+from ddlrepro.host.simulator.traces import ARTIFACT_APPLICATION_COUNTS, generate_trace
 from ddlrepro.host.tables import tidy_table
 from ddlrepro.points import Point
 
@@ -222,7 +222,7 @@ def replay(
     """REPLAY_JOBS under REPLAY_POLICY, simulated on the profiles and replayed for real: completion_times' table,
     the pairs of jobs whose finishing order the runs decide, and the number of jobs reallocated (≥ 2 stages)."""
     jobs = [
-        replay_job(name, row, submit, ests, steps, preferred)
+        steps_job(name, submit, MODEL, ests, BATCH, steps, preferred, row)
         for row, (name, submit, ests, steps, preferred) in enumerate(REPLAY_JOBS, start=1)
     ]
     cluster = Cluster.of(SLOTS)
@@ -232,22 +232,6 @@ def replay(
     print(runs.to_string(index=False, float_format="%.2f"))
     reallocated = sum(count >= 2 for count in collections.Counter(stage.job for stage in stages).values())
     return completion_times(runs, simulation.jobs), concurrent_pairs(stages), reallocated
-
-
-def replay_job(name: str, row: int, submit_s: float, ests: int, steps: int, preferred: str) -> Job:
-    return Job(
-        id=name,
-        row=row,
-        submit_s=submit_s,
-        application=MODEL,
-        trace_application=MODEL,
-        max_parallelism=ests,
-        batch=BATCH,
-        epochs=1,
-        heterogeneous=True,
-        preferred_type=preferred,
-        work_samples=steps * BATCH * ests,
-    )
 
 
 def measure_real(args: argparse.Namespace, record: BenchmarkRecord, folder: Path) -> None:

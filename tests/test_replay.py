@@ -25,7 +25,7 @@ from ddlrepro.host.run import run_point
 from ddlrepro.host.simulator.cluster import Cluster, Placement, Share
 from ddlrepro.host.simulator.engine import CHANGE_COLUMNS, simulate
 from ddlrepro.host.simulator.profiles import Profiles, from_table
-from ddlrepro.host.simulator.stages import ReplayError, Stage, plan
+from ddlrepro.host.simulator.stages import ReplayError, Stage, plan, steps_job
 from ddlrepro.host.simulator.traces import Job
 from ddlrepro.host.tables import tidy_table
 
@@ -35,19 +35,7 @@ SETTINGS = {"learning_rate": 0.05, "threads_per_worker": 1}
 
 
 def job(name: str, submit_s: float, ests: int, steps: int, batch: int = 4, preferred: str = "fast") -> Job:
-    return Job(
-        id=name,
-        row=1,
-        submit_s=submit_s,
-        application="resnet20",
-        trace_application="resnet20",
-        max_parallelism=ests,
-        batch=batch,
-        epochs=1,
-        heterogeneous=True,
-        preferred_type=preferred,
-        work_samples=steps * batch * ests,
-    )
+    return steps_job(name, submit_s, "resnet20", ests, batch, steps, preferred)
 
 
 HAND_JOBS = [job("a", 0, 2, 10), job("b", 1, 1, 12), job("c", 2, 1, 6)]

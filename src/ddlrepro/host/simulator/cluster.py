@@ -125,20 +125,6 @@ class Cluster:
                     f"the cluster has {self.size(device_type)}"
                 )
 
-    def processes(self, ests: int) -> tuple[tuple[int, str], ...]:
-        """(ESTs, type) of each device that runs any of `ests` ESTs: each up to its share's ESTs per device, filled
-        in share order (a policy may allot more room than the ESTs need); OverFilled when they do not fit."""
-        left, processes = ests, []
-        for share in self.shares:
-            for _ in range(share.devices):
-                held = min(share.ests_per_device, left)
-                if held:
-                    processes.append((held, share.device_type))
-                left -= held
-        if left:
-            raise OverFilled(f"{self.label()} holds {ests - left} of {ests} ESTs")
-        return tuple(processes)
-
     def label(self) -> str:
         """E.g. `32 v100 + 16 p100 + 16 t4`."""
         return " + ".join(f"{count} {device_type}" for device_type, count in self.devices)

@@ -48,6 +48,25 @@ class Stage:
     after: tuple[tuple[str, int], ...]
 
 
+def steps_job(
+    name: str, submit_s: float, application: str, ests: int, batch: int, steps: int, preferred: str, row: int = 1
+) -> Job:
+    """A heterogeneous job of `steps` global steps (a whole number of them, as `plan` needs)."""
+    return Job(
+        id=name,
+        row=row,
+        submit_s=submit_s,
+        application=application,
+        trace_application=application,
+        max_parallelism=ests,
+        batch=batch,
+        epochs=1,
+        heterogeneous=True,
+        preferred_type=preferred,
+        work_samples=steps * batch * ests,
+    )
+
+
 def plan(changes: pd.DataFrame, finish_s: Mapping[str, float], jobs: Sequence[Job], cluster: Cluster) -> list[Stage]:
     """The stages of every job, in simulated start order (changes: one policy's rows, CHANGE_COLUMNS)."""
     by_id = {job.id: job for job in jobs}
