@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -13,6 +14,7 @@ import pytest
 
 from ddlrepro.host.config import load_config
 from ddlrepro.host.launchers import local_launcher
+from ddlrepro.host.launchers.base import RunFailed
 from ddlrepro.host.replay import (
     completion_times,
     concurrent_pairs,
@@ -211,3 +213,21 @@ def test_placement_label_round_trip() -> None:
     assert Placement.from_label(placement.label()) == placement
     with pytest.raises(ValueError, match="'fast:1x' is not a placement label"):
         Placement.from_label("fast:1x")
+
+
+@pytest.mark.slow
+def test_a_failed_stage_stops_the_stages_still_waiting(tmp_path: Path) -> None:
+    """x's run fails at once (no such model); y, independent and due at 60 s, is never started and the replay fails
+    within seconds."""
+    launcher = load_config(REPO / "config" / "config.yaml")["launcher"]
+    x = Stage("x", 0, 0, 1, "fast:1x1", ((1, "fast"),), ("fast-0",), 2, ())
+    y = Stage("y", 0, 60, 61, "slow:1x1", ((1, "slow"),), ("slow-0",), 2, ())
+    points = {
+        ("x", 0): typed_point("no_such_model", 4, x.processes, launcher, SETTINGS, steps=2),
+        ("y", 0): typed_point("resnet20", 4, y.processes, launcher, SETTINGS, steps=2),
+    }
+    started = time.monotonic()
+    with pytest.raises(RunFailed, match="rank 0 exited with code 1"):
+        execute([x, y], points, tmp_path, local_launcher(60))
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / points[("y", 0)].id).exists()
