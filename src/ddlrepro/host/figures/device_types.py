@@ -8,13 +8,16 @@ threads, no quota), so an untyped run stays the same point whatever way it was w
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ddlrepro.host.figures.common import require
+from ddlrepro.host.figures.common import consistent_point, require
 from ddlrepro.rank.devicetypes import DEFAULT_TYPE, ISA_ENVIRONMENT
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from ddlrepro.points import Point
 
 ISA_ORDER = list(ISA_ENVIRONMENT)  # most basic first
 
@@ -81,3 +84,19 @@ def quota_status(table: pd.DataFrame) -> str:
     if len(failed):
         return failed.iloc[0]
     return "applied" if len(wanted) else "none wanted"
+
+
+def typed_point(
+    figure: str,
+    section: dict[str, Any],
+    launcher: dict[str, Any],
+    names: list[str],
+    kernels: str | None = None,
+    **params: Any,
+) -> Point:
+    """A consistent-training run (common.consistent_point) whose processes emulate the device types `names`, one
+    each, at the section's threads per worker."""
+    threads = section["threads_per_worker"]
+    typing = typed_params(names, launcher["device_types"], threads, kernels)
+    point = consistent_point(figure, section, launcher, **params, **typing)
+    return replace(point, threads_per_worker=point_threads(typing, threads))

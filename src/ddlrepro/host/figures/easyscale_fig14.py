@@ -15,12 +15,11 @@ the restart rule and the application mapping), which is what `plot` draws.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ddlrepro.host.figures import device_types
-from ddlrepro.host.figures.common import consistent_point, require
+from ddlrepro.host.figures.common import require
 from ddlrepro.host.simulator.profiles import ARTIFACT_HOST, ARTIFACT_TYPES
 from ddlrepro.points import Point
 
@@ -44,26 +43,25 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     check_section(section, launcher)
     if section["profiles_dir"]:
         return []
-    types, threads = launcher["device_types"], section["threads_per_worker"]
     result = []
     for model in section["models"]:
         for type_name in section["device_types"]:
-            typing = device_types.typed_params([type_name], types, threads, None)
             for batch in section["batches_per_est"]:
                 for ests in section["ests_per_device"]:
-                    point = consistent_point(
-                        ID,
-                        {**section, "model": model, "batch_size": batch},
-                        launcher,
-                        logical_workers=ests,
-                        placement=[ests],
-                        mode="D1",
-                        steps=section["steps"],
-                        profile_type=type_name,
-                        checkpoint_timing=True,
-                        **typing,
+                    result.append(
+                        device_types.typed_point(
+                            ID,
+                            {**section, "model": model, "batch_size": batch},
+                            launcher,
+                            [type_name],
+                            logical_workers=ests,
+                            placement=[ests],
+                            mode="D1",
+                            steps=section["steps"],
+                            profile_type=type_name,
+                            checkpoint_timing=True,
+                        )
                     )
-                    result.append(replace(point, threads_per_worker=device_types.point_threads(typing, threads)))
     return result
 
 

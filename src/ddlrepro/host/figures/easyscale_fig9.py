@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -102,9 +101,7 @@ def heterogeneous_points(section: dict[str, Any], launcher: dict[str, Any]) -> l
     baseline_types = [parsed[0][1][0]] * workers
 
     def typed(names: list[str], kernels: str | None, **params: Any) -> Point:
-        typing = device_types.typed_params(names, types, threads, kernels)
-        point = consistent_point(ID, section, launcher, logical_workers=workers, **typing, **params)
-        return replace(point, threads_per_worker=device_types.point_threads(typing, threads))
+        return device_types.typed_point(ID, section, launcher, names, kernels, logical_workers=workers, **params)
 
     own_params = [{"names": names, "placement": counts} for counts, names in parsed]
     result = []

@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ddlrepro.host.errors import UserError
+
 # The artifact's cluster (simulator/simulator.py, Cluster.gpu_nums): 32 V100, 16 P100, 16 T4, named as in its trace.
 ARTIFACT_CLUSTER = {"v100": 32, "p100": 16, "t4": 16}
 SHARE_LABEL = r"([^:+\s]+):(\d+)x(\d+)"  # one share of Placement.label(): type:devices x ESTs per device
@@ -18,6 +20,10 @@ SHARE_LABEL = r"([^:+\s]+):(\d+)x(\d+)"  # one share of Placement.label(): type:
 
 class OverAllocation(AssertionError):
     """A policy allocated more devices of a type than the cluster has: a bug in the policy, never bad input."""
+
+
+class OverFilled(ValueError):
+    """More ESTs than a placement has room for."""
 
 
 @dataclass(frozen=True, order=True)
@@ -45,17 +51,29 @@ class Placement:
     def counts(self) -> dict[str, int]:
         return {share.device_type: share.devices for share in self.shares}
 
+    def processes(self, ests: int) -> tuple[tuple[int, str], ...]:
+        """(ESTs, type) of each device that runs any of `ests` ESTs: each up to its share's ESTs per device, filled
+        in share order (a policy may allot more room than the ESTs need); OverFilled when they do not fit."""
+        left, processes = ests, []
+        for share in self.shares:
+            for _ in range(share.devices):
+                held = min(share.ests_per_device, left)
+                if held:
+                    processes.append((held, share.device_type))
+                left -= held
+        if left:
+            raise OverFilled(f"{self.label()} holds {ests - left} of {ests} ESTs")
+        return tuple(processes)
+
     def label(self) -> str:
         """E.g. `v100:2x8+t4:1x2` (type: devices × ESTs per device)."""
         return "+".join(f"{s.device_type}:{s.devices}x{s.ests_per_device}" for s in self.shares)
 
     @classmethod
     def from_label(cls, label: str) -> Placement:
-        """The placement `label()` wrote; ValueError naming the label when it is not one."""
-        if not re.fullmatch(rf"{SHARE_LABEL}(\+{SHARE_LABEL})*", label):
-            raise ValueError(
-                f"{label!r} is not a placement label (type:devices x ESTs, joined by +: fast:1x2+slow:1x1)"
-            )
+        """The placement `label()` wrote; UserError naming the label when it is not one."""
+        if not isinstance(label, str) or not re.fullmatch(rf"{SHARE_LABEL}(\+{SHARE_LABEL})*", label):
+            raise UserError(f"{label!r} is not a placement label (type:devices x ESTs, joined by +: fast:1x2+slow:1x1)")
         return cls(tuple(Share(t, int(n), int(k)) for t, n, k in re.findall(SHARE_LABEL, label)))
 
 

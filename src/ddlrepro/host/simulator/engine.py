@@ -8,7 +8,7 @@ the last job finished (`makespan_artifact_s`). Ours: a decision at t = 0 as well
 `round_s`), `restart="measured"` (a given checkpoint + restore time paid at every start and reallocation), the
 makespan as the last finish (`makespan_s`), and `max_sim_time_s`, past which unfinished jobs are an error.
 Round k starts at k × round_s (never a running sum, which drifts). Besides the per-job and allocation tables, a
-simulation lists every job's placement changes (`changes`): what the real replay runs (simulator/replay.py).
+simulation lists every job's placement changes (`changes`): what the real replay runs (simulator/stages.py).
 """
 
 from __future__ import annotations

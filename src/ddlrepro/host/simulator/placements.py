@@ -83,7 +83,12 @@ def waste(job: Job, where: Placement, profiles: Profiles) -> float:
         share.devices / profiles.step_time(job.application, share.device_type, job.batch, share.ests_per_device)
         for share in where.shares
     )
-    return 1.0 - job.max_parallelism / profiles.global_step_s(job.application, job.batch, where) / capacity
+    return (
+        1.0
+        - job.max_parallelism
+        / profiles.global_step_s(job.application, job.batch, job.max_parallelism, where)
+        / capacity
+    )
 
 
 def smallest(job: Job, device_type: str, cluster: Cluster, profiles: Profiles) -> Placement | None:

@@ -134,16 +134,17 @@ class Profiles:
         low, high = measured[index - 1], measured[index]
         return by_ests[low] + (by_ests[high] - by_ests[low]) * (ests - low) / (high - low)
 
-    def global_step_s(self, application: str, batch: int, placement: Placement) -> float:
-        """Seconds per global step: max over the types used of (step time × ESTs per device)."""
+    def global_step_s(self, application: str, batch: int, ests: int, placement: Placement) -> float:
+        """Seconds per global step of `ests` ESTs: max over the devices running any (Placement.processes) of step
+        time × the ESTs it runs."""
         return max(
-            self.step_time(application, share.device_type, batch, share.ests_per_device) * share.ests_per_device
-            for share in placement.shares
+            self.step_time(application, device_type, batch, held) * held
+            for held, device_type in placement.processes(ests)
         )
 
     def throughput(self, application: str, batch: int, ests: int, placement: Placement) -> float:
         """Samples per second of a job of `ests` ESTs at `batch` per EST on `placement`."""
-        return batch * ests / self.global_step_s(application, batch, placement)
+        return batch * ests / self.global_step_s(application, batch, ests, placement)
 
 
 def from_table(table: pd.DataFrame, source: str = "profile table") -> Profiles:

@@ -9,20 +9,21 @@ simulation trained nothing (a placement taken back within its restart) runs noth
 Devices get names (`fast-0`, `slow-0`, ...): at each decision, finished jobs and jobs that shrink or move give
 theirs back before any job takes one; a job keeps the devices of a type it still uses and takes the rest in name
 order. A stage waits for its job's previous stage and for the last stage that used each of its devices: stages of
-jobs sharing no device may run at once. Each device runs one process; a process runs ESTs up to the share's ESTs
-per device, the job's ESTs filled in placement order (the simulator may allot more room than the ESTs need).
+jobs sharing no device may run at once. Each device runs one process, with the ESTs `Placement.processes` gives it
+(the throughput model charges the same).
 """
 
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
 from ddlrepro.host.errors import UserError
-from ddlrepro.host.simulator.cluster import Cluster, Placement
+from ddlrepro.host.simulator.cluster import Cluster, OverFilled, Placement
 from ddlrepro.host.simulator.traces import Job
 
 
@@ -32,8 +33,9 @@ class ReplayError(UserError):
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of a job: `processes` [(ESTs, device type)] on the first of `devices`, for `steps` global steps
-    from simulated `start_s` to `end_s`; `after`: the (job, stage) pairs that must end before it starts."""
+    """Stage `index` (0 first) of `job`: one process per device, `processes[i]` (ESTs, device type) on `devices[i]`,
+    for `steps` global steps from simulated `start_s` to `end_s` (its `placement` label's); `after`: the (job,
+    stage) pairs that must end before it starts."""
 
     job: str
     index: int
@@ -44,6 +46,25 @@ class Stage:
     devices: tuple[str, ...]
     steps: int
     after: tuple[tuple[str, int], ...]
+
+
+def steps_job(
+    name: str, submit_s: float, application: str, ests: int, batch: int, steps: int, preferred: str, row: int = 1
+) -> Job:
+    """A heterogeneous job of `steps` global steps (a whole number of them, as `plan` needs)."""
+    return Job(
+        id=name,
+        row=row,
+        submit_s=submit_s,
+        application=application,
+        trace_application=application,
+        max_parallelism=ests,
+        batch=batch,
+        epochs=1,
+        heterogeneous=True,
+        preferred_type=preferred,
+        work_samples=steps * batch * ests,
+    )
 
 
 def plan(changes: pd.DataFrame, finish_s: Mapping[str, float], jobs: Sequence[Job], cluster: Cluster) -> list[Stage]:
@@ -96,11 +117,31 @@ def plan(changes: pd.DataFrame, finish_s: Mapping[str, float], jobs: Sequence[Jo
 
 
 def _check(changes: pd.DataFrame, finish_s: Mapping[str, float], jobs: Mapping[str, Job]) -> None:
+    """Every row's fields (errors name the row, 1 = the first, and the field), before anything is planned."""
+    if changes.empty:
+        raise ReplayError("placement changes: no rows, nothing to replay")
     if changes["policy"].nunique() > 1:
         raise ReplayError(f"placement changes of several policies ({sorted(changes['policy'].unique())}): give one's")
+    seen: set[tuple[float, str]] = set()
     for row, record in enumerate(changes.to_dict("records"), start=1):
-        if record["id"] not in jobs or record["id"] not in finish_s:
-            raise ReplayError(f"placement changes row {row}, field id: no job {record['id']!r} with a finish time")
+        where = f"placement changes row {row}, field"
+        job = jobs.get(record["id"])
+        if job is None or record["id"] not in finish_s:
+            raise ReplayError(f"{where} id: no job {record['id']!r} with a finish time")
+        time_s = record["time_s"]
+        if not isinstance(time_s, numbers.Real) or not 0 <= time_s < float("inf"):
+            raise ReplayError(f"{where} time_s: {time_s!r} is not a time ≥ 0 s")
+        if (time_s, job.id) in seen:
+            raise ReplayError(f"{where} time_s: a second change of job {job.id} at {time_s:g} s")
+        seen.add((time_s, job.id))
+        if record["placement"]:
+            try:
+                Placement.from_label(record["placement"])
+            except UserError as error:
+                raise ReplayError(f"{where} placement: {error}") from None
+        progress = record["progress_samples"]
+        if not isinstance(progress, numbers.Real) or not 0 <= progress <= job.work_samples:
+            raise ReplayError(f"{where} progress_samples: {progress!r} is not within [0, {job.work_samples:g}]")
     for job in jobs.values():
         global_batch = job.batch * job.max_parallelism
         if job.work_samples % global_batch:
@@ -160,16 +201,7 @@ def _type(device: str) -> str:
 
 
 def _processes(placement: Placement, job: Job) -> tuple[tuple[int, str], ...]:
-    """(ESTs, type) per device: each up to its share's ESTs per device, the job's ESTs filled in order."""
-    left, processes = job.max_parallelism, []
-    for share in placement.shares:
-        for _ in range(share.devices):
-            ests = min(share.ests_per_device, left)
-            if ests:
-                processes.append((ests, share.device_type))
-            left -= ests
-    if left:
-        raise ReplayError(
-            f"job {job.id}: {placement.label()} holds {job.max_parallelism - left} of its {job.max_parallelism} ESTs"
-        )
-    return tuple(processes)
+    try:
+        return placement.processes(job.max_parallelism)
+    except OverFilled as error:
+        raise ReplayError(f"job {job.id}: {error}") from None
