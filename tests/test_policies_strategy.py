@@ -7,10 +7,12 @@ import pytest
 from ddlrepro.rank.policies.strategy import StrategyPolicy
 
 
-def run_votes(throughputs: list[list[float]], reference_step: int = 5) -> tuple[list[StrategyPolicy], list[int]]:
+def run_votes(
+    throughputs: list[list[float]], reference_step: int = 5, patience: int = 1
+) -> tuple[list[StrategyPolicy], list[int]]:
     """Feed each worker its per-step throughput (MiB/s); the summed votes per step, as the all-reduce gives them."""
     workers = len(throughputs)
-    policies = [StrategyPolicy(workers, reference_step=reference_step) for _ in range(workers)]
+    policies = [StrategyPolicy(workers, reference_step=reference_step, patience=patience) for _ in range(workers)]
     sums = []
     for step in range(len(throughputs[0])):
         votes = sum(policy.vote(step, series[step]) for policy, series in zip(policies, throughputs, strict=True))
@@ -55,7 +57,29 @@ def test_a_paper_step_seven_of_eight_vote() -> None:
     assert sums[6] == 7 and policies[0].switched_at == 6
 
 
-@pytest.mark.parametrize(("arguments", "message"), [((1,), "at least 2 workers"), ((4, 5, 1.2), "threshold")])
+def stalled(workers: int, steps: list[int], length: int = 12) -> list[list[float]]:
+    """100 MiB/s for everyone, except 70 on every worker at `steps` (the whole machine stalled)."""
+    return [[70.0 if step in steps else 100.0 for step in range(length)] for _ in range(workers)]
+
+
+def test_with_patience_one_majority_step_does_not_switch_and_a_broken_streak_starts_over() -> None:
+    """Patience 2: stalls at steps 7 and 9 (not in a row) never switch; a third at 10 (9 and 10 in a row) does."""
+    policies, sums = run_votes(stalled(4, [7, 9]), patience=2)
+    assert sums[7] == sums[9] == 4
+    assert all(policy.switched_at is None for policy in policies)
+    policies, _ = run_votes(stalled(4, [7, 9, 10]), patience=2)
+    assert {(policy.root, policy.switched_at) for policy in policies} == {(1, 10)}
+
+
+def test_with_patience_the_slowed_majority_switches_that_many_steps_later() -> None:
+    policies, _ = run_votes(slowed(4, 3), patience=3)
+    assert {policy.switched_at for policy in policies} == {10}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [((1,), "at least 2 workers"), ((4, 5, 1.2), "threshold"), ((4, 5, 0.8, 0), "patience must be ≥ 1")],
+)
 def test_bad_settings_are_refused(arguments: tuple, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         StrategyPolicy(*arguments)

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 ID = "kungfu-fig5"
 TITLE = "KungFu Fig 5: adaptive communication strategy under network interference"
 SECTION_KEYS = [
-    *["model", "image_size", "batch_size", "steps", "reference_step", "threshold", "interference_step"],
-    *["strategy", "link_rate"],
+    *["model", "image_size", "batch_size", "steps", "reference_step", "threshold", "patience"],
+    *["interference_step", "strategy", "link_rate"],
 ]
 RUNS = {"adaptive": (True, True), "no adaptation": (False, True), "quiet": (True, False)}  # adapt, traffic
 

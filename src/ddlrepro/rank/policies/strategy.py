@@ -3,7 +3,8 @@
 Each step every worker is fed its own all-reduce throughput (bytes ÷ seconds spent reducing, MiB/s). The value
 measured at step `reference_step` is the reference; from then on a worker votes when its throughput falls below
 `threshold` × reference. The votes are summed over the workers (an all-reduce: the rank code does it, so every
-rank sees the same sum at the same step); a strict majority switches the root from rank 0 to rank 1, once.
+rank sees the same sum at the same step); a strict majority on `patience` steps in a row switches the root from
+rank 0 to rank 1, once (KungFu: 1 step; 2 keeps a shared machine's one-step stall from moving the root).
 Pure Python: no torch, no clock.
 """
 
@@ -22,7 +23,9 @@ class StrategyPolicy:
     workers: int
     reference_step: int = 5
     threshold: float = 0.8
+    patience: int = 1
     reference: float | None = None
+    majority_streak: int = 0
     root: int = FIRST_ROOT
     switched_at: int | None = None
 
@@ -33,6 +36,8 @@ class StrategyPolicy:
             raise ValueError(f"reference_step must be ≥ 0, got {self.reference_step}")
         if not 0 < self.threshold < 1:
             raise ValueError(f"threshold must be in (0, 1), got {self.threshold}")
+        if self.patience < 1:
+            raise ValueError(f"patience must be ≥ 1, got {self.patience}")
 
     def vote(self, step: int, throughput: float) -> int:
         """1 when this worker's throughput at `step` is below threshold × reference, else 0."""
@@ -43,8 +48,12 @@ class StrategyPolicy:
         return int(throughput < self.threshold * self.reference)
 
     def decide(self, step: int, votes: int) -> bool:
-        """Switch the root when a strict majority of the workers voted at `step` (only the first time)."""
-        if self.switched_at is not None or 2 * votes <= self.workers:
+        """Switch the root when a strict majority of the workers voted on `patience` steps in a row, ending at `step`
+        (only the first time)."""
+        if self.switched_at is not None:
+            return False
+        self.majority_streak = self.majority_streak + 1 if 2 * votes > self.workers else 0
+        if self.majority_streak < self.patience:
             return False
         self.root, self.switched_at = SECOND_ROOT, step
         return True

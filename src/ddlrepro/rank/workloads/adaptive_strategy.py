@@ -3,8 +3,8 @@
 Every step each rank trains one batch (DDP, gradients averaged by the STAR hook, strategies.py), takes the hook's
 all-reduce throughput for that step (MiB/s), feeds it to the policy (policies/strategy.py) and casts its vote; the
 votes are summed by an all-reduce, so every rank sees the same sum after the same step, and with `adapt` a strict
-majority moves the root from rank 0 to rank 1 before the next step, on every rank at once. Decisions ride only on
-that collective, never on a clock.
+majority (on `patience` steps in a row) moves the root from rank 0 to rank 1 before the next step, on every rank
+at once. Decisions ride only on that collective, never on a clock.
 
 Records per step and rank: `img_per_sec` (batch ÷ step time), `allreduce_mib_per_s`, `vote`; rank 0 adds `votes`
 (the sum), `step_start` (the wall-clock time the step began: its records come after the votes' all-reduce, which
@@ -56,7 +56,7 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
     trained = data_parallel(model, ctx)
     hook = hooked(trained, "STAR", group_size=1)
     train_step = make_train_step(trained, images, labels)
-    policy = StrategyPolicy(ctx.world_size, params["reference_step"], params["threshold"])
+    policy = StrategyPolicy(ctx.world_size, params["reference_step"], params["threshold"], params["patience"])
     interfaces = NodeInterfaceCounter(ctx.rank, ctx.local_rank)
     dist.barrier()
     rates = []
