@@ -29,7 +29,7 @@ from ddlrepro.host.launchers.local import free_loopback_port
 WORLD = 2
 PARAMS = {"dataset": "digits", "model": "digitsnet", "adaptive": True, "seed": 0, "test_fraction": 0.25}
 PARAMS |= {"learning_rate": 0.05, "momentum": 0.9, "lr_rule": "fixed", "cycle_epochs": 1}
-PARAMS |= {"ema_weight": 0.9, "noise_scale_alpha": 0.9, "micro_batches": 4}
+PARAMS |= {"ema_weight": 0.9, "noise_scale_alpha": 0.9, "micro_batches": 4, "monitor_interval": 1}  # the artifact
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
