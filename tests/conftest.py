@@ -10,12 +10,13 @@ import shutil
 import subprocess
 import sys
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 import yaml
 
+from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.redaction import forget_registered
 from ddlrepro.points import Point
 
@@ -60,6 +61,23 @@ def checks_excluding(*references: str) -> str:
     """A `checks:` section excluding `references` beside tiny.yaml's own (a later config file replaces a list)."""
     tiny = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text())["checks"]["exclude"]
     return yaml.safe_dump({"checks": {"exclude": [*tiny, *references]}})
+
+
+def only_figures(sections: Mapping[str, Mapping | str]) -> dict[str, dict]:
+    """A `figures` section enabling just `sections` (figure id → overrides, a mapping or a YAML flow mapping)."""
+    overrides = {
+        figure: yaml.safe_load(value) if isinstance(value, str) else dict(value) for figure, value in sections.items()
+    }
+    return {
+        figure: {"enabled": True, **overrides[figure]} if figure in overrides else {"enabled": False}
+        for figure in FIGURES
+    }
+
+
+def only(workdir: Path, name: str, sections: Mapping[str, Mapping | str], checks: str = "") -> str:
+    """Config file `name` in `workdir` enabling just `sections` (see only_figures), then a `checks` section."""
+    (workdir / name).write_text(yaml.safe_dump({"figures": only_figures(sections)}) + checks)
+    return name
 
 
 @pytest.fixture(autouse=True)

@@ -14,11 +14,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, copy_workflow, planned_jobs, snakemake, tiny_point
+from conftest import REPO, copy_workflow, only_figures, planned_jobs, snakemake, tiny_point
 from spython.main.parse.parsers import DockerParser, SingularityParser
 
 from ddlrepro.host.config import load_config
-from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.images import build_command, read_image
 from ddlrepro.host.launchers import configured_launcher
 
@@ -156,9 +155,7 @@ def image_config(workdir: Path, base: str, wheels: Path) -> str:
         "build_args": ["--isolation", "chroot"],
         "run_args": ENGINE_RUN[4:],
     }
-    figures = {name: {"enabled": False} for name in FIGURES} | {
-        "kungfu-fig9": {"enabled": True, "workers": [2], "models": ["resnet20"]}
-    }
+    figures = only_figures({"kungfu-fig9": {"workers": [2], "models": ["resnet20"]}})
     (workdir / "image.yaml").write_text(yaml.safe_dump({"images": images, "figures": figures}))
     return "image.yaml"
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
-from conftest import REPO, copy_workflow, snakemake
+from conftest import REPO, copy_workflow, only_figures, snakemake
 
 from ddlrepro.host.bundle import read_bundle, verify_bundle
 from ddlrepro.host.checks import check_figure, load_references
 from ddlrepro.host.config import ConfigError, load_config
-from ddlrepro.host.figures import FIGURES, draw_figure, figure_points
+from ddlrepro.host.figures import draw_figure, figure_points
 from ddlrepro.host.figures.easyscale_fig14 import POLICIES, profile_table, summarise
 from ddlrepro.host.simulator.profiles import TIDY_COLUMNS, from_table
 from ddlrepro.host.simulator.traces import ARTIFACT_COLUMNS
@@ -150,7 +150,7 @@ def test_a_bundle_carries_the_users_trace_and_verifies_without_it(tmp_path: Path
     trace = tmp_path / "my-trace.csv"
     trace.write_text(USER_TRACE)
     figure = {"models": ["resnet20"], "steps": 2, "warmup_steps": 1, "simulation": {"trace": str(trace)}}
-    figures = {name: {"enabled": False} for name in FIGURES} | {"easyscale-fig14": {"enabled": True, **figure}}
+    figures = only_figures({"easyscale-fig14": figure})
     (workdir / "fig14.yaml").write_text(json.dumps({"figures": figures}))
     built = snakemake(workdir, "bundle", "--configfile", "tests/configs/tiny.yaml", "fig14.yaml")
     assert built.returncode == 0, built.stderr[-3000:]

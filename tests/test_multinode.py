@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ONE_WORKER_COUNT_DLAAS, REPO, checks_excluding, copy_workflow
-from test_slurm import empty_config_homes, kill_one_worker_during, only, setup_profile, slurm_snakemake
+from conftest import ONE_WORKER_COUNT_DLAAS, REPO, checks_excluding, copy_workflow, only
+from test_slurm import empty_config_homes, kill_one_worker_during, setup_profile, slurm_snakemake
 
 from ddlrepro.host.testbed.limits import unavailable_reason
 from ddlrepro.rank.interfaces import interface_bytes

@@ -14,10 +14,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ONE_WORKER_COUNT_DLAAS, REPO, checks_excluding, copy_workflow, tiny_point, workflow_environment
+from conftest import (
+    ONE_WORKER_COUNT_DLAAS,
+    REPO,
+    checks_excluding,
+    copy_workflow,
+    only,
+    tiny_point,
+    workflow_environment,
+)
 from test_local_launcher import wait_for, worker_pids
 
-from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.launchers import configured_launcher
 from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
 from ddlrepro.host.launchers.slurm import SlurmLauncher, execute_step
@@ -183,13 +190,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     subprocess.run([script, "start", str(state)], check=True, capture_output=True, timeout=600)
     yield {**os.environ, "SLURM_CONF": str(state / "slurm.conf")}
     subprocess.run([script, "stop", str(state)], capture_output=True, timeout=60)
-
-
-def only(workdir: Path, name: str, sections: dict[str, str], checks: str = "") -> str:
-    """A config file enabling just `sections` (figure id → YAML flow mapping of overrides), and a `checks` section."""
-    lines = [f"  {figure}: {sections.get(figure, '{enabled: false}')}" for figure in FIGURES]
-    (workdir / name).write_text("figures:\n" + "\n".join(lines) + "\n" + checks)
-    return name
 
 
 def slurm_snakemake(workdir: Path, env: dict[str, str], *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
