@@ -16,13 +16,14 @@ from ddlrepro.host.bundle import read_bundle, verify_bundle
 from ddlrepro.host.checks import check_figure, load_references
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.figures import draw_figure, figure_points
-from ddlrepro.host.figures.easyscale_fig14 import POLICIES, profile_table, summarise
-from ddlrepro.host.simulator.profiles import TIDY_COLUMNS, from_table
+from ddlrepro.host.figures.easyscale_fig14 import POLICIES, profile_table, simulation_table, summarise
+from ddlrepro.host.simulator.profiles import TIDY_COLUMNS, ProfileError, from_table
 from ddlrepro.host.simulator.traces import ARTIFACT_COLUMNS
 from ddlrepro.host.tables import read_table
 
 PROFILE_RUNS = REPO / "tests" / "data" / "easyscale-fig14-profile-runs.csv"  # resnet20's runs of the smoke config
 RECORDED = REPO / "tests" / "data" / "tables" / "easyscale-fig14.csv"  # the smoke config's simulation
+LABELS = ["profiles_host", "cluster", "trace", "restart", "application_map", "round_s"]  # on the profile rows
 ORDER_CHECKS = [
     "jct-heter-below-homo",
     "jct-homo-below-yarn-cs",
@@ -48,6 +49,32 @@ def test_profile_table_is_one_ests_step_per_run() -> None:
     loaded = from_table(profiles)
     assert loaded.step_time("resnet20", "slow", 8, 2) == pytest.approx(row["step_time_s"])
     assert loaded.hosts == ("here",)
+
+
+def test_a_bad_profile_run_is_named_by_its_point_id() -> None:
+    runs = read_table(PROFILE_RUNS)
+    profiles = profile_table(runs, "here")
+    slow = profiles.index[(profiles["device_type"] == "slow") & (profiles["ests_per_device"] == 2)][0]
+    profiles.loc[slow, "step_time_s"] = -1.0
+    point_id = profiles.loc[slow, "point_id"]
+    with pytest.raises(ProfileError, match=rf"profile runs run {point_id}, column step_time_s"):
+        from_table(profiles, "profile runs")
+
+
+def test_the_recorded_simulation_is_what_the_engine_makes_of_its_profiles_today() -> None:
+    """The recorded table's own profile rows, simulated again with the smoke config's settings, give its jobs and
+    allocations bit for bit, and its labels: engine or config drift shows here. (After an intended change,
+    re-record: run the smoke config's fig14 and copy results/tables/easyscale-fig14.csv here.)"""
+    recorded = read_table(RECORDED)
+    profile_rows = recorded[recorded["kind"] == "profile"].dropna(axis=1, how="all")
+    section = load_config(REPO / "config" / "config.yaml")["figures"]["easyscale-fig14"]
+    again = simulation_table(profile_rows.drop(columns=["kind", *LABELS]), from_table(profile_rows), section)
+    for kind in ("job", "allocation"):
+        before = recorded[recorded["kind"] == kind].dropna(axis=1, how="all").reset_index(drop=True)
+        after = again[again["kind"] == kind].reset_index(drop=True)
+        pd.testing.assert_frame_equal(before, after[before.columns], check_dtype=False)
+    labels = again[again["kind"] == "profile"][LABELS].drop_duplicates()
+    assert labels.to_dict("records") == profile_rows[LABELS].drop_duplicates().to_dict("records")
 
 
 def test_recorded_simulation_passes_its_checks() -> None:

@@ -130,7 +130,8 @@ def with_inputs_in(section: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def profile_values(table: pd.DataFrame) -> pd.DataFrame:
-    """Per profile run: model, type, batch, ESTs per device, one EST's step (median step ÷ k), checkpoint + restore."""
+    """Per profile run (point_id): model, type, batch, ESTs per device, one EST's step (median step ÷ k), checkpoint +
+    restore."""
     from ddlrepro.host.figures.step_timing import median_step_time, timed_steps
     from ddlrepro.host.tables import HOST_LOAD_COLUMNS
 
@@ -141,7 +142,7 @@ def profile_values(table: pd.DataFrame) -> pd.DataFrame:
     values = runs[["model", "profile_type", "batch_size", "logical_workers", *HOST_LOAD_COLUMNS]].copy()
     values["step_time_s"] = step / values["logical_workers"]
     values["checkpoint_restore_s"] = checkpoint
-    return values.reset_index(drop=True)
+    return values.reset_index()
 
 
 def profile_table(table: pd.DataFrame, host: str) -> pd.DataFrame:
@@ -158,7 +159,7 @@ def profile_table(table: pd.DataFrame, host: str) -> pd.DataFrame:
             "logical_workers": "ests_per_device",
         }
     )
-    return values.assign(host=host)[[*TIDY_COLUMNS, "checkpoint_restore_s", *HOST_LOAD_COLUMNS]]
+    return values.assign(host=host)[[*TIDY_COLUMNS, "checkpoint_restore_s", *HOST_LOAD_COLUMNS, "point_id"]]
 
 
 def artifact_profile_rows(profiles: Profiles) -> pd.DataFrame:
@@ -177,14 +178,9 @@ def artifact_profile_rows(profiles: Profiles) -> pd.DataFrame:
 
 
 def simulate_table(table: pd.DataFrame, section: dict[str, Any], machine: str) -> pd.DataFrame:
-    """The simulation's tidy table: the profile rows it used, then every policy's jobs and allocations."""
-    import pandas as pd
-
-    from ddlrepro.host.simulator.cluster import Cluster
-    from ddlrepro.host.simulator.engine import simulate
+    """The simulation's tidy table from the profile runs' table (or the artifact's profiles in `profiles_dir`)."""
     from ddlrepro.host.simulator.profiles import from_table, read_artifact_dir
 
-    settings = section["simulation"]
     if section["profiles_dir"]:
         profiles = read_artifact_dir(Path(section["profiles_dir"]))
         profile_rows = artifact_profile_rows(profiles)
@@ -192,6 +188,18 @@ def simulate_table(table: pd.DataFrame, section: dict[str, Any], machine: str) -
         quota = f"CPU quota {device_types.quota_status(table)}"  # not applied without cgroup permission: said so
         profile_rows = profile_table(table, f"{machine}; {EMULATED}, {quota}")
         profiles = from_table(profile_rows, f"{ID} profile runs")
+    return simulation_table(profile_rows, profiles, section)
+
+
+def simulation_table(profile_rows: pd.DataFrame, profiles: Profiles, section: dict[str, Any]) -> pd.DataFrame:
+    """Every policy's simulation of the trace on `profiles`: the profile rows with the labels, then the jobs and
+    allocations."""
+    import pandas as pd
+
+    from ddlrepro.host.simulator.cluster import Cluster
+    from ddlrepro.host.simulator.engine import simulate
+
+    settings = section["simulation"]
     cluster = Cluster.of(settings["cluster"])
     jobs, trace = trace_jobs(settings, profiles, cluster, artifact=bool(section["profiles_dir"]))
     restart_s, restart = restart_cost(settings, profile_rows)

@@ -148,14 +148,17 @@ class Profiles:
 
 
 def from_table(table: pd.DataFrame, source: str = "profile table") -> Profiles:
-    """Profiles from a tidy table (TIDY_COLUMNS), every value checked; errors name the row and column."""
+    """Profiles from a tidy table (TIDY_COLUMNS), every value checked; errors name the row (or, where the table has
+    a `point_id` column, the run it came from) and the column."""
     missing = [column for column in TIDY_COLUMNS if column not in table.columns]
     if missing:
         raise ProfileError(f"{source}: missing column(s) {missing}; a profile table has {TIDY_COLUMNS}")
     times: dict[tuple[str, str], dict[int, dict[int, float]]] = {}
     hosts = set()
-    for row, record in enumerate(table[TIDY_COLUMNS].to_dict("records"), start=1):
-        where = f"{source} row {row}, column"
+    columns = [*TIDY_COLUMNS, "point_id"] if "point_id" in table.columns else TIDY_COLUMNS
+    for row, record in enumerate(table[columns].to_dict("records"), start=1):
+        place = f"{source} run {record['point_id']}" if "point_id" in record else f"{source} row {row}"
+        where = f"{place}, column"
         application = _name(record["application"], f"{where} application")
         device_type = _name(record["device_type"], f"{where} device_type")
         hosts.add(_name(record["host"], f"{where} host"))
@@ -165,7 +168,7 @@ def from_table(table: pd.DataFrame, source: str = "profile table") -> Profiles:
         by_ests = times.setdefault((application, device_type), {}).setdefault(batch, {})
         if ests in by_ests:
             raise ProfileError(
-                f"{source} row {row}: a second step time for {application}, {device_type}, "
+                f"{place}: a second step time for {application}, {device_type}, "
                 f"batch_per_est {batch}, ests_per_device {ests}"
             )
         by_ests[ests] = seconds
