@@ -5,6 +5,7 @@ skipped with the reason, through the table, the summary and the checks."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +48,7 @@ def test_host_points_keep_their_ids_and_testbed_points_get_one_host_per_rank() -
 
 def test_a_bad_link_rate_names_its_key() -> None:
     bad, launcher = section(networks=["bridge"], link_rate="fast")
-    with pytest.raises(ConfigError, match="figures.dlaas-scaling.link_rate"):
+    with pytest.raises(ConfigError, match=re.escape("figures.dlaas-scaling.link_rate")):
         dlaas_scaling.points(bad, launcher)
 
 

@@ -61,8 +61,9 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
 
 def with_network(table: pd.DataFrame) -> pd.DataFrame:
     """The table with a `network` on every row (host points carry none: it is the default)."""
-    network = table["network"] if "network" in table else None
-    return table.assign(network=DEFAULT_NETWORK if network is None else network.fillna(DEFAULT_NETWORK))
+    if "network" not in table:
+        return table.assign(network=DEFAULT_NETWORK)
+    return table.assign(network=table["network"].fillna(DEFAULT_NETWORK))
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
