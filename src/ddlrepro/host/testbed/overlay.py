@@ -19,6 +19,7 @@ VNI = 4096
 PORT = 4789  # IANA's VXLAN port, as Calico uses
 MTU = 1450  # 1500 − 50 bytes of VXLAN encapsulation (Calico's default for VXLAN)
 HEADER_BYTES = 50  # outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8, on every packet the overlay sends
+TCP_HEADER_BYTES = 66  # Ethernet 14 + IPv4 20 + TCP 32 (with timestamps, as Linux sends): each TCP packet's
 
 
 def check_overlay_subnet(subnet: str, underlay: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
@@ -51,3 +52,10 @@ def neighbour_commands(peers: list[tuple[int, str, str]]) -> tuple[list[str], li
     ]
     forwarding = [f"fdb append {mac_address(i)} dev {DEVICE} dst {underlay} self permanent" for i, underlay, _ in peers]
     return neighbours, forwarding
+
+
+def payload_bytes(counted: int, packets: int, encapsulated: bool) -> int:
+    """The TCP payload in what an interface counted: its bytes less each counted packet's headers (a GSO
+    super-packet is counted once, with its headers once); `encapsulated`: an underlay link carrying the overlay's
+    packets, whose VXLAN headers come off too."""
+    return counted - packets * (TCP_HEADER_BYTES + (HEADER_BYTES if encapsulated else 0))
