@@ -27,12 +27,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import BenchmarkRecord
+from _common import BenchmarkRecord, testbed_unavailable
 
 from ddlrepro.host.config import validate_config
 from ddlrepro.host.figures import kungfu_allreduce
 from ddlrepro.host.hostload import ForeignLoadMeter
-from ddlrepro.host.testbed import Testbed, limits, traffic
+from ddlrepro.host.testbed import Testbed, traffic
 from ddlrepro.host.testbed import overlay as overlay_device
 from ddlrepro.host.testbed.counters import node_counters
 from ddlrepro.points import Point
@@ -99,9 +99,7 @@ def main() -> None:
     parser.add_argument("--rate", default="200mbit", help="every host's link rate")
     parser.add_argument("--seconds", type=float, default=2.0, help="length of each counted transfer")
     args = parser.parse_args()
-    reason = limits.unavailable_reason()
-    if reason:  # no record: the targets read "not run", as for a benchmark `make benchmarks` did not reach
-        print(f"overlay: skipped: {reason}")
+    if testbed_unavailable(Path(__file__).stem):
         return
     launcher = validate_config({}, partial=True)["launcher"]
     with tempfile.TemporaryDirectory() as scratch, BenchmarkRecord(__file__, args) as record:
