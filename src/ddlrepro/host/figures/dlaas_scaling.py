@@ -98,8 +98,9 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     summary = summarize(table)
     measured = summary[summary["status"] == "ok"]
     figure, (rate, efficiency) = plotting.new_figure(2, TITLE, panel_size=(6.0, 4.2))
-    for order, (network, rows) in enumerate(measured.groupby("network", sort=False)):
-        label = NETWORK_LABELS[network]
+    present = [network for network in NETWORK_LABELS if network in set(measured["network"])]  # host first
+    for order, network in enumerate(present):
+        rows, label = measured[measured["network"] == network], NETWORK_LABELS[network]
         rate.plot(rows["workers"], rows["images_per_sec"], "o-", label=f"measured, {label}")
         efficiency.plot(rows["workers"], rows["efficiency"], "o-", label=f"measured, {label}")
         if order == 0:
