@@ -65,6 +65,7 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/elastic_resize.py
 	$(BIN)/python benchmarks/testbed_setup.py
 	$(BIN)/python benchmarks/link_bandwidth.py
+	$(BIN)/python benchmarks/overlay.py
 	$(BIN)/python benchmarks/adaptive_policies.py
 	$(BIN)/python benchmarks/simulator_fidelity.py
 	$(BIN)/python benchmarks/report.py

@@ -171,3 +171,14 @@ class BenchmarkRecord:
 
 def utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def testbed_unavailable(benchmark: str) -> bool:
+    """Whether this machine cannot make testbed hosts (not root...), saying so: the benchmark then records nothing,
+    and its targets read "not run", as for a benchmark `make benchmarks` did not reach."""
+    from ddlrepro.host.testbed import limits
+
+    reason = limits.unavailable_reason()
+    if reason:
+        print(f"{benchmark}: skipped: {reason}")
+    return reason is not None

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import BenchmarkRecord
+from _common import BenchmarkRecord, testbed_unavailable
 
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.testbed import Testbed, limits, traffic
@@ -49,9 +49,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="setup + teardown rounds (the median is reported)")
     parser.add_argument("--seconds", type=float, default=3.0, help="length of each TCP transfer")
     args = parser.parse_args()
-    reason = limits.unavailable_reason()
-    if reason:  # no record: the targets read "not run", as for a benchmark `make benchmarks` did not reach
-        print(f"testbed_setup: skipped: {reason}")
+    if testbed_unavailable(Path(__file__).stem):
         return
     with tempfile.TemporaryDirectory() as scratch, BenchmarkRecord(__file__, args) as record:
         with ForeignLoadMeter() as meter:

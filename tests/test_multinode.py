@@ -42,10 +42,12 @@ def test_interface_bytes_leaves_out_loopback_and_reads_both_directions(tmp_path:
         statistics.mkdir(parents=True)
         (statistics / "rx_bytes").write_text(f"{rx}\n")
         (statistics / "tx_bytes").write_text(f"{tx}\n")
+        (statistics / "rx_packets").write_text(f"{rx // 100}\n")
+        (statistics / "tx_packets").write_text(f"{tx // 100}\n")
     (tmp_path / "bonding_masters").write_text("")  # a file beside the interfaces, as on real machines
     assert interface_bytes(tmp_path) == {
-        "eth0": {"rx_bytes": 1000, "tx_bytes": 2000},
-        "ib0": {"rx_bytes": 7, "tx_bytes": 8},
+        "eth0": {"rx_bytes": 1000, "tx_bytes": 2000, "rx_packets": 10, "tx_packets": 20},
+        "ib0": {"rx_bytes": 7, "tx_bytes": 8, "rx_packets": 0, "tx_packets": 0},
     }
 
 

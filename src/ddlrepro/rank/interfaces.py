@@ -3,8 +3,10 @@
 Read from /sys/class/net/<interface>/statistics: the interfaces of the rank's own network namespace, so on a
 testbed host its eth0, on a real cluster node its NICs. Loopback is left out (ranks on one node talk over it, and
 it never crosses the network). At the start and at the end of the run one `node_rx_bytes` and one `node_tx_bytes`
-metric per interface, with `phase` (start / end), `interface` and `hostname` fields: the difference of the two is
-what the run (and whatever else ran on the node meanwhile) moved.
+metric per interface (and `node_rx_packets`, `node_tx_packets`), with `phase` (start / end), `interface` and
+`hostname` fields: the difference of the two is what the run (and whatever else ran on the node meanwhile) moved.
+The bytes include each packet's headers once per packet the kernel counted (a GSO super-packet counts once), so
+bytes − packets × headers is the payload (host/testbed/overlay.py's `payload_bytes`).
 """
 
 from __future__ import annotations
@@ -16,16 +18,17 @@ from types import TracebackType
 from ddlrepro.records import emit
 
 NET = Path("/sys/class/net")
+FIELDS = ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets")  # packets: what headers the bytes include (below)
 
 
 def interface_bytes(net: Path = NET) -> dict[str, dict[str, int]]:
-    """{interface: {rx_bytes, tx_bytes}} of every non-loopback interface seen in `net`."""
+    """{interface: {rx_bytes, tx_bytes, rx_packets, tx_packets}} of every non-loopback interface seen in `net`."""
     counts = {}
     for interface in sorted(net.iterdir()) if net.is_dir() else []:
         statistics = interface / "statistics"
         if interface.name == "lo" or not statistics.is_dir():
             continue
-        counts[interface.name] = {field: int((statistics / field).read_text()) for field in ("rx_bytes", "tx_bytes")}
+        counts[interface.name] = {field: int((statistics / field).read_text()) for field in FIELDS}
     return counts
 
 

@@ -3,7 +3,10 @@
 The run owns its testbed: created before the first rank starts and destroyed after the last one ended, whatever
 happened (Testbed's context manager: exceptions, SIGTERM). Host i+1 runs rank i through the testbed's exec
 prefix (its network namespace and hostname); MASTER_ADDR is host 1's 198.18.x address; the host after the last
-rank's only sends the traffic. Every link has the point's `link_rate`.
+rank's only sends the traffic. Every link has the point's `link_rate` (none: unlimited). The point's `network`
+says what the ranks talk over: `bridge` (default here) their links to the testbed's bridge, `overlay` a VXLAN
+overlay over those links (testbed/overlay.py, the stand-in for Calico's): MASTER_ADDR and gloo's interface are then
+the overlay's, so every byte between ranks is encapsulated.
 
 The traffic (`traffic` in the params: connections, offered rate, seconds) is real TCP from that extra host into
 host 1 (rank 0, STAR's first root), started when rank 0 prints its `interference_requested` record: the host side
@@ -34,6 +37,8 @@ from ddlrepro.host.testbed.network import plan_hosts, run
 from ddlrepro.records import RECORD_PREFIX
 
 SUBNET = "198.18.0.0/24"
+OVERLAY_SUBNET = "198.18.1.0/24"
+NETWORKS = ("bridge", "overlay")  # what ranks on testbed hosts talk over; `host` (no testbed) is not placed here
 TRIGGER = "interference_requested"
 FLOWS_FILE = "flows.jsonl"
 RTO_MIN = "10ms"
@@ -51,9 +56,10 @@ class TestbedPlacement:
 
     owner: str
     hosts: int
-    link_rate: str
+    link_rate: str | None
     flows_file: str
     traffic: dict[str, Any] | None
+    network: str = "bridge"
 
 
 def placement(params: dict[str, Any], workers: int) -> TestbedPlacement | None:
@@ -61,27 +67,41 @@ def placement(params: dict[str, Any], workers: int) -> TestbedPlacement | None:
     hosts = params.get("testbed_hosts")
     if not hosts:
         return None
-    if hosts < workers + 1:
-        raise ValueError(f"testbed_hosts {hosts}: {workers} ranks need {workers + 1} hosts (the last sends traffic)")
+    needed = workers + 1 if params.get("traffic") else workers
+    if hosts < needed:
+        raise ValueError(f"testbed_hosts {hosts}: {workers} ranks need {needed} hosts (one more sends traffic)")
+    network = params.get("network", "bridge")
+    if network not in NETWORKS:
+        raise ValueError(f"network {network!r}: ranks on testbed hosts talk over one of {list(NETWORKS)}")
     owner = "r" + secrets.token_hex(5)  # one testbed per run, even for runs of the same point at once
-    return TestbedPlacement(owner, hosts, params["link_rate"], FLOWS_FILE, params.get("traffic"))
+    return TestbedPlacement(owner, hosts, params.get("link_rate"), FLOWS_FILE, params.get("traffic"), network)
+
+
+def overlay_subnet(where: TestbedPlacement) -> str | None:
+    return OVERLAY_SUBNET if where.network == "overlay" else None
 
 
 def planned_testbed(where: TestbedPlacement) -> Testbed:
     """The testbed as it will be (names, addresses), before it exists: what renders the ranks' commands."""
-    hosts = plan_hosts(where.owner, where.hosts, ipaddress.ip_network(SUBNET))
-    return Testbed(where.owner, hosts, SUBNET, {}, 0)
+    overlay = overlay_subnet(where)
+    overlay_network = ipaddress.ip_network(overlay) if overlay else None
+    hosts = plan_hosts(where.owner, where.hosts, ipaddress.ip_network(SUBNET), overlay_network)
+    return Testbed(where.owner, hosts, SUBNET, {}, 0, overlay)
 
 
 def placed_workers(workers: list[WorkerSpec], where: TestbedPlacement) -> tuple[list[WorkerSpec], str]:
-    """Rank i's command run on host i+1, each rank alone on its host; and MASTER_ADDR (host 1's address)."""
+    """Rank i's command run on host i+1, each rank alone on its host; and MASTER_ADDR (host 1's address on the
+    network the ranks talk over)."""
     testbed = planned_testbed(where)
-    master = testbed.hosts[0].address
+    overlay = where.network == "overlay"
+    first = testbed.hosts[0]
+    master = first.overlay_address if overlay else first.address
     placed = []
     for worker in workers:
         assert worker.rank is not None
         env = {**worker.env, "MASTER_ADDR": master, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
-        env["GLOO_SOCKET_IFNAME"] = testbed.hosts[worker.rank].interface
+        host = testbed.hosts[worker.rank]
+        env["GLOO_SOCKET_IFNAME"] = host.overlay_interface if overlay else host.interface
         placed.append(replace(worker, command=[*testbed.exec_prefix(worker.rank + 1), *worker.command], env=env))
     return placed, master
 
@@ -168,14 +188,18 @@ def datacenter_retransmits(testbed: Testbed) -> None:
     lost tail packet of a gradient (three ranks bursting into the root's queue at once) would otherwise stall a
     0.3 s step by 0.2 s and read as interference; data-centre hosts lower it the same way."""
     for host in testbed.hosts:
-        route = f"{testbed.subnet} dev {host.interface} proto kernel scope link src {host.address} rto_min {RTO_MIN}"
-        run(["ip", "-n", host.namespace, "route", "replace", *route.split()])
+        links = [(testbed.subnet, host.interface, host.address)]
+        if testbed.overlay_subnet:
+            links.append((testbed.overlay_subnet, host.overlay_interface, host.overlay_address))
+        for subnet, interface, address in links:
+            route = f"{subnet} dev {interface} proto kernel scope link src {address} rto_min {RTO_MIN}"
+            run(["ip", "-n", host.namespace, "route", "replace", *route.split()])
 
 
 @contextmanager
 def hosted(where: TestbedPlacement, output: OutputCollector) -> Iterator[LineHandler]:
     """The placement's testbed while the ranks run; yields the handler their output lines go through."""
-    with Testbed.create(where.owner, where.hosts, where.link_rate, SUBNET) as testbed:
+    with Testbed.create(where.owner, where.hosts, where.link_rate, SUBNET, overlay_subnet(where)) as testbed:
         datacenter_retransmits(testbed)
         interference = Interference(testbed, where, output)
         try:

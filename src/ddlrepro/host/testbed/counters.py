@@ -1,10 +1,13 @@
 """Each host's interface bytes into a run's metrics.jsonl, host-side: a thread samples the testbed's counters at
 an interval and files one `interface_rx_bytes` and one `interface_tx_bytes` metric per host (cumulative bytes since
-the interface was made, with `host` and `interface` fields), the last sample when it stops."""
+the interface was made, with `host` and `interface` fields), the last sample when it stops. `node_counters` reads a
+host's interfaces the way its ranks do (rank/interfaces.py, run on the host), the calibration's view."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +17,15 @@ from typing import Any
 from ddlrepro.host.testbed.network import Testbed
 
 Sink = Callable[[dict[str, Any]], None]
+READ_AS_RANKS_DO = (
+    "import json; from ddlrepro.rank.interfaces import interface_bytes; print(json.dumps(interface_bytes()))"
+)
+
+
+def node_counters(testbed: Testbed, host: str | int) -> dict[str, dict[str, int]]:
+    """{interface: {rx_bytes, tx_bytes}} of one host, read on it by the ranks' own reader (eth0, vxlan0 if any)."""
+    argv = [*testbed.exec_prefix(host), sys.executable, "-c", READ_AS_RANKS_DO]
+    return json.loads(subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout)
 
 
 def counter_records(testbed: Testbed) -> list[dict[str, Any]]:

@@ -6,7 +6,8 @@ host (bind-mounted over /etc/hosts by `ip netns exec`), and the state file `/run
 The state file is written before the first namespace exists, with the creating process's pid and start time, so
 whatever a killed run leaves behind is found and removed by the next `create` of the same owner. The bridge lives
 in the switch namespace, never in the root one (Docker's FORWARD policy there drops bridged traffic), and no
-address or route is ever added in the root namespace: nothing is routed off the machine.
+address or route is ever added in the root namespace: nothing is routed off the machine. With an `overlay` subnet
+every host also gets a VXLAN device over its link (overlay.py), addressed in that subnet.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ddlrepro.host.testbed import limits, shaping
+from ddlrepro.host.testbed import limits, overlay, shaping
 from ddlrepro.host.testbed.limits import TestbedError
 
 STATE_DIR = Path("/run/ddlrepro/testbed")
@@ -46,6 +47,8 @@ class Host:
     address: str
     interface: str = INTERFACE
     port: str = ""  # its link's end on the switch
+    overlay_address: str = ""  # on the VXLAN device, when the testbed has an overlay
+    overlay_interface: str = ""
 
 
 def namespace_prefix(owner: str) -> str:
@@ -56,9 +59,19 @@ def switch_namespace(owner: str) -> str:
     return f"{namespace_prefix(owner)}sw"
 
 
-def plan_hosts(owner: str, count: int, network: ipaddress.IPv4Network) -> list[Host]:
+def plan_hosts(
+    owner: str, count: int, network: ipaddress.IPv4Network, overlay_network: ipaddress.IPv4Network | None = None
+) -> list[Host]:
     return [
-        Host(f"{owner}-h{i}", f"{namespace_prefix(owner)}h{i}", str(network.network_address + i), INTERFACE, f"h{i}")
+        Host(
+            f"{owner}-h{i}",
+            f"{namespace_prefix(owner)}h{i}",
+            str(network.network_address + i),
+            INTERFACE,
+            f"h{i}",
+            str(overlay_network.network_address + i) if overlay_network else "",
+            overlay.DEVICE if overlay_network else "",
+        )
         for i in range(1, count + 1)
     ]
 
@@ -227,10 +240,19 @@ class Testbed:
 
     __test__ = False  # not a pytest test class despite its name
 
-    def __init__(self, owner: str, hosts: list[Host], subnet: str, rates: dict[str, int | None], pid: int) -> None:
+    def __init__(
+        self,
+        owner: str,
+        hosts: list[Host],
+        subnet: str,
+        rates: dict[str, int | None],
+        pid: int,
+        overlay_subnet: str | None = None,
+    ) -> None:
         self.owner = owner
         self.hosts = hosts
         self.subnet = subnet
+        self.overlay_subnet = overlay_subnet
         self.rates = rates
         self.pid = pid
         self.switch = switch_namespace(owner)
@@ -243,14 +265,20 @@ class Testbed:
         hosts: int,
         link_rate: str | int | Mapping[str, str | int | None] | None = None,
         subnet: str = "198.18.0.0/24",
+        overlay_subnet: str | None = None,
     ) -> Testbed:
-        """`link_rate`: every host's, or {host name: rate} (hosts left out: no limit)."""
+        """`link_rate`: every host's, or {host name: rate} (hosts left out: no limit); `overlay_subnet`: the
+        VXLAN overlay's addresses (None: no overlay)."""
         limits.require_available()
         limits.check_owner(owner)
         network = limits.check_subnet(subnet)
         limits.check_hosts(hosts, network)
-        planned = plan_hosts(owner, hosts, network)
-        testbed = cls(owner, planned, str(network), host_rates(planned, link_rate), os.getpid())
+        overlay_network = overlay.check_overlay_subnet(overlay_subnet, network) if overlay_subnet else None
+        if overlay_network:
+            limits.check_hosts(hosts, overlay_network)
+        planned = plan_hosts(owner, hosts, network, overlay_network)
+        overlay_text = str(overlay_network) if overlay_network else None
+        testbed = cls(owner, planned, str(network), host_rates(planned, link_rate), os.getpid(), overlay_text)
         with state_lock():
             remove_leftovers(owner)
             testbed.save()
@@ -270,7 +298,7 @@ class Testbed:
         if not owner_alive(state):
             raise TestbedError(f"testbed {owner!r} was left by a dead process (pid {state.get('pid')})")
         hosts = [Host(**host) for host in state["hosts"]]
-        return cls(owner, hosts, state["subnet"], state["rates"], state["pid"])
+        return cls(owner, hosts, state["subnet"], state["rates"], state["pid"], state.get("overlay_subnet"))
 
     def save(self) -> None:
         write_state(
@@ -280,6 +308,7 @@ class Testbed:
                 "pid": self.pid,
                 "pid_start": process_start(self.pid),
                 "subnet": self.subnet,
+                "overlay_subnet": self.overlay_subnet,
                 "switch": self.switch,
                 "hosts": [asdict(host) for host in self.hosts],
                 "rates": self.rates,
@@ -313,7 +342,23 @@ class Testbed:
                     f"link set {host.interface} up",
                 ],
             )
+        if self.overlay_subnet:
+            self.build_overlay(ipaddress.ip_network(self.overlay_subnet).prefixlen)
         self.apply_rates(self.hosts)
+
+    def build_overlay(self, prefix_length: int) -> None:
+        """Every host's VXLAN device, then its neighbour and forwarding entries for every other host."""
+        numbered = list(enumerate(self.hosts, start=1))
+        for index, host in numbered:
+            lines = overlay.device_commands(index, host.address, host.overlay_address, prefix_length)
+            run(["ip", "-n", host.namespace, "-batch", "-"], lines)
+        for index, host in numbered:
+            peers = [(i, peer.address, peer.overlay_address) for i, peer in numbered if i != index]
+            if not peers:
+                continue
+            neighbours, forwarding = overlay.neighbour_commands(peers)
+            run(["ip", "-n", host.namespace, "-batch", "-"], neighbours)
+            run(["bridge", "-n", host.namespace, "-batch", "-"], forwarding)
 
     def apply_rates(self, hosts: list[Host]) -> None:
         """Each host's rate on its eth0 and on its switch port (both directions): one `tc` batch a namespace."""

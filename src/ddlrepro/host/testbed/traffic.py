@@ -43,6 +43,7 @@ class Flow:
     rate: str  # offered, all connections together, e.g. "100mbit"
     start_s: float  # after traffic.start
     stop_s: float
+    overlay: bool = False  # to the destination's overlay (VXLAN) address rather than its underlay one
 
 
 def check_flow(testbed: Testbed, flow: Flow) -> None:
@@ -53,7 +54,14 @@ def check_flow(testbed: Testbed, flow: Flow) -> None:
         raise TestbedError(f"flow {flow}: connections must be ≥ 1, got {flow.connections!r}")
     if not 0 <= flow.start_s < flow.stop_s:
         raise TestbedError(f"flow {flow}: needs 0 ≤ start_s < stop_s")
+    if flow.overlay and not testbed.overlay_subnet:
+        raise TestbedError(f"flow {flow}: over the overlay, but testbed {testbed.owner!r} has none")
     limits.parse_rate(flow.rate)
+
+
+def destination_address(testbed: Testbed, flow: Flow) -> str:
+    destination = testbed.host(flow.destination)
+    return destination.overlay_address if flow.overlay else destination.address
 
 
 class Traffic:
@@ -87,7 +95,7 @@ class Traffic:
                 [
                     "send",
                     "--to",
-                    self.testbed.host(flow.destination).address,
+                    destination_address(self.testbed, flow),
                     "--port",
                     ready[1],
                     "--connections",
