@@ -108,7 +108,7 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
     tf_config = cluster_config(role_of, addresses, ctx.rank)
     os.environ["TF_CONFIG"] = json.dumps(tf_config)
     role = role_of[ctx.rank]
-    emit("metric", rank=ctx.rank, metric="role_index", value=tf_config["task"]["index"], role=role)
+    emit("metric", rank=ctx.rank, metric="role_index", value=tf_config["task"]["index"], detail=role)
     counter = NodeInterfaceCounter(ctx.rank, 0)
     if role == "chief":
         Chief(params, ctx, min(starts), counter).run()
@@ -276,8 +276,8 @@ class Chief:
                 read[task] += size
                 pushed[task] += size if trainable else 0
         for task in range(self.params["ps"]):
-            emit("metric", rank=0, metric="ps_read_bytes_per_step", value=read[task], ps=task)
-            emit("metric", rank=0, metric="ps_pushed_bytes_per_step", value=pushed[task], ps=task)
+            emit("metric", rank=0, metric="ps_read_bytes_per_step", value=read[task], detail=f"ps {task}")
+            emit("metric", rank=0, metric="ps_pushed_bytes_per_step", value=pushed[task], detail=f"ps {task}")
 
     def per_worker_data(self, coordinator: Any, split: datasets.Split, batch_size: int) -> Any:
         import tensorflow as tf
