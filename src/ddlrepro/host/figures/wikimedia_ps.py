@@ -8,8 +8,9 @@ model, data, batch, epochs in one process with Keras `fit` (the baseline). Data:
 
 Summary, one row per run: the parameter servers' bytes per sample (their hosts' interface counters, received plus
 sent, over the training at `batch_size` and over the probe at `probe_batch_size`), the busiest and least busy
-parameter server's bytes and their ratio, the counters against the bytes TensorFlow moves (every variable read
-and every trainable one's gradient pushed, per step, from where the chief placed them), test accuracy, training
+parameter server's bytes and their ratio, the counters against the tensors TensorFlow moves (every variable read
+and every trainable one's gradient pushed, per step, from where the chief placed them) and against what the
+parameter servers' sockets sent and received (TCP payload, from `ss`: gRPC's framing included, headers not), test accuracy, training
 time (the steps only, start-up not included) and the cluster's ready time; the cluster rows also hold their
 accuracy gap to the one process (points) and the one process's time ÷ theirs.
 Plot: (a) bytes per sample at the two batch sizes; (b) bytes per parameter server per placement;
@@ -87,6 +88,14 @@ def tensorflow_bytes(rows: pd.DataFrame, steps: float) -> float:
     return float(per_step * steps)
 
 
+def tcp_bytes(rows: pd.DataFrame, phase: str) -> float:
+    """What the parameter servers' sockets sent and received over `phase` (TCP payload, from `ss`), NaN if unread."""
+    sockets = rows[rows["metric"] == "tcp_bytes"]
+    moved = sockets.loc[sockets["phase"] == f"{phase}_end", "value"].sum()
+    moved -= sockets.loc[sockets["phase"] == f"{phase}_start", "value"].sum()
+    return float(moved) if not sockets.empty else float("nan")
+
+
 def cluster_row(rows: pd.DataFrame) -> dict[str, Any]:
     first = rows.iloc[0]
     steps = last_metric(rows, "train_steps")
@@ -102,6 +111,7 @@ def cluster_row(rows: pd.DataFrame) -> dict[str, Any]:
         "least_ps_bytes": least,
         "ps_imbalance": busiest / least if least > 0 else float("inf"),
         "counters_vs_tensorflow": sum(trained.values()) / tensorflow_bytes(rows, steps),
+        "counters_vs_tcp": sum(trained.values()) / tcp_bytes(rows, "train"),
         "cluster_ready_s": last_metric(rows, "cluster_ready_s"),
         "evaluator_accuracy": last_metric(rows, "evaluator_accuracy"),
     }
@@ -163,7 +173,8 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     ) if not clusters.empty else pd.DataFrame()
     bars(axes[0], per_sample, "batch", "value", "run", "batch size (samples)", "to and from the PS (bytes/sample)")
     plotting.panel_title(axes[0], "parameter-server traffic per sample")
-    bars(axes[1], per_ps_table(table), "run", "megabytes", "parameter server", "placement", "PS host traffic (MB)")
+    disturbed = dict(zip(summary["run"], summary["disturbed"], strict=True))
+    bars(axes[1], per_ps_table(table, disturbed), "run", "megabytes", "parameter server", "placement", "PS host traffic (MB)")
     plotting.panel_title(axes[1], "traffic per parameter server")
     bars(axes[2], ok.assign(percent=ok["accuracy"] * 100), "run", "percent", None, "run", "test accuracy (%)")
     plotting.panel_title(axes[2], "accuracy at equal epochs")
@@ -174,15 +185,16 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     return figure, summary
 
 
-def per_ps_table(table: pd.DataFrame) -> pd.DataFrame:
-    """Per cluster run and parameter server: MB its host moved while training."""
+def per_ps_table(table: pd.DataFrame, disturbed: dict[str, bool]) -> pd.DataFrame:
+    """Per cluster run and parameter server: MB its host moved while training (and whether the run was disturbed)."""
     import pandas as pd
 
     rows = []
     ran = table[(table["metric"] != "skipped") & (table["mode"] == "cluster")]
     for _, point_rows in ran.groupby("point_id", sort=False):
         for task, moved in sorted(ps_counter_bytes(point_rows, "train").items()):
-            rows.append({"run": run_name(point_rows.iloc[0]), "parameter server": f"ps {task}", "megabytes": moved / 1e6})
+            run = run_name(point_rows.iloc[0])
+            rows.append({"run": run, "parameter server": f"ps {task}", "megabytes": moved / 1e6, "disturbed": disturbed[run]})
     return pd.DataFrame(rows)
 
 

@@ -30,7 +30,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -171,9 +173,26 @@ def serve(params: dict[str, Any], role: str, counter: NodeInterfaceCounter) -> N
     dist.barrier()  # every server listens before the chief connects
     while (phase := next_phase()) != "done":
         counter.record(phase)
+        if role == "ps" and shutil.which("ss"):
+            emit("metric", rank=dist.get_rank(), metric="tcp_bytes", value=tcp_payload_bytes(), phase=phase)
         if phase == "evaluate" and role == "evaluator":
             evaluate_checkpoint(params)
     del server
+
+
+def tcp_payload_bytes() -> int:
+    """What this host's applications handed to TCP and got from it (every socket's bytes sent and received, from
+    `ss`; loopback left out): the bytes TensorFlow (and the torch group's few) sent, without TCP/IP headers."""
+    listing = subprocess.run(["ss", "-tinH"], capture_output=True, text=True, check=True).stdout
+    total, loopback = 0, False
+    for line in listing.splitlines():
+        if not line[:1].isspace():
+            loopback = line.split()[3].startswith(("127.", "[::1]", "[::ffff:127."))
+            continue
+        if not loopback:
+            stats = dict(item.split(":", 1) for item in line.split() if ":" in item)
+            total += int(stats.get("bytes_sent", stats.get("bytes_acked", 0))) + int(stats.get("bytes_received", 0))
+    return total
 
 
 def evaluate_checkpoint(params: dict[str, Any]) -> None:
@@ -251,6 +270,7 @@ class Chief:
         self.steps(coordinator, train_step, probe_data, params["probe_steps"])
         self.phase("probe_end")
         announce("done")
+        emit("result", rank=0, mode="cluster", placement=params["placement"], steps=train_steps)
 
     def phase(self, phase: str) -> None:
         announce(phase)
@@ -362,4 +382,6 @@ def run_single(params: dict[str, Any]) -> None:
     train_time = time.time() - began
     emit("metric", rank=0, metric="accuracy", value=numpy_accuracy(model.get_weights(), split))
     emit("metric", rank=0, metric="train_time_s", value=train_time)
-    emit("metric", rank=0, metric="train_steps", value=params["epochs"] * steps_per_epoch(params, len(split.train_labels)))
+    steps = params["epochs"] * steps_per_epoch(params, len(split.train_labels))
+    emit("metric", rank=0, metric="train_steps", value=steps)
+    emit("result", rank=0, mode="single", steps=steps)
