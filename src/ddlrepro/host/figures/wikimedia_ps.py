@@ -10,8 +10,8 @@ Summary, one row per run: the parameter servers' bytes per sample (their hosts' 
 sent, over the training at `batch_size` and over the probe at `probe_batch_size`), the busiest and least busy
 parameter server's bytes and their ratio, the counters against the tensors TensorFlow moves (every variable read
 and every trainable one's gradient pushed, per step, from where the chief placed them) and against what the
-parameter servers' sockets sent and received (TCP payload, from `ss`: gRPC's framing included, headers not), test accuracy, training
-time (the steps only, start-up not included) and the cluster's ready time; the cluster rows also hold their
+parameter servers' sockets sent and received (TCP payload, from `ss`: gRPC's framing included, headers not),
+test accuracy, training time (the steps only, start-up not included) and the cluster's ready time; the cluster rows also hold their
 accuracy gap to the one process (points) and the one process's time ÷ theirs.
 Plot: (a) bytes per sample at the two batch sizes; (b) bytes per parameter server per placement;
 (c) accuracy and (d) training time, cluster against one process.
@@ -165,16 +165,30 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     figure, axes = plotting.new_figure(4, TITLE)
     ok = summary[summary["status"] == "ok"]
     clusters = ok[ok["run"] != SINGLE]
-    per_sample = pd.concat(
-        [
-            clusters.assign(batch=clusters["probe_batch_size"].astype(int), value=clusters["ps_bytes_per_sample_probe"]),
-            clusters.assign(batch=clusters["batch_size"].astype(int), value=clusters["ps_bytes_per_sample"]),
-        ]
-    ) if not clusters.empty else pd.DataFrame()
+    per_sample = (
+        pd.concat(
+            [
+                clusters.assign(
+                    batch=clusters["probe_batch_size"].astype(int), value=clusters["ps_bytes_per_sample_probe"]
+                ),
+                clusters.assign(batch=clusters["batch_size"].astype(int), value=clusters["ps_bytes_per_sample"]),
+            ]
+        )
+        if not clusters.empty
+        else pd.DataFrame()
+    )
     bars(axes[0], per_sample, "batch", "value", "run", "batch size (samples)", "to and from the PS (bytes/sample)")
     plotting.panel_title(axes[0], "parameter-server traffic per sample")
     disturbed = dict(zip(summary["run"], summary["disturbed"], strict=True))
-    bars(axes[1], per_ps_table(table, disturbed), "run", "megabytes", "parameter server", "placement", "PS host traffic (MB)")
+    bars(
+        axes[1],
+        per_ps_table(table, disturbed),
+        "run",
+        "megabytes",
+        "parameter server",
+        "placement",
+        "PS host traffic (MB)",
+    )
     plotting.panel_title(axes[1], "traffic per parameter server")
     bars(axes[2], ok.assign(percent=ok["accuracy"] * 100), "run", "percent", None, "run", "test accuracy (%)")
     plotting.panel_title(axes[2], "accuracy at equal epochs")
@@ -194,7 +208,9 @@ def per_ps_table(table: pd.DataFrame, disturbed: dict[str, bool]) -> pd.DataFram
     for _, point_rows in ran.groupby("point_id", sort=False):
         for task, moved in sorted(ps_counter_bytes(point_rows, "train").items()):
             run = run_name(point_rows.iloc[0])
-            rows.append({"run": run, "parameter server": f"ps {task}", "megabytes": moved / 1e6, "disturbed": disturbed[run]})
+            rows.append(
+                {"run": run, "parameter server": f"ps {task}", "megabytes": moved / 1e6, "disturbed": disturbed[run]}
+            )
     return pd.DataFrame(rows)
 
 

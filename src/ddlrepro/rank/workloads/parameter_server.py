@@ -27,6 +27,7 @@ records the test accuracy it finds.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -63,7 +64,7 @@ def roles(params: dict[str, Any]) -> list[str]:
 def layer_sizes(params: dict[str, Any]) -> list[tuple[int, int]]:
     """(inputs, outputs) of each dense layer: the trunk, then the top."""
     widths = [64, *params["hidden"], CLASSES]
-    return list(zip(widths[:-1], widths[1:], strict=True))
+    return list(itertools.pairwise(widths))
 
 
 def initial_weights(params: dict[str, Any]) -> list[np.ndarray]:
@@ -104,7 +105,9 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
         return
     role_of = roles(params)
     if len(role_of) != ctx.world_size:
-        raise RuntimeError(f"the point's roles {role_of} need {len(role_of)} ranks, the launcher started {ctx.world_size}")
+        raise RuntimeError(
+            f"the point's roles {role_of} need {len(role_of)} ranks, the launcher started {ctx.world_size}"
+        )
     started = psutil.Process().create_time()
     addresses, starts = exchange_addresses(started)
     tf_config = cluster_config(role_of, addresses, ctx.rank)
