@@ -194,6 +194,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     plotting.panel_title(axes[2], "accuracy at equal epochs")
     bars(axes[3], ok, "run", "train_time_s", None, "run", "training time (s, start-up excluded)")
     plotting.panel_title(axes[3], "wall time")
+    plotting.note_disturbed(axes[3], summary, ["run"])
     for axis in axes:
         plotting.note_skipped(axis, plotting.skipped_points(table, ["placement", "mode"]), ["placement", "mode"])
     return figure, summary
@@ -217,11 +218,11 @@ def per_ps_table(table: pd.DataFrame, disturbed: dict[str, bool]) -> pd.DataFram
 def bars(axis: Any, data: pd.DataFrame, x: str, y: str, hue: str | None, xlabel: str, ylabel: str) -> None:
     from ddlrepro.host import plotting
 
-    axis.set_xlabel(xlabel)
-    axis.set_ylabel(ylabel)
     if data.empty:
         axis.text(0.5, 0.5, "no run", ha="center", transform=axis.transAxes)
-        return
-    plotting.grouped_bars(axis, data, x=x, y=y, hue=hue or x)
-    if hue:
-        plotting.legend(axis, title=hue)
+    else:
+        plotting.grouped_bars(axis, data, x=x, y=y, hue=hue or x)
+        if hue:
+            plotting.legend(axis, title=hue)
+    axis.set_xlabel(xlabel)
+    axis.set_ylabel(ylabel)
