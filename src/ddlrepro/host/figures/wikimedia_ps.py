@@ -11,7 +11,8 @@ sent, over the training at `batch_size` and over the probe at `probe_batch_size`
 parameter server's bytes and their ratio, the counters against the tensors TensorFlow moves (every variable read
 and every trainable one's gradient pushed, per step, from where the chief placed them) and against what the
 parameter servers' sockets sent and received (TCP payload, from `ss`: gRPC's framing included, headers not),
-test accuracy, training time (the steps only, start-up not included) and the cluster's ready time; the cluster
+test accuracy, training time (the steps only, start-up not included) and the cluster's ready time (and its part
+after every rank had loaded its libraries); the cluster
 rows also hold their accuracy gap to the one process (points) and the one process's time ÷ theirs.
 Plot: (a) bytes per sample at the two batch sizes; (b) bytes per parameter server per placement;
 (c) accuracy and (d) training time, cluster against one process.
@@ -113,6 +114,7 @@ def cluster_row(rows: pd.DataFrame) -> dict[str, Any]:
         "counters_vs_tensorflow": sum(trained.values()) / tensorflow_bytes(rows, steps),
         "counters_vs_tcp": sum(trained.values()) / tcp_bytes(rows, "train"),
         "cluster_ready_s": last_metric(rows, "cluster_ready_s"),
+        "cluster_ready_after_imports_s": last_metric(rows, "cluster_ready_after_imports_s"),
         "evaluator_accuracy": last_metric(rows, "evaluator_accuracy"),
     }
 
