@@ -16,7 +16,7 @@ from conftest import REPO, snakemake
 from ddlrepro.host.config import ConfigError, load_config, validate_config
 from ddlrepro.host.figures import figure_points, wikimedia_ps
 from ddlrepro.host.launchers import local_launcher
-from ddlrepro.host.run import run_point
+from ddlrepro.host.run import run_point, unmet_requirement
 from ddlrepro.host.tables import RECORD_COLUMNS
 from ddlrepro.host.testbed.limits import unavailable_reason
 
@@ -53,12 +53,27 @@ def test_roles_follow_the_ranks(smoke: dict) -> None:
     assert single.workers == 1 and "testbed_hosts" not in single.params
 
 
+def test_top_freezes_the_trunk() -> None:
+    """`trainable: top` trains the softmax layer's kernel and bias only; `all` every weight."""
+    from ddlrepro.rank.workloads.parameter_server import trainable_flags
+
+    assert trainable_flags({"hidden": [8, 8], "trainable": "top"}) == [False] * 4 + [True] * 2
+    assert trainable_flags({"hidden": [8, 8], "trainable": "all"}) == [True] * 6
+
+
+def test_cluster_points_are_skipped_without_root(smoke: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ddlrepro.host.run.testbed_unavailable_reason", lambda: "needs root for network namespaces")
+    reasons = [unmet_requirement(point) for point in figure_points(smoke)[FIGURE].values()]
+    assert reasons == ["skipped: needs root for network namespaces"] * 2 + [None]
+
+
 def run_records(run_dir: Path) -> pd.DataFrame:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     records = pd.DataFrame([json.loads(line) for line in lines]).reindex(columns=RECORD_COLUMNS)
     return records.assign(probe_steps=5, probe_batch_size=32, batch_size=512, mode="cluster")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_two_workers_one_ps_on_testbed_hosts(smoke: dict, tmp_path: Path) -> None:
     """A real cluster (chief, 2 workers, 1 PS, each on its own testbed host) trains, and the PS host's counters

@@ -4,7 +4,9 @@ parameter servers on YARN), on CPU here.
 Points: one cluster run per `placement` (round-robin, partitioned) of the `ps` workload (rank/workloads/
 parameter_server.py: ParameterServerStrategy + ClusterCoordinator, the TF2 stand-in for the removed Estimator),
 every role (chief, workers, parameter servers, evaluators) a rank on its own testbed host; and one run of the same
-model, data, batch, epochs in one process with Keras `fit` (the baseline). Data: scikit-learn's digits.
+model, data, batch, epochs in one process with Keras `fit` (the baseline). Data: scikit-learn's digits. The
+workload reads its role from its rank under any launcher (as Slurm tasks too), but this figure's cluster runs ask
+for testbed hosts, which only the local launcher makes: elsewhere they are skipped with that reason.
 
 Summary, one row per run: the parameter servers' bytes per sample (their hosts' interface counters, received plus
 sent, over the training at `batch_size` and over the probe at `probe_batch_size`), the busiest and least busy
