@@ -225,7 +225,7 @@ def bars(axis: Any, data: pd.DataFrame, x: str, y: str, hue: str | None, xlabel:
     if data.empty:
         axis.text(0.5, 0.5, "no run", ha="center", transform=axis.transAxes)
     else:
-        plotting.grouped_bars(axis, data, x=x, y=y, hue=hue or x)
+        plotting.grouped_bars(axis, data.assign(series="measured"), x=x, y=y, hue=hue or "series")
         if hue:
             plotting.legend(axis, title=hue)
     axis.set_xlabel(xlabel)
