@@ -76,21 +76,25 @@ def run_records(run_dir: Path) -> pd.DataFrame:
 @pytest.mark.slow
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_two_workers_one_ps_on_testbed_hosts(smoke: dict, tmp_path: Path) -> None:
-    """A real cluster (chief, 2 workers, 1 PS, each on its own testbed host) trains, and the PS host's counters
-    carry at least the tensors TensorFlow moved (variables read, gradients pushed; more: gRPC
-    framing and TCP/IP headers); against what its sockets sent and received (`ss`) they are within 5 %."""
+    """A real cluster (chief, 2 workers, 1 PS, an evaluator, each on its own testbed host) trains; the evaluator
+    finds the chief's accuracy in its final weights; the PS host's counters carry at least the tensors TensorFlow
+    moved (variables read, gradients pushed; more: gRPC framing, TCP/IP headers) and are within 5 % of what its
+    sockets sent and received (`ss`). A 50k-parameter trunk: with a tiny one, headers of small packets add ~12 %."""
     point = next(iter(figure_points(smoke)[FIGURE].values()))
-    params = {**point.params, **TINY, "hidden": [256, 128], "ps_workers": 2, "ps": 1, "testbed_hosts": 5}
-    result = run_point(replace(point, workers=4, params=params), tmp_path / "run", local_launcher(120))
+    roles = {"ps_workers": 2, "ps": 1, "evaluators": 1, "testbed_hosts": 6}
+    params = {**point.params, **TINY, "hidden": [256, 128], **roles}
+    result = run_point(replace(point, workers=5, params=params), tmp_path / "run", local_launcher(120))
     assert result["status"] == "ok"
     records = run_records(tmp_path / "run")
-    roles = records[records["metric"] == "role_index"].sort_values("rank")["detail"].tolist()
-    assert roles == ["chief", "worker", "worker", "ps"]
+    ranks = records[records["metric"] == "role_index"].sort_values("rank")["detail"].tolist()
+    assert ranks == ["chief", "worker", "worker", "ps", "evaluator"]
     row = wikimedia_ps.cluster_row(records)
     assert row["counters_vs_tensorflow"] >= 1.0, row
     assert row["counters_vs_tcp"] == pytest.approx(1.0, abs=0.05), row
     assert row["ps_bytes_per_sample"] * 8 <= row["ps_bytes_per_sample_probe"], row
-    assert wikimedia_ps.last_metric(records, "accuracy") > 0.5
+    accuracy = wikimedia_ps.last_metric(records, "accuracy")
+    assert accuracy > 0.5
+    assert wikimedia_ps.last_metric(records, "evaluator_accuracy") == accuracy  # the chief's final weights
     assert row["cluster_ready_s"] > 0
 
 
