@@ -111,3 +111,16 @@ def test_snakemake_wikimedia_ps(workflow_copy: Path) -> None:
     relations = ["traffic-falls-with-batch", "round-robin-uneven", "partitioned-even"]
     assert (checks.loc[relations, "status"] == "pass").all(), checks.loc[relations]
     assert checks.loc["cluster-faster", "status"] == "skipped"
+
+
+def test_a_frozen_trunk_is_labelled() -> None:
+    """`trainable: top` says in the figure's title that the trunk was frozen, and at what."""
+    import matplotlib.pyplot as plt
+
+    from ddlrepro.host.tables import read_table
+
+    table = read_table(REPO / "tests" / "data" / "tables" / f"{FIGURE}.csv")
+    for trainable, labelled in (("all", False), ("top", True)):
+        drawing, _ = wikimedia_ps.plot(table.assign(trainable=trainable), "smoke", [])
+        assert ("trunk frozen at its random initialisation" in drawing.get_suptitle()) is labelled
+        plt.close(drawing)

@@ -32,7 +32,11 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 ID = "wikimedia-ps"
-TITLE = "Wikimedia: TensorFlow parameter servers against one process (CPU, digits)"
+TITLE = (
+    "Wikimedia: TensorFlow parameter servers (ParameterServerStrategy, TF2's stand-in for the Estimator) against "
+    "one process (Keras fit); CPU, digits"
+)
+FROZEN = "; top only: trunk frozen at its random initialisation (no pretrained weights)"
 TRAINING_KEYS = ["batch_size", "epochs", "hidden", "trainable", "learning_rate", "test_fraction", "seed"]
 CLUSTER_KEYS = ["ps_workers", "ps", "evaluators", "probe_batch_size", "probe_steps"]
 SINGLE = "one process"
@@ -166,7 +170,8 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     from ddlrepro.host import plotting
 
     summary = summarize(table)
-    figure, axes = plotting.new_figure(4, TITLE)
+    frozen = "trainable" in table and (table["trainable"] == "top").any()
+    figure, axes = plotting.new_figure(4, TITLE + (FROZEN if frozen else ""))
     ok = summary[summary["status"] == "ok"]
     clusters = ok[ok["run"] != SINGLE]
     per_sample = (
