@@ -68,6 +68,7 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/overlay.py
 	$(BIN)/python benchmarks/adaptive_policies.py
 	$(BIN)/python benchmarks/simulator_fidelity.py
+	$(BIN)/python benchmarks/parameter_server.py
 	$(BIN)/python benchmarks/report.py
 	$(BIN)/python benchmarks/readme_table.py
 

@@ -248,6 +248,8 @@ def synthetic_records(point) -> list[dict]:
         )
     if point.workload == "adaptive_strategy":
         return adaptive_strategy_records(params, ranks)
+    if point.workload == "ps":
+        return parameter_server_records(params)
     if params.get("policy") == "provisioning" or params["mode"].startswith(("fixed-", "all-at-once")):
         return provisioning_records(params)
     return elastic_records(params)
@@ -290,6 +292,28 @@ def adaptive_strategy_records(params: dict, ranks: range) -> list[dict]:
         for rank in ranks
         for phase, value in phases.items()
     ]
+    return records
+
+
+def parameter_server_records(params: dict) -> list[dict]:
+    """A `ps` run: the one process, or a cluster whose PS hosts move 1 MB per step (round-robin: 3 of 4 to ps 0)."""
+    records = [{"rank": 0, "metric": m, "value": v} for m, v in (("accuracy", 0.9), ("train_time_s", 2.0))]
+    if params["mode"] == "single":
+        return [*records, {"rank": 0, "metric": "train_steps", "value": 30}]
+    records += [{"rank": 0, "metric": m, "value": v} for m, v in (("train_steps", 30), ("cluster_ready_s", 5.0))]
+    roles = ["chief", *["worker"] * params["ps_workers"], *["ps"] * params["ps"]]
+    shares = [0.75, 0.25] if params["placement"] == "round-robin" else [0.5, 0.5]
+    for rank, role in enumerate(roles):
+        task = rank - roles.index(role)
+        records.append({"rank": rank, "metric": "role_index", "value": task, "detail": role})
+        if role != "ps":
+            continue
+        records.append({"rank": 0, "metric": "ps_read_bytes_per_step", "value": 4e5 * shares[task]})
+        records.append({"rank": 0, "metric": "ps_pushed_bytes_per_step", "value": 4e5 * shares[task]})
+        for phase, steps in (("train", 30), ("probe", params["probe_steps"])):
+            for end, value in ((f"{phase}_start", 0.0), (f"{phase}_end", 1e6 * steps * shares[task])):
+                row = {"rank": rank, "phase": end, "interface": "eth0", "value": value}
+                records += [{**row, "metric": "node_rx_bytes"}, {**row, "metric": "tcp_bytes"}]
     return records
 
 

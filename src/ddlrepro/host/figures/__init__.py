@@ -33,6 +33,7 @@ FIGURES = {
     "easyscale-fig12": "ddlrepro.host.figures.easyscale_fig12",
     "easyscale-fig13": "ddlrepro.host.figures.easyscale_fig13",
     "easyscale-fig14": "ddlrepro.host.figures.easyscale_fig14",
+    "wikimedia-ps": "ddlrepro.host.figures.wikimedia_ps",
 }
 
 

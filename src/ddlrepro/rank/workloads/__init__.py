@@ -9,4 +9,5 @@ WORKLOADS = {
     "allreduce": "ddlrepro.rank.workloads.allreduce",
     "adaptive_batch": "ddlrepro.rank.workloads.adaptive_batch",
     "adaptive_strategy": "ddlrepro.rank.workloads.adaptive_strategy",
+    "ps": "ddlrepro.rank.workloads.parameter_server",
 }
