@@ -101,7 +101,7 @@ def write_private(path: Path, text: str) -> Path:
     return path
 
 
-def new_credentials(folder: Path) -> tuple[str, str]:
+def new_credentials() -> tuple[str, str]:
     """Fresh access and secret keys for one run, registered for redaction."""
     access_key = "DDL" + secrets.token_hex(8).upper()
     secret_key = secrets.token_urlsafe(30)
@@ -176,9 +176,18 @@ def create_bucket(client: Any, bucket: str, deadline: float, server: subprocess.
             time.sleep(0.2)
 
 
+def shard_files(shards: Path) -> list[Path]:
+    return sorted(path for path in shards.iterdir() if path.suffix == ".npz")
+
+
+def local_provenance(shards: Path) -> dict[str, Any]:
+    files = shard_files(shards)
+    return {"storage": "local disk", "objects": len(files), "total_bytes": sum(path.stat().st_size for path in files)}
+
+
 def upload(client: Any, bucket: str, shards: Path) -> tuple[int, int]:
     """Upload every shard file; the number of objects and their total bytes."""
-    files = sorted(path for path in shards.iterdir() if path.suffix == ".npz")
+    files = shard_files(shards)
     for path in files:
         client.fput_object(bucket, path.name, str(path))
     return len(files), sum(path.stat().st_size for path in files)
@@ -216,11 +225,13 @@ def serving(shards: Path, settings: dict[str, Any] | None = None) -> Iterator[St
         os.chmod(folder, 0o700)
         started = time.monotonic()
         with contextlib.ExitStack() as stack:
-            if settings.get("endpoint"):
+            if settings.get("credentials_env"):
                 access_key, secret_key = environment_credentials(settings["credentials_env"])
+            else:
+                access_key, secret_key = new_credentials()
+            if settings.get("endpoint"):
                 endpoint, server, label = settings["endpoint"], None, f"S3 at {settings['endpoint']}"
             else:
-                access_key, secret_key = new_credentials(folder)
                 endpoint, server = stack.enter_context(seaweedfs(folder, access_key, secret_key))
                 label = LABEL
             client = s3_client(endpoint, access_key, secret_key)
@@ -286,10 +297,14 @@ def wait_for_mount(mountpoint: Path) -> None:
 def data_inputs(params: dict[str, Any], inputs: dict[str, str]) -> Iterator[dict[str, Any]]:
     """A run's extra inputs and provenance for its data source: the store (and mount) around the run, or nothing."""
     source = params.get("data_source", "synthetic")
-    if source not in ("s3", "s3fs"):
+    if source == "synthetic":
         yield {"inputs": {}, "provenance": None}
         return
-    with serving(Path(inputs["shards_dir"]), store_settings(inputs)) as store:
+    shards = Path(inputs["shards_dir"]).resolve()
+    if source == "local":
+        yield {"inputs": {"shards_dir": str(shards)}, "provenance": local_provenance(shards)}
+        return
+    with serving(shards, store_settings(inputs)) as store:
         if source == "s3":
             yield {"inputs": store.inputs(), "provenance": store.provenance()}
             return
@@ -297,28 +312,25 @@ def data_inputs(params: dict[str, Any], inputs: dict[str, str]) -> Iterator[dict
             yield {"inputs": {"shards_dir": str(mountpoint)}, "provenance": store.provenance()}
 
 
-
 STORE_INPUTS = ("store_endpoint", "store_bucket", "store_access_key_env", "store_secret_key_env")
 
 
 def store_inputs(store: dict[str, Any]) -> dict[str, str]:
     """A configured store (`endpoint`, `bucket`, `credentials_env`) as a point's inputs: names, never keys."""
-    if not store.get("endpoint"):
-        return {"store_bucket": store["bucket"]} if store.get("bucket") else {}
-    credentials = store["credentials_env"]
-    return {
-        "store_endpoint": store["endpoint"],
-        "store_bucket": store.get("bucket") or DEFAULT_BUCKET,
-        "store_access_key_env": credentials["access_key"],
-        "store_secret_key_env": credentials["secret_key"],
+    credentials = store.get("credentials_env", {})
+    inputs = {
+        "store_endpoint": store.get("endpoint"),
+        "store_bucket": store.get("bucket"),
+        "store_access_key_env": credentials.get("access_key"),
+        "store_secret_key_env": credentials.get("secret_key"),
     }
+    return {key: value for key, value in inputs.items() if value}
 
 
 def store_settings(inputs: dict[str, str]) -> dict[str, Any]:
     """The store settings `serving` takes, from a point's inputs (`store_inputs`)."""
-    settings: dict[str, Any] = {"bucket": inputs.get("store_bucket")}
-    if inputs.get("store_endpoint"):
-        settings["endpoint"] = inputs["store_endpoint"]
+    settings: dict[str, Any] = {"bucket": inputs.get("store_bucket"), "endpoint": inputs.get("store_endpoint")}
+    if inputs.get("store_secret_key_env"):
         settings["credentials_env"] = {
             "access_key": inputs["store_access_key_env"],
             "secret_key": inputs["store_secret_key_env"],

@@ -1,15 +1,20 @@
 """IBM DLaaS scaling-efficiency table ("IBM Deep Learning Service", IBM J. Res. Dev. 2017): images/s and
 efficiency vs workers, one model and batch.
 
-Points: one throughput run per number of workers. Plot: total images/s against the ideal, and efficiency
-rate_N / (N × rate_1) beside the DLaaS measurements; the summary table is the DLaaS-style table.
+Points: one throughput run per number of workers and data source (`data_sources`: synthetic, or shards read
+from local disk, an S3 object store (SeaweedFS at smoke scale, not IBM COS) or its s3fs FUSE mount). Plot: total
+images/s against the ideal, and efficiency rate_N / (N × rate_1) per source beside the DLaaS measurements; the
+summary table is the DLaaS-style table.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ddlrepro.host.figures.common import throughput_points
+from ddlrepro.host.figures.common import require, throughput_points
+from ddlrepro.host.objectstore import LABEL, store_inputs
 from ddlrepro.points import Point
 
 if TYPE_CHECKING:
@@ -20,22 +25,91 @@ ID = "dlaas-scaling"
 TITLE = "DLaaS scaling efficiency: images/s and efficiency vs workers"
 
 
+SHARDS_DIR = f"results/data/{ID}/shards"
+ENVIRONMENT_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
-    return throughput_points(ID, section, [section["model"]], launcher)
+    base = throughput_points(ID, section, [section["model"]], launcher)
+    return [with_data_source(point, source, section) for source in section["data_sources"] for point in base]
+
+
+def with_data_source(point: Point, source: str, section: dict[str, Any]) -> Point:
+    """The point reading `source`: synthetic keeps today's point (and id); the others read the packed shards
+    (`SHARDS_DIR`, relative to the checkout), from the configured store or one started for the run."""
+    if source == "synthetic":
+        return point
+    check_store(section.get("store", {}))
+    params = {**point.params, "data_source": source, "shards": section["shards"]}
+    inputs = {"shards_dir": SHARDS_DIR, **store_inputs(section.get("store", {}))}
+    return replace(point, params=params, inputs=inputs)
+
+
+def check_store(store: dict[str, Any]) -> None:
+    """`credentials_env` names environment variables; a value that is not a name may be a key: never echo it."""
+    for role, name in store.get("credentials_env", {}).items():
+        require(
+            bool(ENVIRONMENT_VARIABLE.match(name)),
+            ID,
+            f"store.credentials_env.{role}",
+            "not a variable name (the value is not shown: it may be a secret); name an environment variable",
+        )
+
+
+def shard_settings(section: dict[str, Any]) -> dict[str, Any]:
+    """What the packed shards hold (the `pack_shards` rule's params)."""
+    return {
+        "model": section["model"],
+        "batch_size": section["batch_size"],
+        "count": section["shards"],
+        "image_size": section.get("image_size"),
+    }
+
+
+SOURCE_LABELS = {
+    "synthetic": "synthetic data",
+    "local": "shards on local disk",
+    "s3": f"shards from S3, {LABEL}",
+    "s3fs": f"shards through s3fs (FUSE), {LABEL}",
+}
+
+
+def with_default_data_source(table: pd.DataFrame) -> pd.DataFrame:
+    """Runs without a `data_source` param read synthetic data (the param is left out at its default)."""
+    column = table.get("data_source")
+    return table.assign(data_source="synthetic" if column is None else column.fillna("synthetic"))
+
+
+def draw_sources(rate: Any, efficiency: Any, summary: pd.DataFrame) -> None:
+    """Bars of total images/s side by side per data source, efficiency lines per source, the ideal of the first."""
+    from ddlrepro.host import plotting
+
+    sources = list(dict.fromkeys(summary["data_source"]))
+    single = sources == ["synthetic"]
+    for index, source in enumerate(sources):
+        rows = summary[summary["data_source"] == source]
+        label = "measured" if single else SOURCE_LABELS[source]
+        shift = 1.3 ** (index - (len(sources) - 1) / 2)  # side by side on the log-2 axis
+        width = rows["workers"] * 0.35 / len(sources)
+        bars = rate.bar(rows["workers"] * shift, rows["total"], width=width, label=label, alpha=0.8)
+        plotting.hatch_disturbed(bars, rows["disturbed"])
+        efficiency.plot(rows["workers"], rows["efficiency"], "o-", label=label)
+        plotting.ring_disturbed(efficiency, rows["workers"], rows["efficiency"], rows["disturbed"])
+        if index == 0:
+            rate.plot(
+                rows["workers"], rows["ideal_total"], "k--", label=f"ideal (N × rate₁){'' if single else ', ' + label}"
+            )
+    plotting.note_disturbed(efficiency, summary, ["data_source", "workers"])
 
 
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
     from ddlrepro.host import plotting
 
-    summary = plotting.throughput_summary(table, by=["model", "batch_size"])
+    table = with_default_data_source(table)
+    summary = plotting.throughput_summary(table, by=["model", "batch_size", "data_source"])
     figure, (rate, efficiency) = plotting.new_figure(2, TITLE, panel_size=(6.0, 4.2))
 
-    bars = rate.bar(summary["workers"], summary["total"], width=summary["workers"] * 0.35, label="measured", alpha=0.8)
-    plotting.hatch_disturbed(bars, summary["disturbed"])
-    rate.plot(summary["workers"], summary["ideal_total"], "k--", label="ideal (N × rate₁)")
-    efficiency.plot(summary["workers"], summary["efficiency"], "o-", label="measured")
-    plotting.ring_disturbed(efficiency, summary["workers"], summary["efficiency"], summary["disturbed"])
-    plotting.note_disturbed(efficiency, summary, ["workers"])
+    draw_sources(rate, efficiency, summary)
     for axis, column in ((rate, "images_per_sec"), (efficiency, "efficiency")):
         drawn = plotting.drawn_references(references, column, "workers", scale)
         for series, rows in drawn.groupby("series", sort=True):
@@ -45,6 +119,6 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     rate.set_ylabel("throughput, all workers (images/s)")
     efficiency.set_ylabel("scaling efficiency (fraction of N × rate₁)")
     efficiency.set_ylim(0, 1.1)
-    columns = ["model", "batch_size", "workers", "total", "per_worker", "confidence", "efficiency"]
+    columns = ["model", "batch_size", "data_source", "workers", "total", "per_worker", "confidence", "efficiency"]
     columns += plotting.HOST_LOAD_COLUMNS
     return figure, summary[columns].rename(columns={"total": "images_per_sec"})
