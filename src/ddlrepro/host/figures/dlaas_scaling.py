@@ -68,9 +68,9 @@ def shard_settings(section: dict[str, Any]) -> dict[str, Any]:
 
 SOURCE_LABELS = {
     "synthetic": "synthetic data",
-    "local": "shards on local disk",
-    "s3": f"shards from S3, {LABEL}",
-    "s3fs": f"shards through s3fs (FUSE), {LABEL}",
+    "local": "local disk",
+    "s3": f"S3: {LABEL}",
+    "s3fs": f"s3fs (FUSE): {LABEL}",
 }
 
 
@@ -81,10 +81,11 @@ def with_default_data_source(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def draw_sources(rate: Any, efficiency: Any, summary: pd.DataFrame) -> None:
-    """Bars of total images/s side by side per data source, efficiency lines per source, the ideal of the first."""
+    """Bars of total images/s side by side per data source, efficiency lines per source, the ideal of the first
+    (synthetic data where measured)."""
     from ddlrepro.host import plotting
 
-    sources = list(dict.fromkeys(summary["data_source"]))
+    sources = [source for source in SOURCE_LABELS if source in set(summary["data_source"])]
     single = sources == ["synthetic"]
     for index, source in enumerate(sources):
         rows = summary[summary["data_source"] == source]
