@@ -177,7 +177,11 @@ def point_data(wildcards):
 def shard_options(figure):
     """pack_shards' options, from the figure's shard settings (what the shards hold)."""
     settings = figure_module(figure).shard_settings(config["figures"][figure])
-    options = [f"--{key.replace('_', '-')} {value}" for key, value in settings.items() if value is not None]
+    options = [
+        f"--{key.replace('_', '-')} {value}"
+        for key, value in settings.items()
+        if value is not None
+    ]
     return " ".join(options)
 
 
