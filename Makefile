@@ -66,6 +66,7 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/framework_fidelity.py $(if $(HOROVOD_SCRIPT),--horovod-script $(HOROVOD_SCRIPT))
 	$(BIN)/python benchmarks/elastic_resize.py
 	$(BIN)/python benchmarks/testbed_setup.py
+	$(BIN)/python benchmarks/data_path.py
 	$(BIN)/python benchmarks/link_bandwidth.py
 	$(BIN)/python benchmarks/adaptive_policies.py
 	$(BIN)/python benchmarks/simulator_fidelity.py
