@@ -9,7 +9,7 @@ from starting SeaweedFS to its bucket answering (`up`) and from asking it to sto
 then SIGKILL).
 Targets (targets.yaml): ratio ≥ 0.95, up ≤ 10 s, down ≤ 15 s.
 
-    python benchmarks/data_path.py [--model resnet20] [--batch-size 32] [--rounds 3] [--store-rounds 3]
+    python benchmarks/data_path.py [--model resnet20] [--batch-size 32] [--rounds 5] [--store-rounds 3]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--batches", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--store-rounds", type=int, default=3)
     args = parser.parse_args()
     with BenchmarkRecord(__file__, args) as record, tempfile.TemporaryDirectory() as scratch:

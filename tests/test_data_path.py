@@ -97,6 +97,25 @@ def test_an_unreachable_endpoint_fails_fast_naming_endpoint_and_bucket(tmp_path:
     assert not any(key in message for key in keys.values())
 
 
+def test_an_unreachable_configured_store_fails_the_run_fast(
+    packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_S3_ACCESS", "DDLTESTACCESS0002")
+    monkeypatch.setenv("TEST_S3_SECRET", "never-printed-secret-9876543210")
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    store = {"endpoint": endpoint, "bucket": "b-configured",
+             "credentials_env": {"access_key": "TEST_S3_ACCESS", "secret_key": "TEST_S3_SECRET"}}  # fmt: skip
+    point = tiny_point(workers=1, figure="dlaas-scaling", data_source="s3", shards=COUNT)
+    point = replace(point, inputs={"shards_dir": str(packed), **objectstore.store_inputs(store)})
+    started = time.monotonic()
+    with pytest.raises(RuntimeError) as caught:
+        run_point(point, tmp_path / "run", local_launcher(60))
+    assert time.monotonic() - started < 10
+    message = str(caught.value)
+    assert f"object store {endpoint}, bucket b-configured: unreachable" in message
+    assert "never-printed" not in message and "DDLTESTACCESS" not in message
+
+
 def test_the_store_starts_and_stops_in_time_and_keeps_its_keys_private(packed: Path) -> None:
     started = time.monotonic()
     with objectstore.serving(packed) as running:

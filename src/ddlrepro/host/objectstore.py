@@ -155,24 +155,32 @@ def stop(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
 
 
 def s3_client(endpoint: str, access_key: str, secret_key: str) -> Any:
+    """MinIO's S3 client with short connect timeouts and one retry: a dead endpoint answers within seconds."""
+    import urllib3
     from minio import Minio
 
     scheme, _, host = endpoint.partition("://")
-    return Minio(host, access_key=access_key, secret_key=secret_key, secure=scheme == "https")
+    http = urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=3.0, read=30.0),
+        retries=urllib3.Retry(total=1, backoff_factor=0.2, status_forcelist=(500, 502, 503, 504)),
+    )
+    return Minio(host, access_key=access_key, secret_key=secret_key, secure=scheme == "https", http_client=http)
 
 
-def create_bucket(client: Any, bucket: str, deadline: float, server: subprocess.Popen | None) -> None:
-    """Create `bucket` (if absent) once the store answers; until `deadline`, a store still starting is retried."""
+def create_bucket(client: Any, endpoint: str, bucket: str, server: subprocess.Popen | None, deadline: float) -> None:
+    """Create `bucket` (if absent) once the store answers: our own server is retried until `deadline` while it
+    starts, a configured endpoint is asked once. Errors name the endpoint and bucket, never a key."""
     while True:
         try:
             if not client.bucket_exists(bucket):
                 client.make_bucket(bucket)
             return
         except Exception as error:
+            where = f"object store {endpoint}, bucket {bucket}"
             if server is not None and server.poll() is not None:
-                raise RuntimeError(f"{LABEL} exited with status {server.returncode} while starting") from None
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"object store not ready within the deadline: {type(error).__name__}") from None
+                raise RuntimeError(f"{where}: {LABEL} exited with status {server.returncode} while starting") from None
+            if server is None or time.monotonic() > deadline:
+                raise RuntimeError(f"{where}: unreachable or refused ({type(error).__name__})") from None
             time.sleep(0.2)
 
 
@@ -235,7 +243,7 @@ def serving(shards: Path, settings: dict[str, Any] | None = None) -> Iterator[St
                 endpoint, server = stack.enter_context(seaweedfs(folder, access_key, secret_key))
                 label = LABEL
             client = s3_client(endpoint, access_key, secret_key)
-            create_bucket(client, bucket, started + START_TIMEOUT_S, server)
+            create_bucket(client, endpoint, bucket, server, started + START_TIMEOUT_S)
             up = time.monotonic() - started
             objects, total = upload(client, bucket, shards)
             keys = {"access_key": access_key, "secret_key": secret_key}
@@ -261,7 +269,7 @@ def mount_command(store: Store, mountpoint: Path, password_file: Path) -> list[s
         store.bucket,
         str(mountpoint),
         "-o",
-        f"passwd_file={password_file},url={store.endpoint},use_path_request_style,ro,allow_other,retries=2",
+        f"passwd_file={password_file},url={store.endpoint},use_path_request_style,ro,retries=2",
     ]
 
 
