@@ -154,7 +154,9 @@ def test_an_s3_run_reads_the_store_and_records_no_key(packed: Path, tmp_path: Pa
     assert not [key for key in keys if key.encode() in written]
 
 
-def test_default_points_keep_their_ids_and_s3fs_needs_fuse(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_points_keep_their_ids_and_s3fs_needs_fuse_and_the_local_launcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     config = load_config(REPO / "config" / "config.yaml", REPO / "tests" / "configs" / "tiny.yaml")
     section = config["figures"]["dlaas-scaling"]
     (synthetic,) = {point.params.get("data_source") for point in figure_points(config)["dlaas-scaling"].values()}
@@ -164,6 +166,7 @@ def test_default_points_keep_their_ids_and_s3fs_needs_fuse(monkeypatch: pytest.M
     assert len(s3fs) == len(section["workers"])
     monkeypatch.setattr(objectstore.os, "geteuid", lambda: 1000)
     assert unmet_requirement(s3fs[0]) == "skipped: s3fs needs root to mount the bucket (FUSE)"
+    assert "the local launcher's ranks only" in unmet_requirement(s3fs[0], "slurm")
 
 
 def test_a_secret_written_in_the_config_is_a_config_error() -> None:

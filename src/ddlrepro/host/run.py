@@ -38,16 +38,26 @@ def unmet_requirement(point: Point, launcher: str = "local", in_image: bool = Fa
         reason = testbed_unavailable_reason()
         if reason:
             return f"skipped: {reason}"
-    if point.params.get("data_source") == "s3fs":
-        reason = s3fs_unavailable_reason()
-        if reason:
-            return f"skipped: {reason}"
+    reason = data_source_unavailable_reason(point, launcher)
+    if reason:
+        return f"skipped: {reason}"
     if point.params.get("backend") == "nccl":
         import torch
 
         if not torch.cuda.is_available():
             return "skipped: needs CUDA"
     return None
+
+
+def data_source_unavailable_reason(point: Point, launcher: str) -> str | None:
+    """Why the point's data source cannot be read here: the store started for a run and the s3fs mount are on
+    this host (127.0.0.1), which only the local launcher's ranks share; s3fs needs FUSE and root."""
+    source = point.params.get("data_source")
+    if source not in ("s3", "s3fs"):
+        return None
+    if launcher != "local" and (source == "s3fs" or not point.inputs.get("store_endpoint")):
+        return f"the {source} data source is served on this host (127.0.0.1): the local launcher's ranks only"
+    return s3fs_unavailable_reason() if source == "s3fs" else None
 
 
 def measured_host_load(meter: ForeignLoadMeter | None, source: str) -> dict[str, Any]:

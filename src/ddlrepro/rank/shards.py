@@ -1,4 +1,4 @@
-"""The throughput workload's data as shards: the packer, and the readers of each `data_source`.
+"""The throughput workload's data as shards: the readers of each `data_source` (the packer: pack_shards.py).
 
 A shard is one batch: the synthetic images and labels the workload trains on (`synthetic_batch`, seeded with the
 shard's index, so shard 0 is rank 0's synthetic batch), saved uncompressed with numpy (`shard-00000.npz`). Every
@@ -8,8 +8,6 @@ bounded queue (`prefetch` shards ahead), so that reading hides behind the traini
 - `local`: files in a folder (the packer's output); `s3fs`: the same files through the FUSE mount of the bucket;
 - `s3`: objects in a bucket, read with MinIO's S3 client; the endpoint is checked first (an unreachable one fails
   within `CONNECT_TIMEOUT_S` × 2 naming endpoint and bucket), and a missing object is an error naming it.
-
-The packer is `pack_shards.py`.
 """
 
 from __future__ import annotations
