@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--image-size", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--batches", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--store-rounds", type=int, default=3)
