@@ -33,7 +33,7 @@ from ddlrepro.host.redaction import register_secret
 LABEL = "SeaweedFS (not IBM COS)"
 DEFAULT_BUCKET = "ddlrepro-shards"
 START_TIMEOUT_S = 10.0
-STOP_GRACE_S = 2.0
+STOP_GRACE_S = 0.5
 MOUNT_TIMEOUT_S = 10.0
 WEED = "weed"
 
