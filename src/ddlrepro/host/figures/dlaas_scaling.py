@@ -41,6 +41,8 @@ def with_data_source(point: Point, source: str, section: dict[str, Any]) -> Poin
         return point
     check_store(section.get("store", {}))
     params = {**point.params, "data_source": source, "shards": section["shards"]}
+    if source in ("s3", "s3fs"):  # which store: one started per run, or the configured one (its endpoint: provenance)
+        params["store"] = "configured" if section.get("store", {}).get("endpoint") else "seaweedfs"
     inputs = {"shards_dir": SHARDS_DIR, **store_inputs(section.get("store", {}))}
     return replace(point, params=params, inputs=inputs)
 
@@ -66,18 +68,24 @@ def shard_settings(section: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-SOURCE_LABELS = {
-    "synthetic": "synthetic data",
-    "local": "local disk",
-    "s3": f"S3: {LABEL}",
-    "s3fs": f"s3fs (FUSE): {LABEL}",
-}
+SOURCE_LABELS = {"synthetic": "synthetic data", "local": "local disk", "s3": "S3", "s3fs": "s3fs (FUSE)"}
+STORES = {"seaweedfs": LABEL, "configured": "the configured S3 store"}
 
 
 def with_default_data_source(table: pd.DataFrame) -> pd.DataFrame:
     """Runs without a `data_source` param read synthetic data (the param is left out at its default)."""
     column = table.get("data_source")
-    return table.assign(data_source="synthetic" if column is None else column.fillna("synthetic"))
+    table = table.assign(data_source="synthetic" if column is None else column.fillna("synthetic"))
+    stores = table["store"] if "store" in table else [None] * len(table)
+    pairs = zip(table["data_source"], stores, strict=True)
+    return table.assign(storage=[storage(source, store) for source, store in pairs])
+
+
+def storage(source: str, store: Any) -> str:
+    """Where a run's data came from, labelled (the object store at smoke scale is SeaweedFS, not IBM COS)."""
+    if source in ("s3", "s3fs"):
+        return STORES[store]
+    return "none (generated)" if source == "synthetic" else "local disk"
 
 
 def draw_sources(rate: Any, efficiency: Any, summary: pd.DataFrame) -> None:
@@ -90,6 +98,7 @@ def draw_sources(rate: Any, efficiency: Any, summary: pd.DataFrame) -> None:
     for index, source in enumerate(sources):
         rows = summary[summary["data_source"] == source]
         label = "measured" if single else SOURCE_LABELS[source]
+        label += f": {rows['storage'].iloc[0]}" if source in ("s3", "s3fs") else ""
         shift = 1.3 ** (index - (len(sources) - 1) / 2)  # side by side on the log-2 axis
         width = rows["workers"] * 0.35 / len(sources)
         bars = rate.bar(rows["workers"] * shift, rows["total"], width=width, label=label, alpha=0.8)
@@ -107,7 +116,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     from ddlrepro.host import plotting
 
     table = with_default_data_source(table)
-    summary = plotting.throughput_summary(table, by=["model", "batch_size", "data_source"])
+    summary = plotting.throughput_summary(table, by=["model", "batch_size", "data_source", "storage"])
     figure, (rate, efficiency) = plotting.new_figure(2, TITLE, panel_size=(6.0, 4.2))
 
     draw_sources(rate, efficiency, summary)
@@ -120,6 +129,16 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     rate.set_ylabel("throughput, all workers (images/s)")
     efficiency.set_ylabel("scaling efficiency (fraction of N × rate₁)")
     efficiency.set_ylim(0, 1.1)
-    columns = ["model", "batch_size", "data_source", "workers", "total", "per_worker", "confidence", "efficiency"]
+    columns = [
+        "model",
+        "batch_size",
+        "data_source",
+        "storage",
+        "workers",
+        "total",
+        "per_worker",
+        "confidence",
+        "efficiency",
+    ]
     columns += plotting.HOST_LOAD_COLUMNS
     return figure, summary[columns].rename(columns={"total": "images_per_sec"})
