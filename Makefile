@@ -12,9 +12,11 @@ CORES ?= all
 .PHONY: env horovod reproduce test test-fast lint format clean benchmarks
 
 # Also, every time (cheap, never overwriting): the generic Slurm profile becomes your Snakemake profile `slurm`
-# unless you or your site have one, so that `snakemake --profile slurm` works from the checkout.
+# unless you or your site have one, so that `snakemake --profile slurm` works from the checkout. As root, Debian's
+# s3fs is installed if missing (dlaas-scaling's `s3fs` data source; without it those points are skipped).
 env: $(STAMP)
 	$(BIN)/python -m ddlrepro install-profile profiles/slurm
+	scripts/s3fs-tools install
 
 # Recreated only when the pins or the package metadata change.
 $(STAMP): envs/requirements.txt pyproject.toml
@@ -64,6 +66,7 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/framework_fidelity.py $(if $(HOROVOD_SCRIPT),--horovod-script $(HOROVOD_SCRIPT))
 	$(BIN)/python benchmarks/elastic_resize.py
 	$(BIN)/python benchmarks/testbed_setup.py
+	$(BIN)/python benchmarks/data_path.py
 	$(BIN)/python benchmarks/link_bandwidth.py
 	$(BIN)/python benchmarks/overlay.py
 	$(BIN)/python benchmarks/adaptive_policies.py

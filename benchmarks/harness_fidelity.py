@@ -75,9 +75,11 @@ def measure_bare(args: argparse.Namespace) -> float:
     return float(subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout)
 
 
-def measure_harness(args: argparse.Namespace, run_dir: Path, workers: int = 1, **extra: Any) -> float:
+def measure_harness(
+    args: argparse.Namespace, run_dir: Path, workers: int = 1, inputs: dict[str, str] | None = None, **extra: Any
+) -> float:
     """img/s per worker of the throughput workload, `workers` × 1 thread, through the launcher (`extra`: more
-    point parameters, e.g. the framework)."""
+    point parameters, e.g. the framework; `inputs`: the point's local paths, e.g. a data source's shards)."""
     params = {
         "model": args.model,
         "batch_size": args.batch_size,
@@ -90,7 +92,8 @@ def measure_harness(args: argparse.Namespace, run_dir: Path, workers: int = 1, *
     }
     if args.image_size:
         params["image_size"] = args.image_size
-    record = run_point(Point("benchmark", "throughput", workers, 1, params), run_dir, local_launcher(1800))
+    point = Point("benchmark", "throughput", workers, 1, params, inputs or {})
+    record = run_point(point, run_dir, local_launcher(1800))
     return record["summary"]["img_per_sec_per_worker"]
 
 

@@ -59,6 +59,9 @@ CANARY = {
     "MY_SERVICE_TOKEN": f'canary-{_TAG} "quoted" and \\backslash\\',
     "AWS_SECRET_ACCESS_KEY": f"canary-{_TAG}-$HOME it's ключ-é",
     "MY_DB_URL": f"postgres://canary:{_TAG}@db/x?a=1&b=2",
+    # The keys of the object store dlaas-scaling's s3 runs read (credentials_env names these variables).
+    "CANARY_S3_ACCESS_KEY": f"CANARYAK{_TAG.upper()}",
+    "CANARY_S3_SECRET_KEY": f"canary-s3-{_TAG}/secret+key",
 }
 TINY = ["--configfile", "tests/configs/tiny.yaml", "tests/configs/two-figures.yaml"]
 SSH_KEYGEN = shutil.which("ssh-keygen")
@@ -84,8 +87,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         key, signer = ssh_key(tmp_path_factory.mktemp("keys"), "author")
         (workdir / "allowed_signers").write_text(signer)
         signing = f"bundle: {{sign_key: {key}}}\n"
+    store = "{credentials_env: {access_key: CANARY_S3_ACCESS_KEY, secret_key: CANARY_S3_SECRET_KEY}}"
+    s3 = f"  dlaas-scaling: {{data_sources: [synthetic, s3], store: {store}}}\n"
     (workdir / "tests" / "configs" / "two-figures.yaml").write_text(
-        f"{signing}redaction:\n  variables: [MY_DB_URL]\nfigures:\n{disabled}"
+        f"{signing}redaction:\n  variables: [MY_DB_URL]\nfigures:\n{disabled}{s3}"
     )
     environment = {**os.environ, **CANARY, "WANDB_PROJECT": "ddlrepro"}  # an ordinary setting, not a secret
     # Every rank prints the canaries (dict repr, JSON, URL, shell) as a careless library would.

@@ -60,8 +60,8 @@ def dlaas_checks(tmp_path: Path) -> tuple[dict, object]:
     table = tidy_table([tmp_path / point.id for point in points], max_foreign_share=MAX_FOREIGN_SHARE)
     _, summary = module.plot(table, "smoke", [])
     references = load_references(REPO / "config" / "references.yaml")["dlaas-scaling"]
-    exclude = config["checks"]["exclude"]
-    return records, check_figure("dlaas-scaling", summary, references, "smoke", exclude).set_index("check")
+    checks = check_figure("dlaas-scaling", summary, references, "smoke", config["checks"]["exclude"])
+    return records, checks.set_index("check")
 
 
 def run_in_fresh_process(point: Point, run_dir: Path) -> dict:

@@ -14,6 +14,7 @@ from ddlrepro.host.bundle import bundle_name, digest_file
 from ddlrepro.host.figures import (
     FIGURES,
     enabled_figures,
+    figure_module,
     figure_points,
     figure_source,
     is_simulated,
@@ -165,6 +166,23 @@ def point_software(wildcards):
     """What a run needs built first: the project's Horovod for Horovod points."""
     framework = lookup_point(wildcards).params.get("framework")
     return ["results/software/horovod.txt"] if framework == "horovod" else []
+
+
+def point_data(wildcards):
+    """What a run reads besides its point: the packed shards of a non-synthetic data source."""
+    shards = lookup_point(wildcards).inputs.get("shards_dir")
+    return [shards] if shards else []
+
+
+def shard_options(figure):
+    """pack_shards' options, from the figure's shard settings (what the shards hold)."""
+    settings = figure_module(figure).shard_settings(config["figures"][figure])
+    options = [
+        f"--{key.replace('_', '-')} {value}"
+        for key, value in settings.items()
+        if value is not None
+    ]
+    return " ".join(options)
 
 
 def all_point_results(figures):

@@ -8,6 +8,7 @@ rule run_point:
         resumed_point_result,
         image_file(),
         point_software,
+        point_data,
     output:
         "results/runs/{figure}/{point}/result.json",
     log:
@@ -24,3 +25,18 @@ rule run_point:
     shell:
         "python -m ddlrepro run-point --point {params.point} --run-dir $(dirname {output}) {params.options}"
         " > {log} 2>&1"
+
+
+# The shards a figure's non-synthetic data sources read (one batch each): an input of those runs, so a changed
+# model, batch or count repacks them and reruns them.
+rule pack_shards:
+    output:
+        directory("results/data/{figure}/shards"),
+    log:
+        "results/logs/pack_shards/{figure}.log",
+    conda:
+        SOFTWARE
+    params:
+        settings=lambda wildcards: shard_options(wildcards.figure),
+    shell:
+        "python -m ddlrepro.rank.pack_shards --out {output} {params.settings} > {log} 2>&1"

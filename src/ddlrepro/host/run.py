@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import configured_launcher
 from ddlrepro.host.launchers.base import Launcher, RunFailed
+from ddlrepro.host.objectstore import data_inputs, s3fs_unavailable_reason
 from ddlrepro.host.provenance import run_provenance
 from ddlrepro.host.rundir import (
     RESULT,
@@ -37,12 +38,26 @@ def unmet_requirement(point: Point, launcher: str = "local", in_image: bool = Fa
         reason = testbed_unavailable_reason()
         if reason:
             return f"skipped: {reason}"
+    reason = data_source_unavailable_reason(point, launcher)
+    if reason:
+        return f"skipped: {reason}"
     if point.params.get("backend") == "nccl":
         import torch
 
         if not torch.cuda.is_available():
             return "skipped: needs CUDA"
     return None
+
+
+def data_source_unavailable_reason(point: Point, launcher: str) -> str | None:
+    """Why the point's data source cannot be read here: the store started for a run and the s3fs mount are on
+    this host (127.0.0.1), which only the local launcher's ranks share; s3fs needs FUSE and root."""
+    source = point.params.get("data_source")
+    if source not in ("s3", "s3fs"):
+        return None
+    if launcher != "local" and (source == "s3fs" or not point.inputs.get("store_endpoint")):
+        return f"the {source} data source is served on this host (127.0.0.1): the local launcher's ranks only"
+    return s3fs_unavailable_reason() if source == "s3fs" else None
 
 
 def measured_host_load(meter: ForeignLoadMeter | None, source: str) -> dict[str, Any]:
@@ -74,18 +89,22 @@ def run_point(
     reason = unmet_requirement(point, launcher.name, in_image=image is not None)
     if reason:
         return skip_point(point, run_dir, reason)
-    spec = launcher.render(point, run_dir)
-    write_json_atomic(run_dir / "jobspec.json", spec.to_dict())
-    source, own_cpu = launcher.own_cpu_counter(spec)
-    meter = ForeignLoadMeter(own_cpu) if own_cpu else None
-    started = time.time()
-    with OutputCollector(run_dir) as output:
-        try:
-            with meter or contextlib.nullcontext():
-                launcher.execute(spec, output)
-        finally:
-            provenance = run_provenance(asdict(point), spec.to_dict(), output.workers, image)
-            write_json_atomic(run_dir / "provenance.json", provenance)
+    # The run's data source: a store started (and a bucket mounted) for it, stopped when it ends.
+    with data_inputs(point.params, point.inputs) as data:
+        run = replace(point, inputs=point.inputs | data["inputs"])
+        spec = launcher.render(run, run_dir)
+        write_json_atomic(run_dir / "jobspec.json", spec.to_dict())
+        source, own_cpu = launcher.own_cpu_counter(spec)
+        meter = ForeignLoadMeter(own_cpu) if own_cpu else None
+        started = time.time()
+        with OutputCollector(run_dir) as output:
+            try:
+                with meter or contextlib.nullcontext():
+                    launcher.execute(spec, output)
+            finally:
+                provenance = run_provenance(asdict(run), spec.to_dict(), output.workers, image)
+                data_provenance = {"data": data["provenance"]} if data["provenance"] else {}
+                write_json_atomic(run_dir / "provenance.json", provenance | data_provenance)
     if output.result is None:
         raise RunFailed(0, "finished without reporting a result", output.stderr_tail(0))
     record = result_record(point, output.result, started, time.time(), measured_host_load(meter, source))

@@ -1,22 +1,29 @@
 """IBM DLaaS scaling-efficiency table ("IBM Deep Learning Service", IBM J. Res. Dev. 2017): images/s and
 efficiency vs workers, one model and batch, on each network mode.
 
-Points: one throughput run per (network, number of workers). Networks (`networks`): `host`, the ranks on this
+Points: one throughput run per (network, data source, number of workers); the two axes are not crossed. Data
+sources (`data_sources`) run on the host network: synthetic, or shards read from local disk, an S3 object store
+(SeaweedFS at smoke scale, not IBM COS) or its s3fs FUSE mount (a store started for the run listens on this host's
+loopback, which testbed hosts cannot reach). Networks (`networks`) run on synthetic data: `host`, the ranks on this
 machine as every other figure's; `bridge`, one testbed host per rank talking over the testbed's bridge (the
-cluster's physical network); `overlay`, the same hosts talking over a VXLAN overlay on that bridge, the stand-in for
-DLaaS's Calico overlay (launchers/testbed_ranks.py). `link_rate` limits the testbed modes' links. A point gets a
-`network` param only when it is not `host`, so host points keep their ids. Testbed points need root and the local
-launcher; elsewhere they are skipped, with the reason, in the table, the figure and the checks.
+cluster's physical network); `overlay`, the same hosts talking over a VXLAN overlay on that bridge, the stand-in
+for DLaaS's Calico overlay (launchers/testbed_ranks.py). `link_rate` limits the testbed modes' links. A point gets
+a `network` or `data_source` param only when it is not the default (host, synthetic), so those points keep their
+ids. Testbed points need root and the local launcher; elsewhere they are skipped, with the reason, in the table,
+the figure and the checks.
 
-Plot: total images/s against the ideal, and efficiency rate_N / (N × rate_1) per network beside the DLaaS
-measurements; the summary table is the DLaaS-style table, one block per network.
+Plot: total images/s against the ideal, and efficiency rate_N / (N × rate_1) per series (network or data source)
+beside the DLaaS measurements; the summary table is the DLaaS-style table, one block per series.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ddlrepro.host.figures.common import require, throughput_point
+from ddlrepro.host.objectstore import LABEL, store_inputs
 from ddlrepro.host.testbed.limits import TestbedError, parse_rate
 from ddlrepro.points import Point
 
@@ -50,30 +57,101 @@ def check_link_rate(section: dict[str, Any]) -> None:
             require(False, ID, "link_rate", str(error))
 
 
+SHARDS_DIR = f"results/data/{ID}/shards"
+ENVIRONMENT_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     check_link_rate(section)
-    return [
-        throughput_point(ID, section, section["model"], workers, launcher, **network_params(section, network, workers))
-        for network in section["networks"]
-        for workers in section["workers"]
+    model, workers = section["model"], section["workers"]
+    by_source = [
+        with_data_source(throughput_point(ID, section, model, count, launcher), source, section)
+        for source in section["data_sources"]
+        for count in workers
     ]
+    by_network = [
+        throughput_point(ID, section, model, count, launcher, **network_params(section, network, count))
+        for network in section["networks"]
+        if network != DEFAULT_NETWORK
+        for count in workers
+    ]
+    return by_source + by_network
 
 
-def with_network(table: pd.DataFrame) -> pd.DataFrame:
-    """The table with a `network` on every row (host points carry none: it is the default)."""
+def with_data_source(point: Point, source: str, section: dict[str, Any]) -> Point:
+    """The point reading `source`: synthetic keeps today's point (and id); the others read the packed shards
+    (`SHARDS_DIR`, relative to the checkout), from the configured store or one started for the run."""
+    if source == "synthetic":
+        return point
+    check_store(section.get("store", {}))
+    params = {**point.params, "data_source": source, "shards": section["shards"]}
+    if source in ("s3", "s3fs"):  # which store: one started per run, or the configured one (its endpoint: provenance)
+        params["store"] = "configured" if section.get("store", {}).get("endpoint") else "seaweedfs"
+    inputs = {"shards_dir": SHARDS_DIR, **store_inputs(section.get("store", {}))}
+    return replace(point, params=params, inputs=inputs)
+
+
+def check_store(store: dict[str, Any]) -> None:
+    """`credentials_env` names environment variables; a value that is not a name may be a key: never echo it."""
+    for role, name in store.get("credentials_env", {}).items():
+        require(
+            bool(ENVIRONMENT_VARIABLE.match(name)),
+            ID,
+            f"store.credentials_env.{role}",
+            "not a variable name (the value is not shown: it may be a secret); name an environment variable",
+        )
+
+
+def shard_settings(section: dict[str, Any]) -> dict[str, Any]:
+    """What the packed shards hold (the `pack_shards` rule's params)."""
+    return {
+        "model": section["model"],
+        "batch_size": section["batch_size"],
+        "count": section["shards"],
+        "image_size": section.get("image_size"),
+    }
+
+
+SOURCE_LABELS = {"synthetic": "synthetic data", "local": "local disk", "s3": "S3", "s3fs": "s3fs (FUSE)"}
+STORES = {"seaweedfs": LABEL, "configured": "the configured S3 store"}
+
+
+def with_default_data_source(table: pd.DataFrame) -> pd.DataFrame:
+    """Runs without a `data_source` param read synthetic data (the param is left out at its default)."""
+    column = table.get("data_source")
+    table = table.assign(data_source="synthetic" if column is None else column.fillna("synthetic"))
+    stores = table["store"] if "store" in table else [None] * len(table)
+    pairs = zip(table["data_source"], stores, strict=True)
+    return table.assign(storage=[storage(source, store) for source, store in pairs])
+
+
+def storage(source: str, store: Any) -> str:
+    """Where a run's data came from, labelled (the object store at smoke scale is SeaweedFS, not IBM COS)."""
+    if source in ("s3", "s3fs"):
+        return STORES[store]
+    return "none (generated)" if source == "synthetic" else "local disk"
+
+
+def with_defaults(table: pd.DataFrame) -> pd.DataFrame:
+    """The table with a `network` and a `data_source` on every row (left out of a point at their defaults), and
+    each row's `storage`."""
+    table = with_default_data_source(table)
     if "network" not in table:
         return table.assign(network=DEFAULT_NETWORK)
     return table.assign(network=table["network"].fillna(DEFAULT_NETWORK))
 
 
+SERIES = ["network", "data_source", "storage"]
+
+
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
-    """The DLaaS-style table per (model, batch, network, workers), with a row per skipped point and its reason."""
+    """The DLaaS-style table per (model, batch, series, workers), with a row per skipped point and its reason."""
     import pandas as pd
 
     from ddlrepro.host import plotting
 
-    table = with_network(table)
-    by = ["model", "batch_size", "network"]
+    table = with_defaults(table)
+    by = ["model", "batch_size", *SERIES]
     measured = table[table["status"] == "ok"]
     summary = plotting.throughput_summary(measured, by=by).assign(status="ok", reason="")
     columns = [*by, "workers", "total", "per_worker", "confidence", "efficiency", "status", "reason"]
@@ -84,12 +162,33 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_efficiency_vs_bridge(summary: pd.DataFrame) -> pd.DataFrame:
-    """`efficiency_vs_bridge`: each row's efficiency minus the bridge's at the same model, batch and workers (what
-    the overlay's encapsulation costs; NaN without a bridge row)."""
-    keys = ["model", "batch_size", "workers"]
+    """`efficiency_vs_bridge`: each row's efficiency minus the bridge's at the same model, batch, data source and
+    workers (what the overlay's encapsulation costs; NaN without a bridge row)."""
+    keys = ["model", "batch_size", "data_source", "workers"]
     bridge = summary[summary["network"] == "bridge"].set_index(keys)["efficiency"].rename("bridge_efficiency")
     joined = summary.join(bridge, on=keys)
     return summary.assign(efficiency_vs_bridge=joined["efficiency"] - joined["bridge_efficiency"])
+
+
+def series_label(network: str, source: str, storage: str) -> str:
+    """A series' legend: its network when not the host's, else its data source (and store)."""
+    if network != DEFAULT_NETWORK:
+        return NETWORK_LABELS[network]
+    return SOURCE_LABELS[source] + (f": {storage}" if source in ("s3", "s3fs") else "")
+
+
+def draw_series(rate: Any, efficiency: Any, measured: pd.DataFrame) -> None:
+    """Total images/s and efficiency per series (host network first, synthetic data first), the ideal of the first."""
+    networks, sources = list(NETWORK_LABELS), list(SOURCE_LABELS)
+    groups = dict(list(measured.groupby(SERIES)))
+    keys = sorted(groups, key=lambda key: (networks.index(key[0]), sources.index(key[1])))
+    for index, key in enumerate(keys):
+        rows, label = groups[key], series_label(*key)
+        rate.plot(rows["workers"], rows["images_per_sec"], "o-", label=f"measured, {label}")
+        efficiency.plot(rows["workers"], rows["efficiency"], "o-", label=f"measured, {label}")
+        if index == 0:
+            ideal = rows["workers"] / rows["workers"].iloc[0] * rows["images_per_sec"].iloc[0]
+            rate.plot(rows["workers"], ideal, "k--", label=f"ideal (N × rate₁), {label}")
 
 
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
@@ -98,18 +197,12 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     summary = summarize(table)
     measured = summary[summary["status"] == "ok"]
     figure, (rate, efficiency) = plotting.new_figure(2, TITLE, panel_size=(6.0, 4.2))
-    present = [network for network in NETWORK_LABELS if network in set(measured["network"])]  # host first
-    for order, network in enumerate(present):
-        rows, label = measured[measured["network"] == network], NETWORK_LABELS[network]
-        rate.plot(rows["workers"], rows["images_per_sec"], "o-", label=f"measured, {label}")
-        efficiency.plot(rows["workers"], rows["efficiency"], "o-", label=f"measured, {label}")
-        if order == 0:
-            ideal = rows["workers"] / rows["workers"].iloc[0] * rows["images_per_sec"].iloc[0]
-            rate.plot(rows["workers"], ideal, "k--", label=f"ideal (N × rate₁), {label}")
+    draw_series(rate, efficiency, measured)
     plotting.ring_disturbed(rate, measured["workers"], measured["images_per_sec"], measured["disturbed"])
     plotting.ring_disturbed(efficiency, measured["workers"], measured["efficiency"], measured["disturbed"])
-    plotting.note_disturbed(efficiency, measured, ["network", "workers"])
-    plotting.note_skipped(efficiency, plotting.skipped_points(with_network(table), ["network"]), ["network"])
+    plotting.note_disturbed(efficiency, measured, ["network", "data_source", "workers"])
+    skipped = plotting.skipped_points(with_defaults(table), ["network", "data_source"])
+    plotting.note_skipped(efficiency, skipped, ["network", "data_source"])
     for axis, column in ((rate, "images_per_sec"), (efficiency, "efficiency")):
         drawn = plotting.drawn_references(references, column, "workers", scale)
         for series, rows in drawn.groupby("series", sort=True):

@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ddlrepro.rank.models import MODELS, build_model
 from ddlrepro.rank.monitors import GradientMonitor
 from ddlrepro.rank.runtime import RankContext
+from ddlrepro.rank.shards import reader
 from ddlrepro.rank.strategies import apply_strategy
 from ddlrepro.rank.workloads.frameworks import FRAMEWORKS, Trainer
 from ddlrepro.records import emit, say
@@ -74,6 +75,37 @@ def make_train_step(
     return step
 
 
+def make_streaming_train_step(
+    model: nn.Module, next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]], device: torch.device
+) -> Callable[[], torch.Tensor]:
+    """One SGD step on the next batch a data source delivers (`data_source` other than synthetic)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> torch.Tensor:
+        images, labels = next_batch()
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(images.to(device)), labels.to(device))
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+def data_train_step(
+    model: nn.Module, params: dict[str, Any], ctx: RankContext
+) -> tuple[Callable[[], torch.Tensor], Callable[[], None]]:
+    """The training step on the point's `data_source` (the rank's fixed synthetic batch, or shards read ahead on a
+    thread), and what stops its reader."""
+    if params.get("data_source", "synthetic") == "synthetic":
+        images, labels = synthetic_batch(
+            params["model"], params["batch_size"], params.get("image_size"), ctx.device, seed=ctx.rank
+        )
+        return make_train_step(model, images, labels), lambda: None
+    shards = reader(params, ctx.rank, ctx.world_size)
+    return make_streaming_train_step(model, shards.next, ctx.device), shards.close
+
+
 def mean_and_confidence(rates: list[float]) -> tuple[float, float]:
     """Mean and 1.96 × population standard deviation, the protocol's error bar."""
     values = np.asarray(rates, dtype=float)
@@ -113,15 +145,13 @@ def torch_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
     """DDP (plain model on one worker), gradients averaged with the point's strategy, optionally monitored."""
     torch.manual_seed(params.get("seed", 0))
     model = build_model(params["model"]).to(ctx.device)
-    images, labels = synthetic_batch(
-        params["model"], params["batch_size"], params.get("image_size"), ctx.device, seed=ctx.rank
-    )
     trained = data_parallel(model, ctx)
     strategy = params.get("strategy", "RING")
     if isinstance(trained, DistributedDataParallel):
         apply_strategy(trained, strategy, group_size=ctx.local_world_size)
     monitor = attach_monitor(trained, params, ctx)
-    train_step = make_train_step(trained, images, labels)
+    source = params.get("data_source", "synthetic")
+    train_step, close = data_train_step(trained, params, ctx)
 
     def step() -> torch.Tensor:
         loss = train_step()
@@ -131,7 +161,8 @@ def torch_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
         return loss
 
     settings = {"framework": "torch", "strategy": strategy, "monitor": params.get("monitor", "none")}
-    return Trainer(step, lambda loss: float(loss.item()), torch_parameter_sum(model), settings)
+    settings |= {"data_source": source} if source != "synthetic" else {}
+    return Trainer(step, lambda loss: float(loss.item()), torch_parameter_sum(model), settings, close)
 
 
 def horovod_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
@@ -168,6 +199,8 @@ def horovod_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
 
 def make_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
     framework = params.get("framework", "torch")
+    if framework != "torch" and params.get("data_source", "synthetic") != "synthetic":
+        raise ValueError(f"data_source {params['data_source']!r} is read by the torch framework only, not {framework}")
     if framework == "tensorflow":
         from ddlrepro.rank.workloads.tensorflow_trainer import tensorflow_trainer
 
