@@ -179,3 +179,20 @@ def test_a_secret_written_in_the_config_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="name an environment variable") as caught:
         figure_points(config)
     assert "credentials_env.secret_key" in str(caught.value) and secret not in str(caught.value)
+
+
+def test_sources_run_on_the_host_network_and_networks_on_synthetic_data() -> None:
+    """The axes are not crossed: each data source on the host network, each testbed network on synthetic data;
+    other sources without the host network are refused, naming the key."""
+    config = load_config(REPO / "config" / "config.yaml", REPO / "tests" / "configs" / "tiny.yaml")
+    config["figures"]["dlaas-scaling"] |= {"data_sources": ["synthetic", "s3"], "networks": ["host", "overlay"]}
+    runs = {
+        (point.params.get("network", "host"), point.params.get("data_source", "synthetic"), point.workers)
+        for point in figure_points(config)["dlaas-scaling"].values()
+    }
+    workers = config["figures"]["dlaas-scaling"]["workers"]
+    expected = [("host", "synthetic"), ("host", "s3"), ("overlay", "synthetic")]
+    assert runs == {(network, source, count) for network, source in expected for count in workers}
+    config["figures"]["dlaas-scaling"]["networks"] = ["bridge", "overlay"]
+    with pytest.raises(ConfigError, match=r"figures\.dlaas-scaling\.data_sources: .*add host to networks"):
+        figure_points(config)

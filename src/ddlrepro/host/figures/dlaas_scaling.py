@@ -63,10 +63,18 @@ ENVIRONMENT_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     check_link_rate(section)
+    on_host = DEFAULT_NETWORK in section["networks"]
+    require(
+        on_host or section["data_sources"] == ["synthetic"],
+        ID,
+        "data_sources",
+        f"{section['data_sources']}: the data sources run on the host network; add host to networks",
+    )
     model, workers = section["model"], section["workers"]
     by_source = [
         with_data_source(throughput_point(ID, section, model, count, launcher), source, section)
         for source in section["data_sources"]
+        if on_host
         for count in workers
     ]
     by_network = [
@@ -183,12 +191,12 @@ def draw_series(rate: Any, efficiency: Any, measured: pd.DataFrame) -> None:
     groups = dict(list(measured.groupby(SERIES)))
     keys = sorted(groups, key=lambda key: (networks.index(key[0]), sources.index(key[1])))
     for index, key in enumerate(keys):
-        rows, label = groups[key], series_label(*key)
-        rate.plot(rows["workers"], rows["images_per_sec"], "o-", label=f"measured, {label}")
-        efficiency.plot(rows["workers"], rows["efficiency"], "o-", label=f"measured, {label}")
+        rows, label = groups[key], "" if len(keys) == 1 else f", {series_label(*key)}"
+        rate.plot(rows["workers"], rows["images_per_sec"], "o-", label=f"measured{label}")
+        efficiency.plot(rows["workers"], rows["efficiency"], "o-", label=f"measured{label}")
         if index == 0:
             ideal = rows["workers"] / rows["workers"].iloc[0] * rows["images_per_sec"].iloc[0]
-            rate.plot(rows["workers"], ideal, "k--", label=f"ideal (N × rate₁), {label}")
+            rate.plot(rows["workers"], ideal, "k--", label=f"ideal (N × rate₁){label}")
 
 
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
@@ -200,7 +208,8 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     draw_series(rate, efficiency, measured)
     plotting.ring_disturbed(rate, measured["workers"], measured["images_per_sec"], measured["disturbed"])
     plotting.ring_disturbed(efficiency, measured["workers"], measured["efficiency"], measured["disturbed"])
-    plotting.note_disturbed(efficiency, measured, ["network", "data_source", "workers"])
+    varying = [column for column in ("network", "data_source") if measured[column].nunique() > 1]
+    plotting.note_disturbed(efficiency, measured, [*varying, "workers"])
     skipped = plotting.skipped_points(with_defaults(table), ["network", "data_source"])
     plotting.note_skipped(efficiency, skipped, ["network", "data_source"])
     for axis, column in ((rate, "images_per_sec"), (efficiency, "efficiency")):
