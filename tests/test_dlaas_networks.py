@@ -4,6 +4,7 @@ skipped with the reason, through the table, the summary and the checks."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import subprocess
@@ -20,6 +21,7 @@ from ddlrepro.host.figures import dlaas_scaling
 from ddlrepro.host.run import unmet_requirement
 from ddlrepro.host.tables import tidy_table
 from ddlrepro.host.testbed import limits
+from ddlrepro.host.testbed import overlay as overlay_device
 from ddlrepro.points import Point
 
 REASON = limits.unavailable_reason()
@@ -109,7 +111,7 @@ def test_testbed_points_are_skipped_with_the_reason_under_slurm() -> None:
 def run_point(point: Point, run_dir: Path) -> dict:
     command = [sys.executable, "-m", "ddlrepro", "run-point", "--point", point.to_json(), "--run-dir", str(run_dir)]
     settings = json.dumps({"launcher": {"timeout_s": 120}})
-    subprocess.run(["timeout", "-s", "KILL", "150", *command, "--config-json", settings], check=True, timeout=160)
+    subprocess.run(["timeout", "-k", "10", "150", *command, "--config-json", settings], check=True, timeout=160)
     return json.loads((run_dir / "result.json").read_text())
 
 
@@ -131,7 +133,8 @@ def test_bridge_and_overlay_ranks_talk_over_their_network_and_the_overlay_check_
     assert all(record["status"] == "ok" for record in runs.values())
     two = {point.params["network"]: tmp_path / point.id for point in points if point.workers == 2}
     jobspec = json.loads((two["overlay"] / "jobspec.json").read_text())
-    assert {worker["env"]["MASTER_ADDR"] for worker in jobspec["workers"]} == {"198.18.1.1"}
+    first_overlay_address = str(ipaddress.ip_network(overlay_device.SUBNET).network_address + 1)
+    assert {worker["env"]["MASTER_ADDR"] for worker in jobspec["workers"]} == {first_overlay_address}
     assert {worker["env"]["GLOO_SOCKET_IFNAME"] for worker in jobspec["workers"]} == {"vxlan0"}
     overlay, bridge = rank_interface_bytes(two["overlay"]), rank_interface_bytes(two["bridge"])
     assert set(bridge) == {"eth0"} and bridge["eth0"] > 1e6  # resnet20's gradients, every step
