@@ -5,11 +5,10 @@ Points: one throughput run per (network, number of workers). Networks (`networks
 machine as every other figure's; `bridge`, one testbed host per rank talking over the testbed's bridge (the
 cluster's physical network); `overlay`, the same hosts talking over a VXLAN overlay on that bridge, the stand-in for
 DLaaS's Calico overlay (launchers/testbed_ranks.py). `link_rate` limits the testbed modes' links (host points talk
-over this machine's loopback, not shaped). A point gets a
-`network` param only when it is not `host`, so host points keep their ids. Testbed points need root and the local
-launcher; elsewhere they are skipped, with the reason, in the table, the figure and the checks.
-`overlay` needs `bridge` beside it (the overlay's check compares the two); a missing bridge or overlay run
-makes that check skipped with what is missing.
+over this machine's loopback, not shaped). A point gets a `network` param only when it is not `host`, so host points
+keep their ids. Testbed points need root and the local launcher; elsewhere they are skipped, with the reason, in the
+table, the figure and the checks. `overlay` needs `bridge` beside it (the overlay's check compares the two); a
+missing bridge or overlay run makes that check skipped with what is missing.
 
 Plot: total images/s against the ideal, and efficiency rate_N / (N × rate_1) per network beside the DLaaS
 measurements; the summary table is the DLaaS-style table, one block per network.
