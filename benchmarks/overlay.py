@@ -38,7 +38,6 @@ from ddlrepro.host.testbed.counters import node_counters
 from ddlrepro.points import Point
 
 OWNER = "ovbench"
-OVERLAY_SUBNET = "198.18.1.0/24"
 MIB = 2**20
 SWEEP = {"min_bytes": 16 * MIB, "max_bytes": 64 * MIB, "warmup": 1, "repetitions": 2, "target_bytes": 1, "max_ops": 1}
 RUN_TIMEOUT_S = 300
@@ -47,7 +46,7 @@ RUN_TIMEOUT_S = 300
 def counter_errors(rate: str, seconds: float, overlay: bool, record: Path) -> dict[str, tuple[float, float]]:
     """{interface: (raw, payload)}: the largest |counted − sent| ÷ sent of the sender's tx and the receiver's rx, of
     the bytes as counted and of the payload in them (headers taken off, overlay.payload_bytes) for one transfer."""
-    with Testbed.create(OWNER, 2, link_rate=rate, overlay_subnet=OVERLAY_SUBNET if overlay else None) as testbed:
+    with Testbed.create(OWNER, 2, link_rate=rate, overlay_subnet=overlay_device.SUBNET if overlay else None) as testbed:
         source, destination = (host.name for host in testbed.hosts)
         before = [node_counters(testbed, host) for host in (1, 2)]
         flow = traffic.Flow(source, destination, 1, rate, 0.2, 0.2 + seconds, overlay=overlay)

@@ -185,13 +185,14 @@ def test_sources_run_on_the_host_network_and_networks_on_synthetic_data() -> Non
     """The axes are not crossed: each data source on the host network, each testbed network on synthetic data;
     other sources without the host network are refused, naming the key."""
     config = load_config(REPO / "config" / "config.yaml", REPO / "tests" / "configs" / "tiny.yaml")
-    config["figures"]["dlaas-scaling"] |= {"data_sources": ["synthetic", "s3"], "networks": ["host", "overlay"]}
+    axes = {"data_sources": ["synthetic", "s3"], "networks": ["host", "bridge", "overlay"]}
+    config["figures"]["dlaas-scaling"] |= axes
     runs = {
         (point.params.get("network", "host"), point.params.get("data_source", "synthetic"), point.workers)
         for point in figure_points(config)["dlaas-scaling"].values()
     }
     workers = config["figures"]["dlaas-scaling"]["workers"]
-    expected = [("host", "synthetic"), ("host", "s3"), ("overlay", "synthetic")]
+    expected = [("host", "synthetic"), ("host", "s3"), ("bridge", "synthetic"), ("overlay", "synthetic")]
     assert runs == {(network, source, count) for network, source in expected for count in workers}
     config["figures"]["dlaas-scaling"]["networks"] = ["bridge", "overlay"]
     with pytest.raises(ConfigError, match=r"figures\.dlaas-scaling\.data_sources: .*add host to networks"):

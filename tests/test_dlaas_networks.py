@@ -4,12 +4,14 @@ skipped with the reason, through the table, the summary and the checks."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from conftest import REPO
 
@@ -19,6 +21,7 @@ from ddlrepro.host.figures import dlaas_scaling
 from ddlrepro.host.run import unmet_requirement
 from ddlrepro.host.tables import tidy_table
 from ddlrepro.host.testbed import limits
+from ddlrepro.host.testbed import overlay as overlay_device
 from ddlrepro.points import Point
 
 REASON = limits.unavailable_reason()
@@ -33,17 +36,62 @@ def section(**changes: object) -> tuple[dict, dict]:
 def test_host_points_keep_their_ids_and_testbed_points_get_one_host_per_rank() -> None:
     default, launcher = section()
     assert default["networks"] == ["host"]
-    host_only = dlaas_scaling.points(default, launcher)
-    both = dlaas_scaling.points(default | {"networks": ["host", "overlay"], "link_rate": "1gbit"}, launcher)
-    assert [point.id for point in both[:2]] == [point.id for point in host_only]
-    assert all("network" not in point.params for point in host_only)
-    overlay = both[3]
+    every = dlaas_scaling.points(default | {"networks": ["host", "bridge", "overlay"], "link_rate": "1gbit"}, launcher)
+    # the ids tiny.yaml's dlaas-scaling points had before networks existed (computed at 689dc6a)
+    assert [point.id for point in every[:2]] == ["resnet20-np1-f05413dd08", "resnet20-np2-4a5fa68154"]
+    assert all("network" not in point.params for point in every[:2])
+    overlay = every[5]
     assert overlay.workers == 2
     assert {key: overlay.params[key] for key in ("network", "testbed_hosts", "link_rate")} == {
         "network": "overlay",
         "testbed_hosts": 2,
         "link_rate": "1gbit",
     }
+
+
+def test_an_overlay_without_the_bridge_it_is_judged_against_names_networks() -> None:
+    alone, launcher = section(networks=["host", "overlay"])
+    with pytest.raises(ConfigError, match=re.escape("figures.dlaas-scaling.networks: ['host', 'overlay'] has overlay")):
+        dlaas_scaling.points(alone, launcher)
+
+
+def recorded(network: str, workers: set[int] | None = None, **columns: object) -> pd.DataFrame:
+    """The recorded tiny dlaas-scaling table as if its runs (those at `workers`) had been on `network`."""
+    table = pd.read_csv(REPO / "tests" / "data" / "tables" / "dlaas-scaling.csv")
+    table = table[table["workers"].isin(workers)] if workers else table
+    return table.assign(network=network, **columns)
+
+
+def overlay_check(*tables: pd.DataFrame) -> dict:
+    _, summary = dlaas_scaling.plot(pd.concat(tables, ignore_index=True), "smoke", [])
+    references = [r for r in load_references(REPO / "config" / "references.yaml")["dlaas-scaling"] if r["id"] == CHECK]
+    return check_figure("dlaas-scaling", summary, references, "smoke").set_index("check").loc[CHECK].to_dict()
+
+
+QUIET = {"foreign_share": 0.0, "steal_share": 0.0, "disturbed": False}
+
+
+@pytest.mark.parametrize(
+    ("tables", "reason"),
+    [
+        ((recorded("host"),), "no overlay run: figures.dlaas-scaling.networks has no overlay"),
+        ((recorded("overlay"), recorded("bridge", {1})), "no bridge run at 2 workers"),
+    ],
+    ids=["host-only", "bridge-missing-at-2"],
+)
+def test_the_overlay_check_says_which_run_it_lacks(tables: tuple[pd.DataFrame, ...], reason: str) -> None:
+    check = overlay_check(*tables)
+    assert (check["status"], check["reason"]) == ("skipped", reason)
+
+
+def test_the_overlay_check_is_disturbed_when_the_bridge_run_was() -> None:
+    busy = {"foreign_share": 0.9, "steal_share": 0.2, "disturbed": True}
+    check = overlay_check(
+        recorded("overlay", **QUIET), recorded("bridge", {1}, **QUIET), recorded("bridge", {2}, **busy)
+    )
+    assert check["status"] == "disturbed"
+    assert check["reason"].startswith("foreign CPU load up to 0.90 and steal 0.20")
+    assert overlay_check(recorded("overlay", **QUIET), recorded("bridge", **QUIET))["status"] in {"pass", "fail"}
 
 
 def test_a_bad_link_rate_names_its_key() -> None:
@@ -53,7 +101,7 @@ def test_a_bad_link_rate_names_its_key() -> None:
 
 
 def test_testbed_points_are_skipped_with_the_reason_under_slurm() -> None:
-    point = dlaas_scaling.points(*section(networks=["overlay"]))[0]
+    point = dlaas_scaling.points(*section(networks=["bridge", "overlay"]))[-1]
     assert unmet_requirement(point, "slurm") == (
         "skipped: runs on testbed hosts, which the local launcher makes, not the slurm launcher"
     )
@@ -63,7 +111,7 @@ def test_testbed_points_are_skipped_with_the_reason_under_slurm() -> None:
 def run_point(point: Point, run_dir: Path) -> dict:
     command = [sys.executable, "-m", "ddlrepro", "run-point", "--point", point.to_json(), "--run-dir", str(run_dir)]
     settings = json.dumps({"launcher": {"timeout_s": 120}})
-    subprocess.run(["timeout", "-s", "KILL", "150", *command, "--config-json", settings], check=True, timeout=160)
+    subprocess.run(["timeout", "-k", "10", "150", *command, "--config-json", settings], check=True, timeout=160)
     return json.loads((run_dir / "result.json").read_text())
 
 
@@ -85,7 +133,8 @@ def test_bridge_and_overlay_ranks_talk_over_their_network_and_the_overlay_check_
     assert all(record["status"] == "ok" for record in runs.values())
     two = {point.params["network"]: tmp_path / point.id for point in points if point.workers == 2}
     jobspec = json.loads((two["overlay"] / "jobspec.json").read_text())
-    assert {worker["env"]["MASTER_ADDR"] for worker in jobspec["workers"]} == {"198.18.1.1"}
+    first_overlay_address = str(ipaddress.ip_network(overlay_device.SUBNET).network_address + 1)
+    assert {worker["env"]["MASTER_ADDR"] for worker in jobspec["workers"]} == {first_overlay_address}
     assert {worker["env"]["GLOO_SOCKET_IFNAME"] for worker in jobspec["workers"]} == {"vxlan0"}
     overlay, bridge = rank_interface_bytes(two["overlay"]), rank_interface_bytes(two["bridge"])
     assert set(bridge) == {"eth0"} and bridge["eth0"] > 1e6  # resnet20's gradients, every step

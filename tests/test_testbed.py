@@ -292,14 +292,14 @@ def test_flows_are_paced_to_their_offered_rate_and_start_and_stop_on_time(owner:
 @needs_testbed
 def test_an_overlay_joins_the_hosts_over_vxlan_and_goes_with_the_testbed(owner: str) -> None:
     before = root_addresses()
-    with Testbed.create(owner, 3, link_rate="1gbit", overlay_subnet="198.18.1.0/24") as testbed:
+    with Testbed.create(owner, 3, link_rate="1gbit", overlay_subnet=overlay_device.SUBNET) as testbed:
         assert [host.overlay_address for host in testbed.hosts] == ["198.18.1.1", "198.18.1.2", "198.18.1.3"]
         device = json.loads(on_host(testbed, 1, "ip -j -d link show dev vxlan0"))[0]
         assert (device["mtu"], device["linkinfo"]["info_data"]["id"]) == (1450, 4096)
         assert on_host(testbed, 1, "ip -4 -br addr show dev vxlan0").split()[2] == "198.18.1.1/24"
         # every peer known in advance, as Calico does: a permanent neighbour and forwarding entry each
         assert on_host(testbed, 1, "ip neigh show dev vxlan0 nud permanent | wc -l") == "2"
-        assert Testbed.attach(owner).overlay_subnet == "198.18.1.0/24"
+        assert Testbed.attach(owner).overlay_subnet == overlay_device.SUBNET
     assert before == root_addresses()
     assert left_behind(owner) == []
 
@@ -320,7 +320,7 @@ def test_interface_counters_are_within_5_percent_of_the_bytes_sent(owner: str, o
     both ends. The bytes as counted include each counted packet's headers (at most 66 of 1398 payload bytes: 4.7 %);
     less those (overlay.payload_bytes) they are the payload. Over the overlay vxlan0 counts the inner packets, eth0
     the same plus 50 bytes of VXLAN headers each."""
-    subnet = "198.18.1.0/24" if overlay else None
+    subnet = overlay_device.SUBNET if overlay else None
     with Testbed.create(owner, 2, link_rate="400mbit", overlay_subnet=subnet) as testbed:
         before = [node_counters(testbed, host) for host in (1, 2)]
         flow = traffic.Flow(f"{owner}-h1", f"{owner}-h2", 1, "300mbit", 0.1, 0.6, overlay=overlay)

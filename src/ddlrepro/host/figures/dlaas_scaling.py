@@ -7,10 +7,12 @@ sources (`data_sources`) run on the host network: synthetic, or shards read from
 loopback, which testbed hosts cannot reach). Networks (`networks`) run on synthetic data: `host`, the ranks on this
 machine as every other figure's; `bridge`, one testbed host per rank talking over the testbed's bridge (the
 cluster's physical network); `overlay`, the same hosts talking over a VXLAN overlay on that bridge, the stand-in
-for DLaaS's Calico overlay (launchers/testbed_ranks.py). `link_rate` limits the testbed modes' links. A point gets
-a `network` or `data_source` param only when it is not the default (host, synthetic), so those points keep their
-ids. Testbed points need root and the local launcher; elsewhere they are skipped, with the reason, in the table,
-the figure and the checks.
+for DLaaS's Calico overlay (launchers/testbed_ranks.py). `link_rate` limits the testbed modes' links (host points
+talk over this machine's loopback, not shaped). A point gets a `network` or `data_source` param only when it is not
+the default (host, synthetic), so those points keep their ids. Testbed points need root and the local launcher;
+elsewhere they are skipped, with the reason, in the table, the figure and the checks. `overlay` needs `bridge`
+beside it (the overlay's check compares the two); a missing bridge or overlay run makes that check skipped with
+what is missing.
 
 Plot: total images/s against the ideal, and efficiency rate_N / (N × rate_1) per series (network or data source)
 beside the DLaaS measurements; the summary table is the DLaaS-style table, one block per series.
@@ -57,19 +59,32 @@ def check_link_rate(section: dict[str, Any]) -> None:
             require(False, ID, "link_rate", str(error))
 
 
+def check_networks(section: dict[str, Any]) -> None:
+    """Refuse, before anything runs, an overlay without the bridge it is judged against, and data sources without
+    the host network they run on."""
+    networks = section["networks"]
+    require(
+        "overlay" not in networks or "bridge" in networks,
+        ID,
+        "networks",
+        f"{networks} has overlay but not bridge; the overlay's efficiency is compared with the bridge's: add bridge",
+    )
+    require(
+        DEFAULT_NETWORK in networks or section["data_sources"] == ["synthetic"],
+        ID,
+        "data_sources",
+        f"{section['data_sources']}: the data sources run on the host network; add host to networks",
+    )
+
+
 SHARDS_DIR = f"results/data/{ID}/shards"
 ENVIRONMENT_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     check_link_rate(section)
+    check_networks(section)
     on_host = DEFAULT_NETWORK in section["networks"]
-    require(
-        on_host or section["data_sources"] == ["synthetic"],
-        ID,
-        "data_sources",
-        f"{section['data_sources']}: the data sources run on the host network; add host to networks",
-    )
     model, workers = section["model"], section["workers"]
     by_source = [
         with_data_source(throughput_point(ID, section, model, count, launcher), source, section)
@@ -171,11 +186,40 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
 
 def with_efficiency_vs_bridge(summary: pd.DataFrame) -> pd.DataFrame:
     """`efficiency_vs_bridge`: each row's efficiency minus the bridge's at the same model, batch, data source and
-    workers (what the overlay's encapsulation costs; NaN without a bridge row)."""
+    workers (what the overlay's encapsulation costs), its host load over both runs (`efficiency_vs_bridge_disturbed`,
+    ...) and, where it is NaN, why (`efficiency_vs_bridge_skipped`); a skipped overlay row per workers when none
+    ran."""
+    from ddlrepro.host.tables import HOST_LOAD_COLUMNS, as_flags
+
+    summary = with_overlay_rows(summary)
     keys = ["model", "batch_size", "data_source", "workers"]
-    bridge = summary[summary["network"] == "bridge"].set_index(keys)["efficiency"].rename("bridge_efficiency")
+    measured_bridge = summary[(summary["network"] == "bridge") & (summary["status"] == "ok")]
+    bridge = measured_bridge.set_index(keys)[["efficiency", *HOST_LOAD_COLUMNS]].add_prefix("bridge_")
     joined = summary.join(bridge, on=keys)
-    return summary.assign(efficiency_vs_bridge=joined["efficiency"] - joined["bridge_efficiency"])
+    difference = joined["efficiency"] - joined["bridge_efficiency"]
+    unmeasured = (summary["status"] == "ok") & difference.isna()
+    return summary.assign(
+        efficiency_vs_bridge=difference,
+        efficiency_vs_bridge_skipped=("no bridge run at " + summary["workers"].astype(str) + " workers").where(
+            unmeasured, summary["reason"].where(summary["status"] != "ok", "")
+        ),
+        efficiency_vs_bridge_disturbed=as_flags(joined["disturbed"]) | as_flags(joined["bridge_disturbed"]),
+        efficiency_vs_bridge_foreign_share=joined[["foreign_share", "bridge_foreign_share"]].max(axis=1),
+        efficiency_vs_bridge_steal_share=joined[["steal_share", "bridge_steal_share"]].max(axis=1),
+    )
+
+
+def with_overlay_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary with a skipped overlay row per model, batch and workers when the config ran no overlay, so the
+    overlay's check says so instead of finding no row."""
+    import pandas as pd
+
+    if (summary["network"] == "overlay").any():
+        return summary
+    missing = summary[["model", "batch_size", "workers"]].drop_duplicates()
+    reason = "no overlay run: figures.dlaas-scaling.networks has no overlay"
+    skipped = missing.assign(network="overlay", data_source="synthetic", storage=storage("synthetic", None))
+    return pd.concat([summary, skipped.assign(status="skipped", reason=reason)], ignore_index=True)
 
 
 def series_label(network: str, source: str, storage: str) -> str:

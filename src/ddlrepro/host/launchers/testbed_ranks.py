@@ -34,10 +34,10 @@ from ddlrepro.host.launchers.base import WorkerSpec
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.host.testbed import Testbed, traffic
 from ddlrepro.host.testbed.network import plan_hosts, run
+from ddlrepro.host.testbed.overlay import SUBNET as OVERLAY_SUBNET
 from ddlrepro.records import RECORD_PREFIX
 
 SUBNET = "198.18.0.0/24"
-OVERLAY_SUBNET = "198.18.1.0/24"
 NETWORKS = ("bridge", "overlay")  # what ranks on testbed hosts talk over; `host` (no testbed) is not placed here
 TRIGGER = "interference_requested"
 FLOWS_FILE = "flows.jsonl"

@@ -350,7 +350,7 @@ class Testbed:
         """Every host's VXLAN device, then its neighbour and forwarding entries for every other host."""
         numbered = list(enumerate(self.hosts, start=1))
         for index, host in numbered:
-            lines = overlay.device_commands(index, host.address, host.overlay_address, prefix_length)
+            lines = overlay.device_commands(index, host.interface, host.address, host.overlay_address, prefix_length)
             run(["ip", "-n", host.namespace, "-batch", "-"], lines)
         for index, host in numbered:
             peers = [(i, peer.address, peer.overlay_address) for i, peer in numbered if i != index]

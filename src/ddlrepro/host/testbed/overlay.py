@@ -19,7 +19,10 @@ VNI = 4096
 PORT = 4789  # IANA's VXLAN port, as Calico uses
 MTU = 1450  # 1500 − 50 bytes of VXLAN encapsulation (Calico's default for VXLAN)
 HEADER_BYTES = 50  # outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8, on every packet the overlay sends
-TCP_HEADER_BYTES = 66  # Ethernet 14 + IPv4 20 + TCP 32 (with timestamps, as Linux sends): each TCP packet's
+SUBNET = "198.18.1.0/24"  # the overlay's addresses wherever the testbed's ranks use one, apart from the underlay's
+# Ethernet 14 + IPv4 20 + TCP 32: 20 + 12 of timestamp option, so this assumes net.ipv4.tcp_timestamps = 1, Linux's
+# default, which every new namespace (each testbed host's) starts with; without timestamps a header is 54 bytes.
+TCP_HEADER_BYTES = 66
 
 
 def check_overlay_subnet(subnet: str, underlay: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
@@ -35,10 +38,13 @@ def mac_address(index: int) -> str:
     return f"02:dd:00:00:{index >> 8:02x}:{index & 0xFF:02x}"
 
 
-def device_commands(index: int, underlay_address: str, overlay_address: str, prefix_length: int) -> list[str]:
-    """`ip -batch` lines making host `index`'s VXLAN device over its eth0, addressed and up."""
+def device_commands(
+    index: int, underlay_interface: str, underlay_address: str, overlay_address: str, prefix_length: int
+) -> list[str]:
+    """`ip -batch` lines making host `index`'s VXLAN device over its link to the bridge, addressed and up."""
     return [
-        f"link add {DEVICE} type vxlan id {VNI} dev eth0 local {underlay_address} dstport {PORT} nolearning",
+        f"link add {DEVICE} type vxlan id {VNI} dev {underlay_interface} local {underlay_address}"
+        f" dstport {PORT} nolearning",
         f"link set {DEVICE} address {mac_address(index)} mtu {MTU} addrgenmode none",
         f"addr add {overlay_address}/{prefix_length} dev {DEVICE}",
         f"link set {DEVICE} up",
