@@ -4,10 +4,14 @@ parameter server on testbed hosts (as root), and `snakemake wikimedia_ps` end to
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+import socket
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -47,9 +51,9 @@ def test_bad_input_names_the_key(smoke: dict, change: dict, message: str) -> Non
 
 
 def test_roles_follow_the_ranks(smoke: dict) -> None:
-    """Rank 0 the chief, then workers, then parameter servers; one testbed host each, plus the spare one."""
+    """Rank 0 the chief, then workers, then parameter servers; one testbed host each."""
     cluster, _, single = figure_points(smoke)[FIGURE].values()
-    assert cluster.workers == 4 and cluster.params["testbed_hosts"] == 5
+    assert cluster.workers == 4 and cluster.params["testbed_hosts"] == 4
     assert single.workers == 1 and "testbed_hosts" not in single.params
 
 
@@ -67,6 +71,56 @@ def test_cluster_points_are_skipped_without_root(smoke: dict, monkeypatch: pytes
     assert reasons == ["skipped: needs root for network namespaces"] * 2 + [None]
 
 
+def test_batches_are_each_epoch_a_permutation() -> None:
+    """The chief's batch order: each epoch every sample once, in batches (the last smaller), a new order each."""
+    from ddlrepro.rank.workloads.parameter_server import batches
+
+    first, second = itertools.islice(batches(10, 4, seed=3), 3), itertools.islice(batches(10, 4, seed=3), 3, 6)
+    epochs = [np.concatenate(list(epoch)) for epoch in (first, second)]
+    assert [sorted(epoch) for epoch in epochs] == [list(range(10))] * 2
+    assert list(epochs[0]) != list(epochs[1])
+
+
+@pytest.mark.slow
+def test_two_workers_do_not_read_the_same_batches() -> None:
+    """On an in-process cluster (2 workers, 1 PS on loopback) the steps the coordinator hands out read different
+    batches, whichever worker runs them: the first epoch's steps cover the training set once."""
+    import tensorflow as tf
+
+    from ddlrepro.rank import datasets
+    from ddlrepro.rank.workloads import parameter_server as ps
+
+    cluster = tf.train.ClusterSpec(
+        {"worker": [f"localhost:{free_port()}" for _ in range(2)], "ps": [f"localhost:{free_port()}"]}
+    )
+    servers = [
+        tf.distribute.Server(cluster, job_name=job, task_index=index, protocol="grpc", start=True)
+        for job, index in (("worker", 0), ("worker", 1), ("ps", 0))
+    ]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(tf.distribute.ParameterServerStrategy(resolver))
+    split = datasets.Split(np.arange(12.0).reshape(12, 1, 1), np.arange(12), np.zeros((0, 1, 1)), np.zeros(0))
+    data = ps.per_worker_data(coordinator, split)
+    order = ps.batches(12, 4, seed=0)
+
+    @tf.function
+    def labels(iterator: Any, indices: tf.Tensor) -> tf.Tensor:
+        return ps.next_batch(iterator, indices)[1]
+
+    read = [coordinator.schedule(labels, args=(data, indices)) for indices in itertools.islice(order, 6)]
+    coordinator.join()
+    batches = [sorted(value.fetch().tolist()) for value in read]
+    assert sorted(itertools.chain(*batches[:3])) == list(range(12)), batches
+    assert len({tuple(batch) for batch in batches}) == 6, batches
+    del servers
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
 def run_records(run_dir: Path) -> pd.DataFrame:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     records = pd.DataFrame([json.loads(line) for line in lines]).reindex(columns=RECORD_COLUMNS)
@@ -81,7 +135,7 @@ def test_two_workers_one_ps_on_testbed_hosts(smoke: dict, tmp_path: Path) -> Non
     moved (variables read, gradients pushed; more: gRPC framing, TCP/IP headers) and are within 5 % of what its
     sockets sent and received (`ss`). A 50k-parameter trunk: with a tiny one, headers of small packets add ~12 %."""
     point = next(iter(figure_points(smoke)[FIGURE].values()))
-    roles = {"ps_workers": 2, "ps": 1, "evaluators": 1, "testbed_hosts": 6}
+    roles = {"ps_workers": 2, "ps": 1, "evaluators": 1, "testbed_hosts": 5}
     params = {**point.params, **TINY, "hidden": [256, 128], **roles}
     result = run_point(replace(point, workers=5, params=params), tmp_path / "run", local_launcher(120))
     assert result["status"] == "ok"

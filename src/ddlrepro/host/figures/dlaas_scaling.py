@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ddlrepro.host.figures.common import require, throughput_point
-from ddlrepro.host.testbed.limits import TestbedError, parse_rate
+from ddlrepro.host.figures.common import check_rate, throughput_point
 from ddlrepro.points import Point
 
 if TYPE_CHECKING:
@@ -42,16 +41,8 @@ def network_params(section: dict[str, Any], network: str, workers: int) -> dict[
     return {"network": network, "testbed_hosts": workers, **rate}
 
 
-def check_link_rate(section: dict[str, Any]) -> None:
-    if "link_rate" in section:
-        try:
-            parse_rate(section["link_rate"])
-        except TestbedError as error:
-            require(False, ID, "link_rate", str(error))
-
-
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
-    check_link_rate(section)
+    check_rate(ID, section)
     return [
         throughput_point(ID, section, section["model"], workers, launcher, **network_params(section, network, workers))
         for network in section["networks"]

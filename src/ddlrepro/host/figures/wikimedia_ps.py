@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ddlrepro.host.figures.common import threads_per_worker
+from ddlrepro.host.figures.common import check_rate, threads_per_worker
 from ddlrepro.points import Point
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ MIRROR_PREFIX = "ifb"  # shaping's ingress mirrors repeat what the interface rec
 
 
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
+    check_rate(ID, section)
     training = {key: section[key] for key in TRAINING_KEYS}
     ranks = 1 + section["ps_workers"] + section["ps"] + section["evaluators"]
     common = {"backend": "gloo", "sample_interval_s": launcher["sample_interval_s"], **training}
@@ -51,7 +52,7 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
         **common,
         "mode": "cluster",
         **{key: section[key] for key in CLUSTER_KEYS},
-        "testbed_hosts": ranks + 1,
+        "testbed_hosts": ranks,  # one host per role; no spare: this figure sends no competing traffic
         "link_rate": section["link_rate"],
     }
     runs = [
