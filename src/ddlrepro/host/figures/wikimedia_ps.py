@@ -148,13 +148,13 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
             "epochs": first["epochs"],
         }
         rows.append(row | (cluster_row(ran) if first["mode"] == "cluster" else {}))
-    summary = pd.DataFrame(rows)
-    summary = against_one_process(summary)
-    return plotting.with_host_load(summary, table, ["point_id"]).drop(columns=["point_id"])
+    summary = plotting.with_host_load(pd.DataFrame(rows), table, ["point_id"])
+    return against_one_process(summary).drop(columns=["point_id"])
 
 
 def against_one_process(summary: pd.DataFrame) -> pd.DataFrame:
-    """The cluster rows' accuracy gap (points) and speed-up against the one-process run."""
+    """The cluster rows' accuracy gap (points) and speed-up against the one-process run; the speed-up's host load
+    (`speedup_disturbed`, ...: what checks read for it) counts both runs'."""
     single = summary[(summary["run"] == SINGLE) & (summary["status"] == "ok")]
     if single.empty or "accuracy" not in summary:
         return summary
@@ -162,6 +162,9 @@ def against_one_process(summary: pd.DataFrame) -> pd.DataFrame:
     clusters = summary["run"] != SINGLE
     summary.loc[clusters, "accuracy_gap_points"] = (summary.loc[clusters, "accuracy"] - accuracy).abs() * 100
     summary.loc[clusters, "speedup"] = seconds / summary.loc[clusters, "train_time_s"]
+    for share in ("foreign_share", "steal_share"):
+        summary.loc[clusters, f"speedup_{share}"] = summary.loc[clusters, share].clip(lower=single[share].iloc[0])
+    summary["speedup_disturbed"] = clusters & (summary["disturbed"] | bool(single["disturbed"].iloc[0]))
     return summary
 
 
