@@ -14,6 +14,7 @@ parameter server's bytes and their ratio, the counters against the tensors Tenso
 and every trainable one's gradient pushed, per step, from where the chief placed them) and, their packets' headers
 taken off, against what the parameter servers' sockets sent and received (TCP payload, from `ss`: gRPC's framing
 included),
+the spread of the bytes per step at both batch sizes and the tensors' (largest − smallest) ÷ smallest,
 test accuracy, training time (the steps only, start-up not included) and the cluster's ready time (and its part
 after every rank had loaded its libraries); the cluster
 rows also hold their accuracy gap to the one process (points) and the one process's time ÷ theirs.
@@ -117,9 +118,14 @@ def cluster_row(rows: pd.DataFrame) -> dict[str, Any]:
     probed = ps_counter_bytes(rows, "probe")
     batch, probe_batch = float(first["batch_size"]), float(first["probe_batch_size"])
     busiest, least = max(trained.values(), default=float("nan")), min(trained.values(), default=float("nan"))
+    per_step, per_step_probe = sum(trained.values()) / steps, sum(probed.values()) / float(first["probe_steps"])
     return {
-        "ps_bytes_per_sample": sum(trained.values()) / (steps * batch),
-        "ps_bytes_per_sample_probe": sum(probed.values()) / (float(first["probe_steps"]) * probe_batch),
+        "ps_bytes_per_sample": per_step / batch,
+        "ps_bytes_per_sample_probe": per_step_probe / probe_batch,
+        "ps_bytes_per_step": per_step,
+        "ps_bytes_per_step_probe": per_step_probe,
+        "tensorflow_bytes_per_step": tensorflow_bytes(rows, 1),
+        "step_bytes_spread": spread([per_step, per_step_probe, tensorflow_bytes(rows, 1)]),
         "probe_batch_size": probe_batch,
         "busiest_ps_bytes": busiest,
         "least_ps_bytes": least,
@@ -130,6 +136,11 @@ def cluster_row(rows: pd.DataFrame) -> dict[str, Any]:
         "cluster_ready_after_imports_s": last_metric(rows, "cluster_ready_after_imports_s"),
         "evaluator_accuracy": last_metric(rows, "evaluator_accuracy"),
     }
+
+
+def spread(values: list[float]) -> float:
+    """How far apart values are: (largest − smallest) ÷ smallest."""
+    return (max(values) - min(values)) / min(values) if min(values) > 0 else float("inf")
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
