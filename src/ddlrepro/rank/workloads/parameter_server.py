@@ -6,7 +6,10 @@ its place in the job: rank 0 the chief (the coordinator), then `ps_workers` work
 then `evaluators`. The ranks exchange their addresses over the torch process group every launcher sets up (so the
 same code runs on loopback, on testbed hosts and as Slurm tasks) and each writes its TF_CONFIG from them. Workers and
 parameter servers start a `tf.distribute.Server`; the chief schedules every step on whichever worker is free
-(asynchronous updates, one worker's batch per update). The chief then tells every rank which phase begins over the
+(asynchronous updates, one worker's batch per update), handing it the step's sample indices: one seeded order for
+the whole cluster, each epoch every sample once, as in the baseline. (Each worker holds the training set; a
+per-worker shuffle cannot be seeded per worker: ParameterServerStrategy gives every worker's `dataset_fn` the same
+InputContext, pipeline 0 of 1.) The chief then tells every rank which phase begins over the
 torch group (`broadcast_object_list`), and each rank's host records its interface bytes at each phase's start and
 end (interfaces.py), so the traffic to each parameter server is read from counters: `train` (the epochs at
 `batch_size`), then `probe` (`probe_steps` more at `probe_batch_size`, after the accuracy is taken, so the epochs
