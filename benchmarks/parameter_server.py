@@ -16,14 +16,13 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from _common import BenchmarkRecord
+from _common import BenchmarkRecord, testbed_unavailable
 
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import figure_points
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
-from ddlrepro.host.testbed import limits
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = {"ps_workers": 2, "ps": 1, "evaluators": 0}
@@ -34,7 +33,7 @@ def ready_seconds(run_dir: Path) -> tuple[float, float]:
     part after every rank had loaded Python, torch and TensorFlow (`cluster_ready_after_imports_s`)."""
     config = load_config(REPO / "config" / "config.yaml")
     point = next(iter(figure_points(config)["wikimedia-ps"].values()))
-    params = {**point.params, **ROLES, "epochs": 1, "probe_steps": 1, "testbed_hosts": 5}
+    params = {**point.params, **ROLES, "epochs": 1, "probe_steps": 1, "testbed_hosts": 4}
     run_point(replace(point, workers=4, params=params), run_dir, local_launcher(300))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     values = {record["metric"]: record["value"] for record in records if record.get("metric", "").startswith("cluster")}
@@ -45,9 +44,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="cluster runs (the median is reported)")
     args = parser.parse_args()
-    reason = limits.unavailable_reason()
-    if reason:  # no record: the targets read "not run", as for a benchmark `make benchmarks` did not reach
-        print(f"parameter_server: skipped: {reason}")
+    if testbed_unavailable(Path(__file__).stem):
         return
     with tempfile.TemporaryDirectory() as scratch, BenchmarkRecord(__file__, args) as record:
         with ForeignLoadMeter() as meter:

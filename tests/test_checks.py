@@ -403,8 +403,9 @@ def test_every_scale_any_check_of_every_smoke_figure_is_evaluated(figure: str) -
 
 def test_a_disturbed_run_marks_the_summary_rows_that_depend_on_it() -> None:
     """A ratio's row is disturbed when its denominator's run was: efficiency ÷ the 1-worker run, fig8's ratios
-    ÷ `none`, fig7's speed-ups ÷ the torchrun mode chosen as baseline (not the other one); a run nothing else
-    divides by marks only its own row, and fig7's absolute latencies only by their own run."""
+    ÷ `none`, fig7's speed-ups ÷ the torchrun mode chosen as baseline (not the other one), wikimedia-ps's ÷ its
+    one process; a run nothing else divides by marks only its own row, and fig7's absolute latencies only by their
+    own run."""
     import matplotlib.pyplot as plt
 
     config = load_config(REPO / "config" / "config.yaml")
@@ -447,6 +448,10 @@ def test_a_disturbed_run_marks_the_summary_rows_that_depend_on_it() -> None:
         "shrink-10x-torchrun",
         "shrink-within-kungfu",
     ]
+    # wikimedia-ps's speed-up is the one process's time ÷ the cluster's: disturbed by either run
+    assert disturbed_checks("wikimedia-ps", lambda p: p.params["mode"] == "single") == ["cluster-faster"]
+    assert disturbed_checks("wikimedia-ps", lambda p: p.params.get("placement") == "round-robin") == ["cluster-faster"]
+    assert disturbed_checks("wikimedia-ps", lambda p: p.params.get("placement") == "partitioned") == []
 
 
 def cli_check(folder: Path, *exclude: str) -> str:

@@ -4,10 +4,14 @@ parameter server on testbed hosts (as root), and `snakemake wikimedia_ps` end to
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+import socket
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -37,6 +41,7 @@ def smoke() -> dict:
         ({"ps_workers": 0}, r"figures\.wikimedia-ps\.ps_workers: 0 is less than the minimum of 1"),
         ({"placements": ["striped"]}, r"figures\.wikimedia-ps\.placements\[0\]: 'striped' is not valid"),
         ({"trainable": "trunk"}, r"figures\.wikimedia-ps\.trainable: 'trunk' is not valid"),
+        ({"link_rate": "fast"}, r"figures\.wikimedia-ps\.link_rate: link rate 'fast' is not a rate"),
     ],
 )
 def test_bad_input_names_the_key(smoke: dict, change: dict, message: str) -> None:
@@ -44,12 +49,13 @@ def test_bad_input_names_the_key(smoke: dict, change: dict, message: str) -> Non
     config["figures"][FIGURE].update(change)
     with pytest.raises(ConfigError, match=message):
         validate_config(config)
+        figure_points(config)  # what the schema cannot say (a rate's syntax), checked as the workflow expands points
 
 
 def test_roles_follow_the_ranks(smoke: dict) -> None:
-    """Rank 0 the chief, then workers, then parameter servers; one testbed host each, plus the spare one."""
+    """Rank 0 the chief, then workers, then parameter servers; one testbed host each."""
     cluster, _, single = figure_points(smoke)[FIGURE].values()
-    assert cluster.workers == 4 and cluster.params["testbed_hosts"] == 5
+    assert cluster.workers == 4 and cluster.params["testbed_hosts"] == 4
     assert single.workers == 1 and "testbed_hosts" not in single.params
 
 
@@ -67,10 +73,61 @@ def test_cluster_points_are_skipped_without_root(smoke: dict, monkeypatch: pytes
     assert reasons == ["skipped: needs root for network namespaces"] * 2 + [None]
 
 
-def run_records(run_dir: Path) -> pd.DataFrame:
+def test_batches_are_each_epoch_a_permutation() -> None:
+    """The chief's batch order: each epoch every sample once, in batches (the last smaller), a new order each."""
+    from ddlrepro.rank.workloads.parameter_server import batches
+
+    first, second = itertools.islice(batches(10, 4, seed=3), 3), itertools.islice(batches(10, 4, seed=3), 3, 6)
+    epochs = [np.concatenate(list(epoch)) for epoch in (first, second)]
+    assert [sorted(epoch) for epoch in epochs] == [list(range(10))] * 2
+    assert list(epochs[0]) != list(epochs[1])
+
+
+@pytest.mark.slow
+def test_two_workers_do_not_read_the_same_batches() -> None:
+    """On an in-process cluster (2 workers, 1 PS on loopback) the steps the coordinator hands out read different
+    batches, whichever worker runs them: the first epoch's steps cover the training set once."""
+    import tensorflow as tf
+
+    from ddlrepro.rank import datasets
+    from ddlrepro.rank.workloads import parameter_server as ps
+
+    cluster = tf.train.ClusterSpec(
+        {"worker": [f"localhost:{free_port()}" for _ in range(2)], "ps": [f"localhost:{free_port()}"]}
+    )
+    servers = [
+        tf.distribute.Server(cluster, job_name=job, task_index=index, protocol="grpc", start=True)
+        for job, index in (("worker", 0), ("worker", 1), ("ps", 0))
+    ]
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(tf.distribute.ParameterServerStrategy(resolver))
+    split = datasets.Split(np.arange(12.0).reshape(12, 1, 1), np.arange(12), np.zeros((0, 1, 1)), np.zeros(0))
+    data = ps.per_worker_data(coordinator, split)
+    order = ps.batches(12, 4, seed=0)
+
+    @tf.function
+    def labels(iterator: Any, indices: tf.Tensor) -> tf.Tensor:
+        return ps.next_batch(iterator, indices)[1]
+
+    read = [coordinator.schedule(labels, args=(data, indices)) for indices in itertools.islice(order, 6)]
+    coordinator.join()
+    batches = [sorted(value.fetch().tolist()) for value in read]
+    assert sorted(itertools.chain(*batches[:3])) == list(range(12)), batches
+    assert len({tuple(batch) for batch in batches}) == 6, batches
+    del servers
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+def run_records(run_dir: Path, params: dict) -> pd.DataFrame:
+    """The run's records with the point's params beside them, as the tidy table has them."""
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     records = pd.DataFrame([json.loads(line) for line in lines]).reindex(columns=RECORD_COLUMNS)
-    return records.assign(probe_steps=5, probe_batch_size=32, batch_size=512, mode="cluster")
+    return records.assign(**{key: params[key] for key in ("probe_steps", "probe_batch_size", "batch_size", "mode")})
 
 
 @pytest.mark.slow
@@ -78,14 +135,14 @@ def run_records(run_dir: Path) -> pd.DataFrame:
 def test_two_workers_one_ps_on_testbed_hosts(smoke: dict, tmp_path: Path) -> None:
     """A real cluster (chief, 2 workers, 1 PS, an evaluator, each on its own testbed host) trains; the evaluator
     finds the chief's accuracy in its final weights; the PS host's counters carry at least the tensors TensorFlow
-    moved (variables read, gradients pushed; more: gRPC framing, TCP/IP headers) and are within 5 % of what its
-    sockets sent and received (`ss`). A 50k-parameter trunk: with a tiny one, headers of small packets add ~12 %."""
+    moved (variables read, gradients pushed; more: gRPC framing, TCP/IP headers) and, their packets' headers taken
+    off, are within 5 % of what its sockets sent and received (`ss`)."""
     point = next(iter(figure_points(smoke)[FIGURE].values()))
-    roles = {"ps_workers": 2, "ps": 1, "evaluators": 1, "testbed_hosts": 6}
-    params = {**point.params, **TINY, "hidden": [256, 128], **roles}
+    roles = {"ps_workers": 2, "ps": 1, "evaluators": 1, "testbed_hosts": 5}
+    params = {**point.params, **TINY, **roles}
     result = run_point(replace(point, workers=5, params=params), tmp_path / "run", local_launcher(120))
     assert result["status"] == "ok"
-    records = run_records(tmp_path / "run")
+    records = run_records(tmp_path / "run", params)
     ranks = records[records["metric"] == "role_index"].sort_values("rank")["detail"].tolist()
     assert ranks == ["chief", "worker", "worker", "ps", "evaluator"]
     row = wikimedia_ps.cluster_row(records)
@@ -93,7 +150,7 @@ def test_two_workers_one_ps_on_testbed_hosts(smoke: dict, tmp_path: Path) -> Non
     assert row["counters_vs_tcp"] == pytest.approx(1.0, abs=0.05), row
     assert row["ps_bytes_per_sample"] * 8 <= row["ps_bytes_per_sample_probe"], row
     accuracy = wikimedia_ps.last_metric(records, "accuracy")
-    assert accuracy > 0.5
+    assert accuracy > 0.3  # trained: chance is 0.1, one process reaches about 0.47 at this size (6 steps)
     assert wikimedia_ps.last_metric(records, "evaluator_accuracy") == accuracy  # the chief's final weights
     assert row["cluster_ready_s"] > 0
 
@@ -101,14 +158,15 @@ def test_two_workers_one_ps_on_testbed_hosts(smoke: dict, tmp_path: Path) -> Non
 @pytest.mark.slow
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_snakemake_wikimedia_ps(workflow_copy: Path) -> None:
-    """Both placements and the one process at a tiny size; the scale-free checks hold, the paper's speed-up is
+    """Both placements and the one process in a few steps; the scale-free checks hold, the paper's speed-up is
     skipped below paper scale."""
     tiny = workflow_copy / "tiny-ps.yaml"
-    tiny.write_text(yaml.safe_dump({"figures": {FIGURE: TINY}}))
+    short = {key: TINY[key] for key in ("epochs", "probe_steps")}  # the smoke's trunk: see step-bytes-match-...
+    tiny.write_text(yaml.safe_dump({"figures": {FIGURE: short}}))
     done = snakemake(workflow_copy, "wikimedia_ps", "--configfile", "config/config.yaml", str(tiny), timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     checks = pd.read_csv(workflow_copy / "results" / "checks" / f"{FIGURE}.tsv", sep="\t").set_index("check")
-    relations = ["traffic-falls-with-batch", "round-robin-uneven", "partitioned-even"]
+    relations = ["traffic-falls-with-batch", "round-robin-uneven", "partitioned-even", "step-bytes-match-the-tensors"]
     assert (checks.loc[relations, "status"] == "pass").all(), checks.loc[relations]
     assert checks.loc["cluster-faster", "status"] == "skipped"
 

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 from ddlrepro.host.config import ConfigError
+from ddlrepro.host.testbed.limits import TestbedError, parse_rate
 from ddlrepro.points import Point
 
 PROTOCOL_KEYS = ["batch_size", "image_size", "warmup_batches", "iterations", "batches_per_iteration"]
@@ -76,3 +77,12 @@ def require(condition: bool, figure: str, key: str, problem: str) -> None:
     """A check the schema cannot express; the error names the key path, like a schema error."""
     if not condition:
         raise ConfigError(f"invalid configuration:\n  - figures.{figure}.{key}: {problem}")
+
+
+def check_rate(figure: str, section: dict[str, Any], key: str = "link_rate") -> None:
+    """A rate the section may give (e.g. 200mbit) parses, else an error naming `figures.<figure>.<key>`."""
+    if key in section:
+        try:
+            parse_rate(section[key])
+        except TestbedError as error:
+            require(False, figure, key, str(error))

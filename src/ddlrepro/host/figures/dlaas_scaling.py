@@ -24,9 +24,8 @@ import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ddlrepro.host.figures.common import require, throughput_point
+from ddlrepro.host.figures.common import check_rate, require, throughput_point
 from ddlrepro.host.objectstore import LABEL, store_inputs
-from ddlrepro.host.testbed.limits import TestbedError, parse_rate
 from ddlrepro.points import Point
 
 if TYPE_CHECKING:
@@ -49,14 +48,6 @@ def network_params(section: dict[str, Any], network: str, workers: int) -> dict[
         return {}
     rate = {"link_rate": section["link_rate"]} if "link_rate" in section else {}
     return {"network": network, "testbed_hosts": workers, **rate}
-
-
-def check_link_rate(section: dict[str, Any]) -> None:
-    if "link_rate" in section:
-        try:
-            parse_rate(section["link_rate"])
-        except TestbedError as error:
-            require(False, ID, "link_rate", str(error))
 
 
 def check_networks(section: dict[str, Any]) -> None:
@@ -82,7 +73,7 @@ ENVIRONMENT_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
-    check_link_rate(section)
+    check_rate(ID, section)
     check_networks(section)
     on_host = DEFAULT_NETWORK in section["networks"]
     model, workers = section["model"], section["workers"]

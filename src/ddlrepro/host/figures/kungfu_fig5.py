@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ddlrepro.host.figures.common import require, threads_per_worker
-from ddlrepro.host.testbed.limits import TestbedError, parse_rate
+from ddlrepro.host.figures.common import check_rate, require, threads_per_worker
 from ddlrepro.points import Point
 
 if TYPE_CHECKING:
@@ -35,13 +34,6 @@ SECTION_KEYS = [
 RUNS = {"adaptive": (True, True), "no adaptation": (False, True), "quiet": (True, False)}  # adapt, traffic
 
 
-def check_rate(section: dict[str, Any], key: str) -> None:
-    try:
-        parse_rate(section[key])
-    except TestbedError as error:
-        require(False, ID, key, str(error))
-
-
 def check_section(section: dict[str, Any]) -> None:
     """What the schema cannot say, each naming its key."""
     require(
@@ -50,8 +42,8 @@ def check_section(section: dict[str, Any]) -> None:
         "strategy",
         f"{section['strategy']!r}: KungFu's policy moves the root of a STAR all-reduce; only STAR is adaptive here",
     )
-    check_rate(section, "link_rate")
-    check_rate(section, "traffic_rate")
+    check_rate(ID, section, "link_rate")
+    check_rate(ID, section, "traffic_rate")
     require(
         section["interference_step"] < section["steps"],
         ID,

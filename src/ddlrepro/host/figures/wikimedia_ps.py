@@ -11,8 +11,10 @@ for testbed hosts, which only the local launcher makes: elsewhere they are skipp
 Summary, one row per run: the parameter servers' bytes per sample (their hosts' interface counters, received plus
 sent, over the training at `batch_size` and over the probe at `probe_batch_size`), the busiest and least busy
 parameter server's bytes and their ratio, the counters against the tensors TensorFlow moves (every variable read
-and every trainable one's gradient pushed, per step, from where the chief placed them) and against what the
-parameter servers' sockets sent and received (TCP payload, from `ss`: gRPC's framing included, headers not),
+and every trainable one's gradient pushed, per step, from where the chief placed them) and, their packets' headers
+taken off, against what the parameter servers' sockets sent and received (TCP payload, from `ss`: gRPC's framing
+included),
+the spread of the bytes per step at both batch sizes and the tensors' (largest − smallest) ÷ smallest,
 test accuracy, training time (the steps only, start-up not included) and the cluster's ready time (and its part
 after every rank had loaded its libraries); the cluster
 rows also hold their accuracy gap to the one process (points) and the one process's time ÷ theirs.
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ddlrepro.host.figures.common import threads_per_worker
+from ddlrepro.host.figures.common import check_rate, threads_per_worker
 from ddlrepro.points import Point
 
 if TYPE_CHECKING:
@@ -44,6 +46,7 @@ MIRROR_PREFIX = "ifb"  # shaping's ingress mirrors repeat what the interface rec
 
 
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
+    check_rate(ID, section)
     training = {key: section[key] for key in TRAINING_KEYS}
     ranks = 1 + section["ps_workers"] + section["ps"] + section["evaluators"]
     common = {"backend": "gloo", "sample_interval_s": launcher["sample_interval_s"], **training}
@@ -51,7 +54,7 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
         **common,
         "mode": "cluster",
         **{key: section[key] for key in CLUSTER_KEYS},
-        "testbed_hosts": ranks + 1,
+        "testbed_hosts": ranks,  # one host per role; no spare: this figure sends no competing traffic
         "link_rate": section["link_rate"],
     }
     runs = [
@@ -71,22 +74,27 @@ def last_metric(rows: pd.DataFrame, metric: str) -> float:
     return float(values.iloc[-1]) if not values.empty else float("nan")
 
 
-def ps_counter_bytes(rows: pd.DataFrame, phase: str) -> dict[int, float]:
-    """Per parameter server (task index): bytes its host's interfaces received plus sent over `phase`."""
+def ps_counter_bytes(rows: pd.DataFrame, phase: str, payload: bool = False) -> dict[int, float]:
+    """Per parameter server (task index): bytes its host's interfaces received plus sent over `phase`; `payload`:
+    without the packets' TCP/IP and Ethernet headers (testbed/overlay.py's payload_bytes, from the packet counts)."""
+    from ddlrepro.host.testbed.overlay import payload_bytes
+
     roles = rows[rows["metric"] == "role_index"]
     tasks = {int(rank): int(index) for rank, index in zip(roles["rank"], roles["value"], strict=True)}
     ps_ranks = {int(rank) for rank in roles.loc[roles["detail"] == "ps", "rank"]}
-    counts = rows[
-        rows["metric"].isin(["node_rx_bytes", "node_tx_bytes"])
-        & rows["rank"].isin(ps_ranks)
-        & ~rows["interface"].astype(str).str.startswith(MIRROR_PREFIX)
-    ]
+    counts = rows[rows["rank"].isin(ps_ranks) & ~rows["interface"].astype(str).str.startswith(MIRROR_PREFIX)]
     moved: dict[int, float] = {}
     for rank, counted in counts.groupby("rank"):
-        start = counted.loc[counted["phase"] == f"{phase}_start", "value"].sum()
-        end = counted.loc[counted["phase"] == f"{phase}_end", "value"].sum()
-        moved[tasks[int(rank)]] = float(end - start)
+        total = {unit: phase_delta(counted, phase, unit) for unit in ("bytes", "packets")}
+        moved[tasks[int(rank)]] = payload_bytes(total["bytes"], total["packets"], False) if payload else total["bytes"]
     return moved
+
+
+def phase_delta(counted: pd.DataFrame, phase: str, unit: str) -> float:
+    """What the interfaces in `counted` received plus sent (`unit`: bytes or packets) between `phase`'s marks."""
+    rows = counted[counted["metric"].isin([f"node_rx_{unit}", f"node_tx_{unit}"])]
+    start = rows.loc[rows["phase"] == f"{phase}_start", "value"].sum()
+    return float(rows.loc[rows["phase"] == f"{phase}_end", "value"].sum() - start)
 
 
 def tensorflow_bytes(rows: pd.DataFrame, steps: float) -> float:
@@ -110,19 +118,29 @@ def cluster_row(rows: pd.DataFrame) -> dict[str, Any]:
     probed = ps_counter_bytes(rows, "probe")
     batch, probe_batch = float(first["batch_size"]), float(first["probe_batch_size"])
     busiest, least = max(trained.values(), default=float("nan")), min(trained.values(), default=float("nan"))
+    per_step, per_step_probe = sum(trained.values()) / steps, sum(probed.values()) / float(first["probe_steps"])
     return {
-        "ps_bytes_per_sample": sum(trained.values()) / (steps * batch),
-        "ps_bytes_per_sample_probe": sum(probed.values()) / (float(first["probe_steps"]) * probe_batch),
+        "ps_bytes_per_sample": per_step / batch,
+        "ps_bytes_per_sample_probe": per_step_probe / probe_batch,
+        "ps_bytes_per_step": per_step,
+        "ps_bytes_per_step_probe": per_step_probe,
+        "tensorflow_bytes_per_step": tensorflow_bytes(rows, 1),
+        "step_bytes_spread": spread([per_step, per_step_probe, tensorflow_bytes(rows, 1)]),
         "probe_batch_size": probe_batch,
         "busiest_ps_bytes": busiest,
         "least_ps_bytes": least,
         "ps_imbalance": busiest / least if least > 0 else float("inf"),
         "counters_vs_tensorflow": sum(trained.values()) / tensorflow_bytes(rows, steps),
-        "counters_vs_tcp": sum(trained.values()) / tcp_bytes(rows, "train"),
+        "counters_vs_tcp": sum(ps_counter_bytes(rows, "train", payload=True).values()) / tcp_bytes(rows, "train"),
         "cluster_ready_s": last_metric(rows, "cluster_ready_s"),
         "cluster_ready_after_imports_s": last_metric(rows, "cluster_ready_after_imports_s"),
         "evaluator_accuracy": last_metric(rows, "evaluator_accuracy"),
     }
+
+
+def spread(values: list[float]) -> float:
+    """How far apart values are: (largest − smallest) ÷ smallest."""
+    return (max(values) - min(values)) / min(values) if min(values) > 0 else float("inf")
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
@@ -147,13 +165,13 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
             "epochs": first["epochs"],
         }
         rows.append(row | (cluster_row(ran) if first["mode"] == "cluster" else {}))
-    summary = pd.DataFrame(rows)
-    summary = against_one_process(summary)
-    return plotting.with_host_load(summary, table, ["point_id"]).drop(columns=["point_id"])
+    summary = plotting.with_host_load(pd.DataFrame(rows), table, ["point_id"])
+    return against_one_process(summary).drop(columns=["point_id"])
 
 
 def against_one_process(summary: pd.DataFrame) -> pd.DataFrame:
-    """The cluster rows' accuracy gap (points) and speed-up against the one-process run."""
+    """The cluster rows' accuracy gap (points) and speed-up against the one-process run; the speed-up's host load
+    (`speedup_disturbed`, ...: what checks read for it) counts both runs'."""
     single = summary[(summary["run"] == SINGLE) & (summary["status"] == "ok")]
     if single.empty or "accuracy" not in summary:
         return summary
@@ -161,6 +179,9 @@ def against_one_process(summary: pd.DataFrame) -> pd.DataFrame:
     clusters = summary["run"] != SINGLE
     summary.loc[clusters, "accuracy_gap_points"] = (summary.loc[clusters, "accuracy"] - accuracy).abs() * 100
     summary.loc[clusters, "speedup"] = seconds / summary.loc[clusters, "train_time_s"]
+    for share in ("foreign_share", "steal_share"):
+        summary.loc[clusters, f"speedup_{share}"] = summary.loc[clusters, share].clip(lower=single[share].iloc[0])
+    summary["speedup_disturbed"] = clusters & (summary["disturbed"] | bool(single["disturbed"].iloc[0]))
     return summary
 
 

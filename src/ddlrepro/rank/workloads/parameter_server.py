@@ -6,7 +6,10 @@ its place in the job: rank 0 the chief (the coordinator), then `ps_workers` work
 then `evaluators`. The ranks exchange their addresses over the torch process group every launcher sets up (so the
 same code runs on loopback, on testbed hosts and as Slurm tasks) and each writes its TF_CONFIG from them. Workers and
 parameter servers start a `tf.distribute.Server`; the chief schedules every step on whichever worker is free
-(asynchronous updates, one worker's batch per update). The chief then tells every rank which phase begins over the
+(asynchronous updates, one worker's batch per update), handing it the step's sample indices: one seeded order for
+the whole cluster, each epoch every sample once, as in the baseline. (Each worker holds the training set; a
+per-worker shuffle cannot be seeded per worker: ParameterServerStrategy gives every worker's `dataset_fn` the same
+InputContext, pipeline 0 of 1.) The chief then tells every rank which phase begins over the
 torch group (`broadcast_object_list`), and each rank's host records its interface bytes at each phase's start and
 end (interfaces.py), so the traffic to each parameter server is read from counters: `train` (the epochs at
 `batch_size`), then `probe` (`probe_steps` more at `probe_batch_size`, after the accuracy is taken, so the epochs
@@ -35,6 +38,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -115,7 +119,7 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
     os.environ["TF_CONFIG"] = json.dumps(tf_config)
     role = role_of[ctx.rank]
     emit("metric", rank=ctx.rank, metric="role_index", value=tf_config["task"]["index"], detail=role)
-    counter = NodeInterfaceCounter(ctx.rank, 0)
+    counter = NodeInterfaceCounter(ctx.rank, 0)  # its host's interfaces: roles sharing a node share its counters
     if role == "chief":
         Chief(params, ctx, (min(starts), imported), counter).run()
     else:
@@ -242,44 +246,56 @@ class Chief:
         self.counter = counter
 
     def run(self) -> None:
+        params = self.params
+        split = digits(params)
+        coordinator, variables, flags = self.place_variables()
+        step = self.step_function(coordinator.strategy, variables, flags)
+        data = per_worker_data(coordinator, split)
+        samples, seed = len(split.train_labels), params.get("seed", 0)
+        steps = params["epochs"] * steps_per_epoch(params, samples)
+        train_time = self.train(coordinator, step, data, batches(samples, params["batch_size"], seed), steps)
+        weights = [full(variable).numpy() for variable in variables]
+        self.finish_training(weights, split, steps, train_time)
+        self.phase("probe_start")
+        probe = batches(samples, params["probe_batch_size"], seed + 1)
+        self.steps(coordinator, step, data, probe, params["probe_steps"])
+        self.phase("probe_end")
+        announce("done")
+        emit("result", rank=0, mode="cluster", placement=params["placement"], steps=steps)
+
+    def place_variables(self) -> tuple[Any, list[Any], list[bool]]:
+        """Connect to the cluster; build the model's variables on the parameter servers and record where."""
         import tensorflow as tf
 
-        params = self.params
         dist.barrier()
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         partitioner = None
-        if params["placement"] == "partitioned":
-            partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(params["ps"])
+        if self.params["placement"] == "partitioned":
+            partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(self.params["ps"])
         strategy = tf.distribute.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
         coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-        flags = trainable_flags(params)
+        flags = trainable_flags(self.params)
         with strategy.scope():
             variables = [
                 tf.Variable(value, trainable=trainable, name=f"w{index}")
-                for index, (value, trainable) in enumerate(zip(initial_weights(params), flags, strict=True))
+                for index, (value, trainable) in enumerate(zip(initial_weights(self.params), flags, strict=True))
             ]
-        split = digits(params)
         self.record_placement(variables, flags)
-        train_step = self.step_function(strategy, variables, flags)
-        train_steps = params["epochs"] * steps_per_epoch(params, len(split.train_labels))
-        train_data = self.per_worker_data(coordinator, split, params["batch_size"])
+        return coordinator, variables, flags
+
+    def train(self, coordinator: Any, step: Any, data: Any, order: Iterator[np.ndarray], steps: int) -> float:
+        """The epochs between the `train` phase marks, and the cluster's ready time (its first step done); the
+        training's seconds."""
         self.phase("train_start")
         began = time.time()
-        self.steps(coordinator, train_step, train_data, 1)
+        self.steps(coordinator, step, data, order, 1)
         ready = time.time()
         emit("metric", rank=0, metric="cluster_ready_s", value=ready - self.first_start)
         emit("metric", rank=0, metric="cluster_ready_after_imports_s", value=ready - self.imported)
-        self.steps(coordinator, train_step, train_data, train_steps - 1)
-        train_time = time.time() - began
+        self.steps(coordinator, step, data, order, steps - 1)
+        seconds = time.time() - began
         self.phase("train_end")
-        weights = [full(variable).numpy() for variable in variables]
-        self.finish_training(weights, split, train_steps, train_time)
-        probe_data = self.per_worker_data(coordinator, split, params["probe_batch_size"])
-        self.phase("probe_start")
-        self.steps(coordinator, train_step, probe_data, params["probe_steps"])
-        self.phase("probe_end")
-        announce("done")
-        emit("result", rank=0, mode="cluster", placement=params["placement"], steps=train_steps)
+        return seconds
 
     def phase(self, phase: str) -> None:
         announce(phase)
@@ -308,18 +324,6 @@ class Chief:
             emit("metric", rank=0, metric="ps_read_bytes_per_step", value=read[task], detail=f"ps {task}")
             emit("metric", rank=0, metric="ps_pushed_bytes_per_step", value=pushed[task], detail=f"ps {task}")
 
-    def per_worker_data(self, coordinator: Any, split: datasets.Split, batch_size: int) -> Any:
-        import tensorflow as tf
-
-        images, labels = flat(split.train_images), split.train_labels
-        seed = self.params.get("seed", 0)
-
-        def dataset_fn() -> tf.data.Dataset:
-            data = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(len(labels), seed=seed)
-            return data.repeat().batch(batch_size).prefetch(2)
-
-        return iter(coordinator.create_per_worker_dataset(dataset_fn))
-
     def step_function(self, strategy: Any, variables: list[Any], flags: list[bool]) -> Any:
         """One worker's step: read every variable, push the trainable ones' SGD updates."""
         import tensorflow as tf
@@ -341,17 +345,48 @@ class Chief:
             return loss
 
         @tf.function
-        def worker_step(iterator: Any) -> tf.Tensor:
-            images, labels = next(iterator)
+        def worker_step(iterator: Any, indices: tf.Tensor) -> tf.Tensor:
+            images, labels = next_batch(iterator, indices)
             return strategy.run(replica_step, args=(images, labels))
 
         return worker_step
 
     @staticmethod
-    def steps(coordinator: Any, step: Any, data: Any, count: int) -> None:
-        for _ in range(count):
-            coordinator.schedule(step, args=(data,))
+    def steps(coordinator: Any, step: Any, data: Any, order: Iterator[np.ndarray], count: int) -> None:
+        """`count` steps, each on whichever worker is free, each on the next batch of `order`."""
+        for indices in itertools.islice(order, count):
+            coordinator.schedule(step, args=(data, indices))
         coordinator.join()
+
+
+def batches(samples: int, batch_size: int, seed: int) -> Iterator[np.ndarray]:
+    """The training set's sample indices, batch after batch: each epoch a fresh seeded permutation in batches of
+    `batch_size` (the last one smaller, as Keras `fit` does). The chief deals them to the workers: across the
+    cluster every sample is seen once per epoch, whatever the number of workers."""
+    rng = np.random.default_rng(seed)
+    while True:
+        order = rng.permutation(samples).astype(np.int32)
+        yield from (order[start : start + batch_size] for start in range(0, samples, batch_size))
+
+
+def per_worker_data(coordinator: Any, split: datasets.Split) -> Any:
+    """Every worker's copy of the whole training set (a dataset yielding it whole, sent once with the function)."""
+    import tensorflow as tf
+
+    images, labels = flat(split.train_images), split.train_labels
+
+    def dataset_fn() -> tf.data.Dataset:
+        return tf.data.Dataset.from_tensors((images, labels)).repeat()
+
+    return iter(coordinator.create_per_worker_dataset(dataset_fn))
+
+
+def next_batch(iterator: Any, indices: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The batch `indices` picks from the worker's copy of the training set."""
+    import tensorflow as tf
+
+    images, labels = next(iterator)
+    return tf.gather(images, indices), tf.gather(labels, indices)
 
 
 def tf_device_task(device: str) -> int:
@@ -379,6 +414,7 @@ def run_single(params: dict[str, Any]) -> None:
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
+    keras.utils.set_random_seed(params.get("seed", 0))  # fit's shuffling: the same order on every run
     began = time.time()
     model.fit(
         flat(split.train_images),
