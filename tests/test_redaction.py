@@ -8,8 +8,8 @@ import re
 import shlex
 import subprocess
 import urllib.parse
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
