@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tarfile
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,8 +124,8 @@ def test_bundle_holds_everything_and_verifies(built: Path) -> None:
     for figure in ("kungfu-fig9", "dlaas-scaling"):
         assert f"results/figures/{figure}.png" in members
         assert f"results/tables/{figure}.csv" in members
-    runs = {name.split("/")[3] for name in members if name.startswith("results/runs/")}
-    assert len(runs) == 4
+    runs = {tuple(name.split("/")[2:4]) for name in members if name.startswith("results/runs/")}
+    assert Counter(figure for figure, _ in runs) == {"kungfu-fig9": 2, "dlaas-scaling": 4}  # 2 workers (× 2 sources)
     assert any(name.startswith("results/provenance/invocation-") for name in members)
     manifest = json.loads(members[MANIFEST])
     assert set(manifest["files"]) == set(members) - {MANIFEST, MANIFEST_DIGEST, SIGNATURE}
@@ -344,6 +345,9 @@ def test_canary_secrets_appear_nowhere(built: Path) -> None:
     assert not leaks, leaks
     logs = [path.read_bytes() for path in (built / "results" / "runs").rglob("log.txt")]
     assert logs and all(MARKER.encode() in log for log in logs)  # the ranks did print them: redacted
+    results = [json.loads(path.read_text()) for path in (built / "results" / "runs").glob("*/*/result.json")]
+    s3 = [result for result in results if result["point"]["params"].get("data_source") == "s3"]
+    assert len(s3) == 2 and all(result["status"] == "ok" for result in s3), s3  # the planted S3 keys were used
 
 
 @pytest.mark.slow

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 import json
+import os
 import socket
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -66,13 +67,19 @@ def test_every_source_delivers_the_same_bytes(packed: Path, store: objectstore.S
     assert not mountpoint.exists()
 
 
+@pytest.mark.timeout(60)  # before re-raising, a second next() blocked for ever
 def test_a_missing_shard_is_named(packed: Path, store: objectstore.Store) -> None:
     """Reading one shard more than there are: the error names the object (after the ones that exist)."""
     reader = shards.reader({"data_source": "s3", "shards": COUNT + 1, **store.inputs()}, 0, 1)
-    with pytest.raises(FileNotFoundError, match=rf"missing shard s3://{store.bucket}/shard-0000{COUNT}\.npz"):
-        for _ in range(COUNT + 1):
+    missing = rf"missing shard s3://{store.bucket}/shard-0000{COUNT}\.npz"
+    try:
+        with pytest.raises(FileNotFoundError, match=missing):
+            for _ in range(COUNT + 1):
+                reader.next()
+        with pytest.raises(FileNotFoundError, match=missing):  # again, not blocked on the ended thread's queue
             reader.next()
-    reader.close()
+    finally:
+        reader.close()
     with pytest.raises(FileNotFoundError, match=rf"missing shard {packed}/shard-0000{COUNT}\.npz"):
         digests({"data_source": "local", "shards_dir": str(packed), "shards": COUNT + 1}, 0, 1, COUNT + 1)
 
@@ -116,9 +123,15 @@ def test_an_unreachable_configured_store_fails_the_run_fast(
     assert "never-printed" not in message and "DDLTESTACCESS" not in message
 
 
-def test_the_store_starts_and_stops_in_time_and_keeps_its_keys_private(packed: Path) -> None:
+def test_the_store_starts_and_stops_in_time_and_keeps_its_keys_private(
+    packed: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ports: list[int] = []
+    free_port_pair = objectstore.free_port_pair
+    monkeypatch.setattr(objectstore, "free_port_pair", lambda: ports.append(free_port_pair()) or ports[-1])
     started = time.monotonic()
     with objectstore.serving(packed) as running:
+        assert {"s3.sock", "filer.sock"} <= {path.name for path in running.credentials_file.parent.iterdir()}
         up = time.monotonic() - started
         keys = json.loads(running.credentials_file.read_text())
         assert stat.S_IMODE(running.credentials_file.stat().st_mode) == 0o600
@@ -136,6 +149,9 @@ def test_the_store_starts_and_stops_in_time_and_keeps_its_keys_private(packed: P
     down = time.monotonic() - stopping
     assert up <= objectstore.START_TIMEOUT_S and down <= 15, (up, down)
     assert not running.credentials_file.parent.exists()
+    leftovers = [path for port in ports for number in (port, port + 10000)
+                 for path in objectstore.SOCKET_FOLDER.glob(f"seaweedfs-*-{number}.sock")]  # fmt: skip
+    assert len(ports) == 4 and leftovers == []
     with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
         probe.connect(("127.0.0.1", port))
 
@@ -169,18 +185,6 @@ def test_default_points_keep_their_ids_and_s3fs_needs_fuse_and_the_local_launche
     assert "the local launcher's ranks only" in unmet_requirement(s3fs[0], "slurm")
 
 
-def test_a_secret_written_in_the_config_is_a_config_error() -> None:
-    config = load_config(REPO / "config" / "config.yaml")
-    secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
-    section = copy.deepcopy(config["figures"]["dlaas-scaling"])
-    section["store"] = {"endpoint": "https://s3.example.invalid:443", "bucket": "training-data",
-                        "credentials_env": {"access_key": "MY_S3_ACCESS", "secret_key": secret}}  # fmt: skip
-    config["figures"]["dlaas-scaling"] = section
-    with pytest.raises(ConfigError, match="name an environment variable") as caught:
-        figure_points(config)
-    assert "credentials_env.secret_key" in str(caught.value) and secret not in str(caught.value)
-
-
 def test_sources_run_on_the_host_network_and_networks_on_synthetic_data() -> None:
     """The axes are not crossed: each data source on the host network, each testbed network on synthetic data;
     other sources without the host network are refused, naming the key."""
@@ -197,3 +201,39 @@ def test_sources_run_on_the_host_network_and_networks_on_synthetic_data() -> Non
     config["figures"]["dlaas-scaling"]["networks"] = ["bridge", "overlay"]
     with pytest.raises(ConfigError, match=r"figures\.dlaas-scaling\.data_sources: .*add host to networks"):
         figure_points(config)
+
+
+def test_credentials_missing_from_the_environment_are_named_by_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key pasted where a variable's name belongs is not echoed: the error names the role."""
+    pasted = "AKIAPASTEDKEY0123456"
+    monkeypatch.delenv(pasted, raising=False)
+    monkeypatch.setenv("TEST_S3_SECRET", "never-printed-secret-5555")
+    with pytest.raises(RuntimeError, match=r"credentials_env\.access_key names is not set") as caught:
+        objectstore.environment_credentials({"access_key": pasted, "secret_key": "TEST_S3_SECRET"})
+    assert pasted not in str(caught.value)
+
+
+def test_the_store_holds_paper_scale_shards() -> None:
+    paper_shards = 16 * 80_000_000  # ~1.2 GB: 16 shards of 80 MB
+    volumes = objectstore.volume_count(paper_shards)
+    assert (volumes - objectstore.SPARE_VOLUMES) * objectstore.VOLUME_SIZE_MB * 2**20 >= paper_shards
+
+
+def test_a_busy_mount_is_unmounted_lazily(store: objectstore.Store) -> None:
+    if objectstore.s3fs_unavailable_reason():
+        pytest.skip(objectstore.s3fs_unavailable_reason())
+    assert "connect_timeout=3,readwrite_timeout=30" in objectstore.mount_command(store, Path("m"), Path("p"))[-1]
+    with objectstore.mounted(store) as mountpoint, (mountpoint / shards.shard_name(0)).open("rb") as busy:
+        busy.read(16)  # held open across the unmount: plain `umount` refuses (target is busy)
+        assert os.path.ismount(mountpoint)
+    assert not os.path.ismount(mountpoint) and not mountpoint.exists()
+
+
+def test_a_hanging_fetch_is_reported_at_close() -> None:
+    release = threading.Event()
+    reader = shards.PrefetchingReader(lambda name: release.wait(10) and b"", iter([0]), 1)
+    try:
+        with pytest.warns(RuntimeWarning, match="still running"):
+            reader.close(timeout_s=0.2)
+    finally:
+        release.set()

@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -155,6 +156,27 @@ def test_no_redaction_error_echoes_what_was_written(redaction: dict, problem: st
     with pytest.raises(ConfigError, match=re.escape(problem)) as error:
         validate_config({**config, "redaction": redaction})
     assert "s3cr3tValue" not in str(error.value) and "12345678" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("store", "problem"),
+    [
+        ({"endpoint": "https://AKIAX:wJalrSECRET@h:1", "credentials_env": {"access_key": "A", "secret_key": "B"}},
+         "figures.dlaas-scaling.store.endpoint: does not match"),
+        ({"credentials_env": "wJalrSECRET2"}, "figures.dlaas-scaling.store.credentials_env: must be of type object"),
+        ({"credentials_env": {"access_key": "AKIAwJalrSECRET", "secret_key": "wJalrSECRET/3+x"}},
+         "figures.dlaas-scaling.store.credentials_env.secret_key: not an environment variable name"),
+        ({"wJalrSECRET4": "x"}, "figures.dlaas-scaling.store: unknown key(s), not shown"),
+        ("wJalrSECRET5", "figures.dlaas-scaling.store: must be of type object"),
+    ],
+)  # fmt: skip
+def test_no_store_error_echoes_what_was_written(store: Any, problem: str) -> None:
+    """Even with synthetic data only (the store unused), a store written wrong is refused naming the key only."""
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    config["figures"]["dlaas-scaling"] |= {"data_sources": ["synthetic"], "store": store}
+    with pytest.raises(ConfigError, match=re.escape(problem)) as error:
+        validate_config(config)
+    assert "SECRET" not in str(error.value) and "AKIA" not in str(error.value)
 
 
 REGISTERED = "registered-by-one-test-7f3a9c"

@@ -18,6 +18,7 @@ from ddlrepro.host.errors import UserError
 # Shipped with the package (package data), so an installed ddlrepro validates without a checkout.
 SCHEMAS = Path(__file__).with_name("schemas")
 CONFIG_SCHEMA = SCHEMAS / "config.schema.yaml"
+VARIABLE_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"  # the schema's pattern of an environment variable's name
 
 
 class ConfigError(UserError):
@@ -35,7 +36,7 @@ def key_path(path: Any) -> str:
 def describe(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
     """One line per problem: the key path, then what is wrong and what would be valid."""
     where = key_path(error.absolute_path)
-    if list(error.absolute_path)[:1] == ["redaction"]:
+    if holds_secrets(list(error.absolute_path)):
         return f"{where}: {_redaction_problem(error, schema)}"
     if error.validator in ("additionalProperties", "unevaluatedProperties"):
         allowed = sorted(_property_names(error.schema, schema))
@@ -48,10 +49,20 @@ def describe(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
     return f"{where}: {error.message}"
 
 
+def holds_secrets(path: list[Any]) -> bool:
+    """Whether a key path is one where a secret may have been written by mistake (`redaction`, a figure's object
+    `store`): its problems are described without the value."""
+    return path[:1] == ["redaction"] or (len(path) >= 3 and path[0] == "figures" and path[2] == "store")
+
+
 def _redaction_problem(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
-    """What is wrong under `redaction`, never echoing what was written there: it may be the secret itself."""
-    if error.validator == "pattern":
+    """What is wrong under `redaction` (or a store), never echoing what was written there: it may be the secret."""
+    if error.validator in ("required", "dependentRequired"):
+        return error.message  # names keys only
+    if error.validator == "pattern" and error.validator_value == VARIABLE_NAME:
         return "not an environment variable name (give names only, never values)"
+    if error.validator == "pattern":
+        return f"does not match {error.validator_value} (what was written is not shown: it may be a secret)"
     if error.validator == "type":
         return f"must be of type {error.validator_value} (give names only, never values)"
     if error.validator == "uniqueItems":

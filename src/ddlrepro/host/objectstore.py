@@ -3,9 +3,12 @@
 `serving(shards, settings)` starts it on 127.0.0.1 (free ports, data in a temporary folder outside results/), with
 access keys made for this run (`secrets`) in a 0600 file outside results/ that only the run reads and registered
 for redaction, creates the bucket, uploads the shards, and always stops it: SIGTERM, then SIGKILL after
-`STOP_GRACE_S` (SeaweedFS ignores SIGTERM for more than 10 s). With `settings.endpoint` set (paper scale) no server
-is started: the keys come from the environment variables `credentials_env` names, and the shards are uploaded
-there. `mounted(store)` mounts the bucket with Debian's s3fs (FUSE) for the `s3fs` source, and unmounts it after.
+`STOP_GRACE_S` (SeaweedFS ignores SIGTERM for more than 10 s), then removes the unix sockets it leaves in /tmp. Its
+volumes are sized from the shards' bytes. With `settings.credentials_env` set the keys come from the environment
+variables it names (never from the config), for the configured store and for a SeaweedFS started without an
+endpoint alike; with `settings.endpoint` set too (paper scale) no server is started and the shards are uploaded
+there. `mounted(store)` mounts the bucket with Debian's s3fs (FUSE) for the `s3fs` source, and unmounts it after
+(lazily if it is busy; an error if it stays mounted).
 
 It stands in for IBM Cloud Object Storage: every record says `LABEL`.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -29,12 +33,18 @@ from pathlib import Path
 from typing import Any
 
 from ddlrepro.host.redaction import register_secret
+from ddlrepro.rank.s3client import s3_client
 
 LABEL = "SeaweedFS (not IBM COS)"
 DEFAULT_BUCKET = "ddlrepro-shards"
 START_TIMEOUT_S = 10.0
 STOP_GRACE_S = 0.5
 MOUNT_TIMEOUT_S = 10.0
+VOLUME_SIZE_MB = 64
+SPARE_VOLUMES = 8  # SeaweedFS grows volumes several at a time (7 without replication)
+S3FS_TIMEOUTS = "connect_timeout=3,readwrite_timeout=30"
+SOCKET_FOLDER = Path("/tmp")  # weed's fixed default, not $TMPDIR
+LEFTOVER_SOCKETS = "seaweedfs-*-{port}.sock"  # what weed puts in /tmp for the services without a socket flag
 WEED = "weed"
 
 
@@ -112,34 +122,52 @@ def new_credentials() -> tuple[str, str]:
 
 def environment_credentials(credentials_env: dict[str, str]) -> tuple[str, str]:
     """The keys from the variables `credentials_env` names (`access_key`, `secret_key`): never from the config."""
-    missing = [name for name in credentials_env.values() if not os.environ.get(name)]
-    if missing:
-        raise RuntimeError(f"object store credentials: environment variable(s) {', '.join(missing)} not set")
+    missing = [role for role, name in credentials_env.items() if not os.environ.get(name)]
+    if missing:  # named by role: a key pasted where a name belongs must not be echoed
+        roles = ", ".join(f"credentials_env.{role}" for role in missing)
+        raise RuntimeError(f"object store credentials: the environment variable {roles} names is not set")
     access_key, secret_key = os.environ[credentials_env["access_key"]], os.environ[credentials_env["secret_key"]]
     register_secret(access_key)
     register_secret(secret_key)
     return access_key, secret_key
 
 
-def seaweedfs_command(data: Path, port: int, s3_config: Path) -> list[str]:
-    """`weed server` with master, volume, filer and S3 on consecutive free ports, all on 127.0.0.1 only."""
+def volume_count(total_bytes: int) -> int:
+    """Volumes enough for `total_bytes` of shards (`VOLUME_SIZE_MB` each) and the spares SeaweedFS grows ahead."""
+    return max(16, math.ceil(total_bytes / (VOLUME_SIZE_MB * 2**20)) + SPARE_VOLUMES)
+
+
+def seaweedfs_command(folder: Path, ports: dict[str, int], s3_config: Path, total_bytes: int) -> list[str]:
+    """`weed server` with master, volume, filer and S3 on free ports (`ports`), all on 127.0.0.1 only, its data
+    and the local sockets weed has flags for in `folder`."""
     return [
         weed_binary(),
         "server",
-        f"-dir={data}",
+        f"-dir={folder / 'data'}",
         "-ip=127.0.0.1",
         "-ip.bind=127.0.0.1",
-        f"-master.port={free_port_pair()}",
-        f"-volume.port={free_port_pair()}",
-        f"-filer.port={free_port_pair()}",
+        f"-master.port={ports['master']}",
+        f"-volume.port={ports['volume']}",
+        f"-filer.port={ports['filer']}",
+        f"-filer.localSocket={folder / 'filer.sock'}",
         "-s3",
-        f"-s3.port={port}",
+        f"-s3.port={ports['s3']}",
+        f"-s3.localSocket={folder / 's3.sock'}",
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         f"-s3.config={s3_config}",
-        "-master.volumeSizeLimitMB=64",
-        "-volume.max=16",
+        f"-master.volumeSizeLimitMB={VOLUME_SIZE_MB}",
+        f"-volume.max={volume_count(total_bytes)}",
     ]
+
+
+def remove_leftover_sockets(ports: dict[str, int], folder: Path = SOCKET_FOLDER) -> None:
+    """Delete the sockets weed left in /tmp for these ports and their gRPC ports (+ 10000): after SIGKILL they
+    stay, one set per run."""
+    for port in ports.values():
+        for number in (port, port + 10000):
+            for path in folder.glob(LEFTOVER_SOCKETS.format(port=number)):
+                path.unlink(missing_ok=True)
 
 
 def stop(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
@@ -152,19 +180,6 @@ def stop(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=10)
-
-
-def s3_client(endpoint: str, access_key: str, secret_key: str) -> Any:
-    """MinIO's S3 client with short connect timeouts and one retry: a dead endpoint answers within seconds."""
-    import urllib3
-    from minio import Minio
-
-    scheme, _, host = endpoint.partition("://")
-    http = urllib3.PoolManager(
-        timeout=urllib3.Timeout(connect=3.0, read=30.0),
-        retries=urllib3.Retry(total=1, backoff_factor=0.2, status_forcelist=(500, 502, 503, 504)),
-    )
-    return Minio(host, access_key=access_key, secret_key=secret_key, secure=scheme == "https", http_client=http)
 
 
 def create_bucket(client: Any, endpoint: str, bucket: str, server: subprocess.Popen | None, deadline: float) -> None:
@@ -188,6 +203,10 @@ def shard_files(shards: Path) -> list[Path]:
     return sorted(path for path in shards.iterdir() if path.suffix == ".npz")
 
 
+def shard_bytes(shards: Path) -> int:
+    return sum(path.stat().st_size for path in shard_files(shards))
+
+
 def local_provenance(shards: Path) -> dict[str, Any]:
     files = shard_files(shards)
     return {"storage": "local disk", "objects": len(files), "total_bytes": sum(path.stat().st_size for path in files)}
@@ -202,25 +221,28 @@ def upload(client: Any, bucket: str, shards: Path) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def seaweedfs(folder: Path, access_key: str, secret_key: str) -> Iterator[tuple[str, subprocess.Popen]]:
+def seaweedfs(
+    folder: Path, access_key: str, secret_key: str, total_bytes: int
+) -> Iterator[tuple[str, subprocess.Popen]]:
     """A SeaweedFS server in `folder` accepting only these keys; its S3 endpoint. Always stopped."""
     identity = {"name": "run", "credentials": [{"accessKey": access_key, "secretKey": secret_key}]}
     identity["actions"] = ["Admin", "Read", "Write", "List", "Tagging"]
     s3_config = write_private(folder / "s3.json", json.dumps({"identities": [identity]}))
     (folder / "data").mkdir()
-    port = free_port_pair()
+    ports = {service: free_port_pair() for service in ("master", "volume", "filer", "s3")}
     with (folder / "weed.log").open("wb") as log:
         server = subprocess.Popen(
-            seaweedfs_command(folder / "data", port, s3_config),
+            seaweedfs_command(folder, ports, s3_config, total_bytes),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=folder,
         )
     try:
-        yield f"http://127.0.0.1:{port}", server
+        yield f"http://127.0.0.1:{ports['s3']}", server
     finally:
         stop(server)
+        remove_leftover_sockets(ports)
 
 
 @contextlib.contextmanager
@@ -240,7 +262,7 @@ def serving(shards: Path, settings: dict[str, Any] | None = None) -> Iterator[St
             if settings.get("endpoint"):
                 endpoint, server, label = settings["endpoint"], None, f"S3 at {settings['endpoint']}"
             else:
-                endpoint, server = stack.enter_context(seaweedfs(folder, access_key, secret_key))
+                endpoint, server = stack.enter_context(seaweedfs(folder, access_key, secret_key, shard_bytes(shards)))
                 label = LABEL
             client = s3_client(endpoint, access_key, secret_key)
             create_bucket(client, endpoint, bucket, server, started + START_TIMEOUT_S)
@@ -269,7 +291,7 @@ def mount_command(store: Store, mountpoint: Path, password_file: Path) -> list[s
         store.bucket,
         str(mountpoint),
         "-o",
-        f"passwd_file={password_file},url={store.endpoint},use_path_request_style,ro,retries=2",
+        f"passwd_file={password_file},url={store.endpoint},use_path_request_style,ro,retries=2,{S3FS_TIMEOUTS}",
     ]
 
 
@@ -290,7 +312,16 @@ def mounted(store: Store) -> Iterator[Path]:
             wait_for_mount(mountpoint)
             yield mountpoint
         finally:
-            subprocess.run(["umount", str(mountpoint)], capture_output=True, check=False)
+            unmount(mountpoint)
+
+
+def unmount(mountpoint: Path) -> None:
+    """`umount`, then `umount -l` (lazy: detached now, released when no longer busy); an error if still mounted."""
+    for command in (["umount"], ["umount", "-l"]):
+        done = subprocess.run([*command, str(mountpoint)], capture_output=True, text=True, check=False)
+        if not os.path.ismount(mountpoint):
+            return
+    raise RuntimeError(f"s3fs mount at {mountpoint} could not be unmounted: {done.stderr.strip()}")
 
 
 def wait_for_mount(mountpoint: Path) -> None:

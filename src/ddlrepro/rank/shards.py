@@ -7,7 +7,7 @@ bounded queue (`prefetch` shards ahead), so that reading hides behind the traini
 
 - `local`: files in a folder (the packer's output); `s3fs`: the same files through the FUSE mount of the bucket;
 - `s3`: objects in a bucket, read with MinIO's S3 client; the endpoint is checked first (an unreachable one fails
-  within `CONNECT_TIMEOUT_S` × 2 naming endpoint and bucket), and a missing object is an error naming it.
+  within `s3client.CONNECT_TIMEOUT_S` × 2 naming endpoint and bucket), and a missing object is an error naming it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import io
 import json
 import queue
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ddlrepro.rank.s3client import s3_client
+
 FILE_SOURCES = ("local", "s3fs")
 SOURCES = ("synthetic", *FILE_SOURCES, "s3")
-CONNECT_TIMEOUT_S = 3.0
 DEFAULT_PREFETCH = 4
+CLOSE_TIMEOUT_S = 5.0
 
 
 def shard_name(index: int) -> str:
@@ -62,6 +65,7 @@ class PrefetchingReader:
         self._order = order
         self._queue: queue.Queue[tuple[torch.Tensor, torch.Tensor] | BaseException] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
+        self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._produce, name="shard-prefetch", daemon=True)
         self._thread.start()
 
@@ -83,14 +87,20 @@ class PrefetchingReader:
                 continue
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next shard; the thread's error, raised again on every later call (the thread has ended)."""
+        if self._error is not None:
+            raise self._error
         item = self._queue.get()
         if isinstance(item, BaseException):
+            self._error = item
             raise item
         return item
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=timeout_s)
+        if self._thread.is_alive():  # a fetch still hangs (e.g. on a dead mount): say so, the daemon thread is left
+            warnings.warn(f"shard prefetch thread still running {timeout_s:.0f} s after close", RuntimeWarning, 2)
 
 
 def file_fetcher(folder: Path) -> Callable[[str], bytes]:
@@ -111,21 +121,6 @@ def read_credentials(path: Path) -> tuple[str, str]:
     return values["access_key"], values["secret_key"]
 
 
-def s3_client(endpoint: str, credentials_file: Path) -> Any:
-    """MinIO's S3 client for `endpoint` (scheme://host:port) with short timeouts and few retries."""
-    import urllib3
-    from minio import Minio
-
-    scheme, _, host = endpoint.partition("://")
-    access_key, secret_key = read_credentials(credentials_file)
-    http = urllib3.PoolManager(
-        timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=30.0),
-        retries=urllib3.Retry(total=1, backoff_factor=0.2, status_forcelist=(500, 502, 503, 504)),
-        maxsize=4,
-    )
-    return Minio(host, access_key=access_key, secret_key=secret_key, secure=scheme == "https", http_client=http)
-
-
 class StoreUnreachable(RuntimeError):
     pass
 
@@ -134,7 +129,7 @@ def s3_fetcher(endpoint: str, bucket: str, credentials_file: Path) -> Callable[[
     """A fetch of one object of `bucket`; the bucket is looked up first so a dead endpoint fails at once."""
     from minio.error import S3Error
 
-    client = s3_client(endpoint, credentials_file)
+    client = s3_client(endpoint, *read_credentials(credentials_file))
     try:
         found = client.bucket_exists(bucket)
     except S3Error as error:

@@ -20,7 +20,6 @@ beside the DLaaS measurements; the summary table is the DLaaS-style table, one b
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +68,6 @@ def check_networks(section: dict[str, Any]) -> None:
 
 
 SHARDS_DIR = f"results/data/{ID}/shards"
-ENVIRONMENT_VARIABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
@@ -97,23 +95,11 @@ def with_data_source(point: Point, source: str, section: dict[str, Any]) -> Poin
     (`SHARDS_DIR`, relative to the checkout), from the configured store or one started for the run."""
     if source == "synthetic":
         return point
-    check_store(section.get("store", {}))
     params = {**point.params, "data_source": source, "shards": section["shards"]}
     if source in ("s3", "s3fs"):  # which store: one started per run, or the configured one (its endpoint: provenance)
         params["store"] = "configured" if section.get("store", {}).get("endpoint") else "seaweedfs"
     inputs = {"shards_dir": SHARDS_DIR, **store_inputs(section.get("store", {}))}
     return replace(point, params=params, inputs=inputs)
-
-
-def check_store(store: dict[str, Any]) -> None:
-    """`credentials_env` names environment variables; a value that is not a name may be a key: never echo it."""
-    for role, name in store.get("credentials_env", {}).items():
-        require(
-            bool(ENVIRONMENT_VARIABLE.match(name)),
-            ID,
-            f"store.credentials_env.{role}",
-            "not a variable name (the value is not shown: it may be a secret); name an environment variable",
-        )
 
 
 def shard_settings(section: dict[str, Any]) -> dict[str, Any]:
