@@ -37,6 +37,9 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
     assert len(rates) == (1 + 2) * 2
     assert {"point_id", "model", "batch_size", "rank", "iteration", "metric", "value"} <= set(table.columns)
     summary = pd.read_csv(results / "tables" / "dlaas-scaling.summary.csv")
+    skipped = summary[summary["status"] == "skipped"]  # the overlay rows saying why its check is skipped
+    assert set(skipped["network"]) == {"overlay"} and skipped["reason"].str.startswith("no overlay run").all()
+    summary = summary[summary["status"] == "ok"]
     assert list(summary["workers"]) == [1, 2]
     assert (summary["per_worker"] > 0).all() and summary["efficiency"].between(0.05, 1.5).all()
     assert {"foreign_share", "steal_share", "disturbed"} <= set(summary.columns)
