@@ -1,0 +1,181 @@
+"""biggan-elasticity: what elasticity each runtime survives (issue 19 item 4; the seed: BigGAN on plain PyTorch DDP
+"could not start without all nodes, survive a lost node, or take nodes that join later").
+
+Points: three runtimes × three situations, one run each. Runtimes: `ddp`, a static world (launchers/ddp.py);
+`torchrun`, torchrun elastic with `--nnodes=1:MAX`, checkpointing every step (launchers/torchrun.py); `inplace`,
+the in-place elastic runtime (launchers/inplace.py). Situations (launchers/situations.py): `late-start` (the
+second worker starts `late_s` after the first), `killed` (worker 1 gets SIGKILL at `event_step`), `joins` (a third
+worker starts at `event_step`). The model is the section's `model` (the elastic trainer's, rank/elastic/trainer.py).
+
+From each run's records the figure tells what happened (`outcome`): failed (no step after the event), restarted
+all workers (a worker that ran before the event started again), waited for all workers (no step before the late
+worker came), ignored the joiner (steps went on at the old size), carried on in place; and the time from the
+event to the next training step. Plot: a 3×3 grid, one timeline per cell (cluster size at every step, the event
+marked) titled with its outcome and time to the next step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ddlrepro.host.figures.common import require, threads_per_worker
+from ddlrepro.host.launchers.situations import EVENT_METRIC, SITUATIONS
+from ddlrepro.points import Point
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.figure import Figure
+
+ID = "biggan-elasticity"
+TITLE = "BigGAN elasticity: what each runtime does when a worker is late, killed or joins"
+RUNTIMES = ("ddp", "torchrun", "inplace")
+WORKERS = 2
+SECTION_KEYS = ["model", "image_size", "batch_size", "dataset_size", "collective_timeout_s", "min_step_s"]
+OUTCOMES = ("failed", "restarted all workers", "waited for all workers", "ignored the joiner", "carried on in place")
+
+
+def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
+    check_section(section)
+    return [
+        cell_point(section, launcher, runtime, situation)
+        for runtime in section["runtimes"]
+        for situation in section["situations"]
+    ]
+
+
+def check_section(section: dict[str, Any]) -> None:
+    """What the schema cannot say: the event inside the run, the late worker inside the rendezvous timeout."""
+    require(
+        section["late_s"] < section["rendezvous_timeout_s"],
+        ID,
+        "late_s",
+        f"{section['late_s']:g} s is not below rendezvous_timeout_s ({section['rendezvous_timeout_s']:g} s): "
+        "the static world would time out before the late worker comes",
+    )
+    require(
+        0 < section["event_step"] < section["steps"],
+        ID,
+        "event_step",
+        f"{section['event_step']} is not between 0 and steps ({section['steps']}), exclusive",
+    )
+
+
+def cell_point(section: dict[str, Any], launcher: dict[str, Any], runtime: str, situation: str) -> Point:
+    workers = WORKERS + (situation == "joins")
+    params = {
+        **{key: section[key] for key in SECTION_KEYS if key in section},
+        "runtime": runtime,
+        "elastic": runtime,
+        "situation": situation,
+        "late_s": section["late_s"],
+        "event_step": section["event_step"],
+        "rendezvous_timeout_s": section["rendezvous_timeout_s"],
+        "initial_workers": WORKERS,
+        "max_workers": workers,
+        "standby": 0,
+        "schedule": f"{section['steps']}:0",
+        **({"checkpoint_interval": 1, "torchrun_keep_alive": "tuned"} if runtime == "torchrun" else {}),
+    }
+    return Point(ID, "elastic", workers, threads_per_worker(launcher, workers), params)
+
+
+def cells(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: what happened, and when, from its records."""
+    import pandas as pd
+
+    rows = [cell(runtime, situation, rows) for (runtime, situation), rows in table.groupby(["runtime", "situation"])]
+    return pd.DataFrame(rows)
+
+
+def cell(runtime: str, situation: str, rows: pd.DataFrame) -> dict[str, Any]:
+    def times(metric: str) -> pd.DataFrame:
+        return rows[rows["metric"] == metric].sort_values("time")
+
+    start = float(times("job_start")["time"].iloc[0])
+    event = float(times(EVENT_METRIC[situation])["time"].iloc[0])
+    steps = times("cluster_size")
+    steps = steps[steps["rank"] == 0]
+    before, after = steps[steps["time"] < event], steps[steps["time"] > event]
+    starts = times("worker_start")
+    started_before = set(starts[starts["time"] < event]["rank"])
+    restarts = int(starts[(starts["time"] > event) & starts["rank"].isin(started_before)].shape[0])
+    size_before = float(before["value"].iloc[-1]) if len(before) else float("nan")
+    size_after = float(after["value"].iloc[-1]) if len(after) else float("nan")
+    summary = {
+        "runtime": runtime,
+        "situation": situation,
+        "model": rows["model"].iloc[0],
+        "steps_before": len(before),
+        "steps_after": len(after),
+        "restarts": restarts,
+        "size_before": size_before,
+        "size_after": size_after,
+        "first_step_s": float(steps["time"].iloc[0]) - start if len(steps) else float("nan"),
+        "first_step_vs_event_s": float(steps["time"].iloc[0]) - event if len(steps) else float("nan"),
+        "next_step_s": float(after["time"].iloc[0]) - event if len(after) else float("nan"),
+        "event_s": event - start,
+        "cell_s": float(rows["time"].max()) - start,
+    }
+    summary["outcome"] = outcome(situation, summary)
+    summary["in_place"] = float(summary["outcome"] in ("carried on in place",))
+    return summary
+
+
+def outcome(situation: str, cell: dict[str, Any]) -> str:
+    """What the runtime did, from the cell's counts (in the order of OUTCOMES: the first that applies)."""
+    if cell["steps_after"] == 0:
+        return "failed"
+    if cell["restarts"] > 0:
+        return "restarted all workers"
+    if situation == "late-start" and cell["steps_before"] == 0:
+        return "waited for all workers"
+    if situation != "killed" and cell["size_after"] == cell["size_before"]:
+        return "ignored the joiner"
+    return "carried on in place"
+
+
+def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from ddlrepro.host import plotting
+
+    summary = plotting.with_host_load(cells(table), table, ["runtime", "situation"])
+    sns.set_theme(style="whitegrid", context="notebook", palette=plotting.PALETTE)
+    runtimes = [runtime for runtime in RUNTIMES if runtime in set(summary["runtime"])]
+    situations = [situation for situation in SITUATIONS if situation in set(summary["situation"])]
+    figure, axes = plt.subplots(
+        len(runtimes),
+        len(situations),
+        figsize=(4.4 * len(situations), 3.0 * len(runtimes)),
+        squeeze=False,
+        layout="constrained",
+        sharey=True,
+    )
+    figure.suptitle(f"{TITLE}\nmodel: {', '.join(sorted(summary['model'].unique()))}", fontsize="large")
+    indexed = summary.set_index(["runtime", "situation"])
+    for row, runtime in enumerate(runtimes):
+        for column, situation in enumerate(situations):
+            axis = axes[row][column]
+            if (runtime, situation) in indexed.index:
+                draw_cell(axis, table, indexed.loc[(runtime, situation)], runtime, situation)
+            axis.set_ylabel(f"{runtime}\ncluster size (workers)" if column == 0 else "")
+            axis.set_xlabel("time since the job started (s)" if row == len(runtimes) - 1 else "")
+    return figure, summary
+
+
+def draw_cell(axis, table: pd.DataFrame, cell: pd.Series, runtime: str, situation: str) -> None:
+    """The cell's timeline: cluster size at each of rank 0's steps, the event as a dashed line; its outcome above."""
+    rows = table[(table["runtime"] == runtime) & (table["situation"] == situation)]
+    start = rows.loc[rows["metric"] == "job_start", "time"].min()
+    steps = rows[(rows["metric"] == "cluster_size") & (rows["rank"] == 0)]
+    axis.plot(steps["time"] - start, steps["value"], marker=".", linestyle="none")
+    axis.axvline(cell["event_s"], color="black", linestyle="--", linewidth=1)
+    axis.annotate(situation, (cell["event_s"], 0.3), xytext=(3, 0), textcoords="offset points", fontsize="x-small")
+    axis.set_ylim(0, 3.5)
+    axis.yaxis.get_major_locator().set_params(integer=True)
+    next_step = (
+        "no step after it" if cell["next_step_s"] != cell["next_step_s"] else f"next step {cell['next_step_s']:.2f} s"
+    )
+    disturbed = " (disturbed)" if cell.get("disturbed", False) else ""
+    axis.set_title(f"{situation}: {cell['outcome']}\n{next_step}{disturbed}", fontsize="small")
