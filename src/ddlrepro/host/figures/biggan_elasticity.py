@@ -16,6 +16,7 @@ marked) titled with its outcome and time to the next step.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from ddlrepro.host.figures.common import require, threads_per_worker
@@ -135,47 +136,55 @@ def outcome(situation: str, cell: dict[str, Any]) -> str:
 
 
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
     from ddlrepro.host import plotting
 
     summary = plotting.with_host_load(cells(table), table, ["runtime", "situation"])
-    sns.set_theme(style="whitegrid", context="notebook", palette=plotting.PALETTE)
     runtimes = [runtime for runtime in RUNTIMES if runtime in set(summary["runtime"])]
     situations = [situation for situation in SITUATIONS if situation in set(summary["situation"])]
-    figure, axes = plt.subplots(
-        len(runtimes),
-        len(situations),
-        figsize=(4.4 * len(situations), 3.0 * len(runtimes)),
-        squeeze=False,
-        layout="constrained",
-        sharey=True,
-    )
-    figure.suptitle(f"{TITLE}\nmodel: {', '.join(sorted(summary['model'].unique()))}", fontsize="large")
+    figure, panels = plotting.new_figure(len(runtimes) * len(situations), TITLE, panel_size=(4.6, 3.4))
+    figure.set_size_inches(4.6 * len(situations), 3.4 * len(runtimes) + 0.6)
+    grid = figure.add_gridspec(len(runtimes), len(situations))
+    models = ", ".join(sorted(summary["model"].unique()))
+    figure.suptitle(f"{TITLE} (model: {models})", fontsize="large")
     indexed = summary.set_index(["runtime", "situation"])
-    for row, runtime in enumerate(runtimes):
-        for column, situation in enumerate(situations):
-            axis = axes[row][column]
-            if (runtime, situation) in indexed.index:
-                draw_cell(axis, table, indexed.loc[(runtime, situation)], runtime, situation)
-            axis.set_ylabel(f"{runtime}\ncluster size (workers)" if column == 0 else "")
-            axis.set_xlabel("time since the job started (s)" if row == len(runtimes) - 1 else "")
+    cells_in_order = [(runtime, situation) for runtime in runtimes for situation in situations]
+    for index, (axis, (runtime, situation)) in enumerate(zip(panels, cells_in_order, strict=True)):
+        row, column = divmod(index, len(situations))
+        axis.set_subplotspec(grid[row, column])
+        plotting.panel_title(axis, f"{runtime}, {situation}")
+        if (runtime, situation) in indexed.index:
+            draw_cell(axis, table, indexed.loc[(runtime, situation)], runtime, situation)
+        axis.set_ylabel("cluster size (workers)" if column == 0 else "")
+        axis.set_xlabel("time since the job started (s)" if row == len(runtimes) - 1 else "")
+    plotting.note_disturbed(panels[0], summary, ["runtime", "situation"])
     return figure, summary
 
 
 def draw_cell(axis, table: pd.DataFrame, cell: pd.Series, runtime: str, situation: str) -> None:
-    """The cell's timeline: cluster size at each of rank 0's steps, the event as a dashed line; its outcome above."""
+    """The cell's timeline: cluster size at each of rank 0's steps, the event as a dashed line, the first step after
+    it drawn larger (ringed when its run was disturbed); what happened written in the panel."""
+    from ddlrepro.host import plotting
+
     rows = table[(table["runtime"] == runtime) & (table["situation"] == situation)]
     start = rows.loc[rows["metric"] == "job_start", "time"].min()
-    steps = rows[(rows["metric"] == "cluster_size") & (rows["rank"] == 0)]
-    axis.plot(steps["time"] - start, steps["value"], marker=".", linestyle="none")
+    steps = rows[(rows["metric"] == "cluster_size") & (rows["rank"] == 0)].sort_values("time")
+    axis.plot(steps["time"] - start, steps["value"], marker=".", linestyle="none", label="a step of rank 0")
     axis.axvline(cell["event_s"], color="black", linestyle="--", linewidth=1)
-    axis.annotate(situation, (cell["event_s"], 0.3), xytext=(3, 0), textcoords="offset points", fontsize="x-small")
-    axis.set_ylim(0, 3.5)
-    axis.yaxis.get_major_locator().set_params(integer=True)
+    after = steps[steps["time"] - start > cell["event_s"]].head(1)
+    if len(after):
+        axis.plot(after["time"] - start, after["value"], marker="o", linestyle="none", color="black")
+        plotting.ring_disturbed(axis, after["time"] - start, after["value"], [bool(cell.get("disturbed", False))])
     next_step = (
-        "no step after it" if cell["next_step_s"] != cell["next_step_s"] else f"next step {cell['next_step_s']:.2f} s"
+        "no step after it" if math.isnan(cell["next_step_s"]) else f"next step after {cell['next_step_s']:.2f} s"
     )
-    disturbed = " (disturbed)" if cell.get("disturbed", False) else ""
-    axis.set_title(f"{situation}: {cell['outcome']}\n{next_step}{disturbed}", fontsize="small")
+    axis.text(
+        0.03,
+        0.05,
+        f"{cell['outcome']}\n{next_step}",
+        transform=axis.transAxes,
+        fontsize="small",
+        va="bottom",
+        bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"},
+    )
+    axis.set_ylim(0, 3.6)
+    axis.set_yticks([0, 1, 2, 3])
