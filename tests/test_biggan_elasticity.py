@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import REPO
+from conftest import REPO, assert_refused
 
 from ddlrepro.host.checks import check_figure, load_references
-from ddlrepro.host.config import ConfigError, load_config, validate_config
+from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import biggan_elasticity, figure_points
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
@@ -41,11 +41,7 @@ def smoke() -> dict:
     ],
 )
 def test_bad_input_names_the_key(smoke: dict, change: dict, message: str) -> None:
-    config = copy.deepcopy(smoke)
-    config["figures"][FIGURE].update(change)
-    with pytest.raises(ConfigError, match=message):
-        validate_config(config)
-        figure_points(config)
+    assert_refused(smoke, FIGURE, change, message)
 
 
 def test_points_are_runtimes_by_situations(smoke: dict) -> None:
