@@ -9,9 +9,10 @@ worker starts at `event_step`). The model is the section's `model` (the elastic 
 
 From each run's records the figure tells what happened (`outcome`): failed (no step after the event), restarted
 all workers (a worker that ran before the event started again), waited for all workers (no step before the late
-worker came), ignored the joiner (steps went on at the old size), carried on in place; and the time from the
-event to the next training step. Plot: a 3×3 grid, one timeline per cell (cluster size at every step, the event
-marked) titled with its outcome and time to the next step.
+worker came), ignored the joiner (steps went on at the old size), carried on in place; the time from the event to
+the next training step (the first at the new size, if the size changed), and the longest pause between steps.
+Plot: a 3×3 grid, one timeline per cell (cluster size at every step, the event marked), with its outcome and time
+to the next step.
 """
 
 from __future__ import annotations
@@ -113,13 +114,25 @@ def cell(runtime: str, situation: str, rows: pd.DataFrame) -> dict[str, Any]:
         "size_after": size_after,
         "first_step_s": float(steps["time"].iloc[0]) - start if len(steps) else float("nan"),
         "first_step_vs_event_s": float(steps["time"].iloc[0]) - event if len(steps) else float("nan"),
-        "next_step_s": float(after["time"].iloc[0]) - event if len(after) else float("nan"),
+        "next_step_s": next_step(after, size_before) - event,
+        "longest_pause_s": float(steps[steps["time"] >= before["time"].max()]["time"].diff().max())
+        if len(before) and len(after)
+        else float("nan"),
         "event_s": event - start,
         "cell_s": float(rows["time"].max()) - start,
     }
     summary["outcome"] = outcome(situation, summary)
     summary["in_place"] = float(summary["outcome"] in ("carried on in place",))
     return summary
+
+
+def next_step(after: pd.DataFrame, size_before: float) -> float:
+    """When the next step after the event was done: the first at a new size if there is one (the runtime took the
+    change in; the steps an old group still trains before torchrun restarts it do not count), else the first."""
+    if after.empty:
+        return float("nan")
+    changed = after[after["value"] != size_before]
+    return float((changed if len(changed) else after)["time"].iloc[0])
 
 
 def outcome(situation: str, cell: dict[str, Any]) -> str:
@@ -162,7 +175,8 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
 
 def draw_cell(axis, table: pd.DataFrame, cell: pd.Series, runtime: str, situation: str) -> None:
     """The cell's timeline: cluster size at each of rank 0's steps, the event as a dashed line, the first step after
-    it drawn larger (ringed when its run was disturbed); what happened written in the panel."""
+    it that counts (`next_step`) drawn larger (ringed when its run was disturbed); what happened written in the
+    panel."""
     from ddlrepro.host import plotting
 
     rows = table[(table["runtime"] == runtime) & (table["situation"] == situation)]
@@ -170,7 +184,7 @@ def draw_cell(axis, table: pd.DataFrame, cell: pd.Series, runtime: str, situatio
     steps = rows[(rows["metric"] == "cluster_size") & (rows["rank"] == 0)].sort_values("time")
     axis.plot(steps["time"] - start, steps["value"], marker=".", linestyle="none", label="a step of rank 0")
     axis.axvline(cell["event_s"], color="black", linestyle="--", linewidth=1)
-    after = steps[steps["time"] - start > cell["event_s"]].head(1)
+    after = steps[steps["time"] - start >= cell["event_s"] + cell["next_step_s"]].head(1)
     if len(after):
         axis.plot(after["time"] - start, after["value"], marker="o", linestyle="none", color="black")
         plotting.ring_disturbed(axis, after["time"] - start, after["value"], [bool(cell.get("disturbed", False))])

@@ -2,7 +2,7 @@
 acted out by the host while the job runs, the same way under every runtime (ddp.py, torchrun.py, inplace.py):
 
     late-start  the job starts with one worker fewer; the last one is started `late_s` seconds after the first
-                worker process announced itself
+                worker announced itself (its model built, ready to train: a loaded host takes seconds to get there)
     killed      worker 1 is killed with SIGKILL once rank 0 has reported `event_step` steps
     joins       one more worker is started once rank 0 has reported `event_step` steps
 
@@ -103,7 +103,7 @@ class Director:
     def act(self) -> None:
         situation = self.situation
         if situation.name == "late-start":
-            self.await_step(0, 0)  # late with respect to the first worker, however long it took to start
+            self.await_step(0, 0)  # late with respect to the first worker being ready, however long that took
             time.sleep(situation.late_s)
             record(self.output, EVENT_METRIC[situation.name], time.time())
             self.add_worker()

@@ -27,8 +27,8 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m ddlrepro.rank.elastic.ddp_worker POINT_JSON")
     point = Point.from_json(argv[0])
     stop = parse_schedule(point.params["schedule"])[-1].step
-    announce(int(os.environ["RANK"]))  # before the rendezvous: the host sees a waiting worker as started
     trainer = ElasticTrainer(point.params, point.threads_per_worker)
+    announce(int(os.environ["RANK"]))  # ready to train, before the rendezvous: a waiting worker counts as started
     dist.init_process_group("gloo", timeout=timedelta(seconds=float(point.params["rendezvous_timeout_s"])))
     group = DefaultGroup(version=0)
     while trainer.step < stop:
