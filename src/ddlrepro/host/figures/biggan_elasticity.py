@@ -191,6 +191,8 @@ def draw_cell(axis, table: pd.DataFrame, cell: pd.Series, runtime: str, situatio
     next_step = (
         "no step after it" if math.isnan(cell["next_step_s"]) else f"next step after {cell['next_step_s']:.2f} s"
     )
+    if not math.isnan(cell["longest_pause_s"]):
+        next_step += f"\nlongest pause {cell['longest_pause_s']:.2f} s"
     axis.text(
         0.03,
         0.05,
