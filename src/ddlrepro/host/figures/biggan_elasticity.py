@@ -4,8 +4,9 @@
 Points: three runtimes × three situations, one run each. Runtimes: `ddp`, a static world (launchers/ddp.py);
 `torchrun`, torchrun elastic with `--nnodes=1:MAX`, checkpointing every step (launchers/torchrun.py); `inplace`,
 the in-place elastic runtime (launchers/inplace.py). Situations (launchers/situations.py): `late-start` (the
-second worker starts `late_s` after the first is ready), `killed` (worker 1 gets SIGKILL at `event_step`), `joins` (a third
-worker starts at `event_step`). The model is the section's `model` (the elastic trainer's, rank/elastic/trainer.py).
+second worker starts `late_s` after the first is ready), `killed` (worker 1 gets SIGKILL at `event_step`),
+`joins` (a third worker starts at `event_step`). The model is the section's `model` (the elastic trainer's,
+rank/elastic/trainer.py).
 
 From each run's records the figure tells what happened (`outcome`): failed (no step after the event), restarted
 all workers (a worker that ran before the event started again), waited for all workers (no step before the late
