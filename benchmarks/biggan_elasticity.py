@@ -37,7 +37,8 @@ def measure(section: dict, launcher: dict, scratch: Path, record: BenchmarkRecor
     for cell in cells.itertuples():
         name = f"{cell.runtime}-{cell.situation}"
         record.add(f"{name}-cell", f"{name} ({cell.outcome}): cell wall time", cell.cell_s, "s", meter.load)
-        record.add(f"{name}-next-step", f"{name}: event to the next step", cell.next_step_s, "s", meter.load)
+        if cell.next_step_s == cell.next_step_s:  # no step after the event (a failed run): nothing to time
+            record.add(f"{name}-next-step", f"{name}: event to the next step", cell.next_step_s, "s", meter.load)
     record.add("worst-cell", "worst cell wall time", float(cells["cell_s"].max()), "s", meter.load)
 
 
