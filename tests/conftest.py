@@ -87,6 +87,21 @@ def _forget_registered_secrets() -> Iterator[None]:
     forget_registered()
 
 
+def assert_refused(config: Mapping, figure: str, change: Mapping, message: str) -> None:
+    """`config` with `change` in `figure`'s section is refused with a ConfigError matching `message`, by the schema
+    or, for what it cannot say, as the workflow expands the points (before any job)."""
+    import copy
+
+    from ddlrepro.host.config import ConfigError, validate_config
+    from ddlrepro.host.figures import figure_points
+
+    changed = copy.deepcopy(dict(config))
+    changed["figures"][figure].update(change)
+    with pytest.raises(ConfigError, match=message):
+        validate_config(changed)
+        figure_points(changed)
+
+
 def tiny_point(workers: int = 2, figure: str = "kungfu-fig9", **params) -> Point:
     """A throughput point that runs in a few seconds on one core per worker."""
     defaults = {

@@ -257,6 +257,8 @@ def synthetic_records(point) -> list[dict]:
         return adaptive_strategy_records(params, ranks)
     if point.workload == "ps":
         return parameter_server_records(params)
+    if "situation" in params:
+        return situation_records(params)
     if params.get("policy") == "provisioning" or params["mode"].startswith(("fixed-", "all-at-once")):
         return provisioning_records(params)
     return elastic_records(params)
@@ -322,6 +324,25 @@ def parameter_server_records(params: dict) -> list[dict]:
                 row = {"rank": rank, "phase": end, "interface": "eth0", "value": value}
                 records += [{**row, "metric": "node_rx_bytes"}, {**row, "metric": "tcp_bytes"}]
     return records
+
+
+def situation_records(params: dict) -> list[dict]:
+    """A biggan-elasticity cell as the seed tells it: ddp waits, fails on a kill, ignores a joiner; torchrun
+    restarts every worker; in place carries on. One step a second from t = 2; the event at t = 5."""
+    runtime, situation = params["runtime"], params["situation"]
+    event = {"late-start": "late_arrival", "killed": "killed", "joins": "joined"}[situation]
+    size = 1 if situation == "late-start" and runtime != "ddp" else 2
+    after = {"killed": 1 if runtime == "inplace" else 2, "joins": 2 if runtime == "ddp" else 3}.get(situation, 2)
+    steps = [(t, size) for t in range(6 if runtime == "ddp" and situation == "late-start" else 2, 5)]
+    steps += [] if (runtime, situation) == ("ddp", "killed") else [(t, after) for t in range(6, 9)]
+    starts = [(1, 0), (1, 1)] + ([(5.5, 0), (5.5, 1)] if runtime == "torchrun" else [])
+    host = [("job_start", None, 0, 0), (event, None, 5, 5)]
+    rows = host + [("worker_start", rank, t, 100 + rank) for t, rank in starts]
+    rows += [("cluster_size", 0, t, value) for t, value in steps]
+    return [
+        {"rank": rank, "step": None, "time": 1e9 + t, "metric": metric, "value": value}
+        for metric, rank, t, value in rows
+    ]
 
 
 def elastic_records(params: dict) -> list[dict]:

@@ -3,7 +3,6 @@ on real testbed hosts (as root) whose checks hold."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from dataclasses import replace
@@ -12,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, snakemake
+from conftest import REPO, assert_refused, snakemake
 
-from ddlrepro.host.config import ConfigError, load_config
+from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import figure_points, kungfu_fig5
 from ddlrepro.host.launchers import check_points, configured_launcher, local_launcher
 from ddlrepro.host.launchers.base import RunFailed
@@ -45,13 +44,7 @@ def smoke() -> dict:
     ],
 )
 def test_bad_input_names_the_key(smoke: dict, change: dict, message: str) -> None:
-    config = copy.deepcopy(smoke)
-    config["figures"][FIGURE].update(change)
-    with pytest.raises(ConfigError, match=message):
-        from ddlrepro.host.config import validate_config
-
-        validate_config(config)
-        figure_points(config)
+    assert_refused(smoke, FIGURE, change, message)
 
 
 def test_bad_input_stops_the_workflow_before_any_job(workflow_copy: Path) -> None:

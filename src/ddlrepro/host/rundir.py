@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,9 @@ class OutputCollector:
         self._stderr: dict[int, deque[str]] = {}
         self._lock = threading.Lock()
         self._secrets, self._registrations = secret_values(), registrations()
+        # Called with every record filed (under the collector's lock: they must not call back into it), e.g. by a
+        # host that acts when the ranks reach a step (launchers/situations.py).
+        self.watchers: list[Callable[[str, dict[str, Any]], None]] = []
 
     def add_line(self, rank: int, stream: str, line: str) -> None:
         """File one line a rank printed, secrets redacted in every form (a rank may print a dict or JSON). Secrets
@@ -107,6 +111,8 @@ class OutputCollector:
 
     def _file_record(self, record: dict[str, Any]) -> None:
         kind = record.pop("kind")
+        for watcher in self.watchers:
+            watcher(kind, record)
         if kind == "metric":
             self.metrics.write(json.dumps(record) + "\n")
         elif kind == "worker":

@@ -1,19 +1,20 @@
 """Elastic runs a launcher hosts on the machine it runs on (this one, or the one node of a Slurm allocation): a
-point's `elastic` parameter names the runtime it needs, in place (inplace.py) or torchrun's (torchrun.py)."""
+point's `elastic` parameter names the runtime it needs, in place (inplace.py), torchrun's (torchrun.py) or, as the
+non-elastic baseline, a static world (ddp.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from ddlrepro.host.launchers import inplace, torchrun
+from ddlrepro.host.launchers import ddp, inplace, torchrun
 from ddlrepro.host.launchers.base import JobSpec
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic.schedule import largest_cluster
 
-RUNTIMES = {"inplace": inplace, "torchrun": torchrun}
-HOSTED_REQUESTS = (inplace.InplaceRequest, torchrun.TorchrunRequest)
+RUNTIMES = {"inplace": inplace, "torchrun": torchrun, "ddp": ddp}
+HOSTED_REQUESTS = {inplace.InplaceRequest: inplace, torchrun.TorchrunRequest: torchrun, ddp.DdpRequest: ddp}
 
 
 def elastic_runtime(point: Point) -> str | None:
@@ -37,9 +38,8 @@ def render_elastic(point: Point, run_dir: Path, launcher: str, timeout_s: float)
 
 
 def is_elastic(spec: JobSpec[Any]) -> bool:
-    return isinstance(spec.request, HOSTED_REQUESTS)
+    return type(spec.request) in HOSTED_REQUESTS
 
 
 def execute_elastic(spec: JobSpec[Any], output: OutputCollector) -> None:
-    runtime = inplace if isinstance(spec.request, inplace.InplaceRequest) else torchrun
-    runtime.execute(spec.request, spec.timeout_s, output)
+    HOSTED_REQUESTS[type(spec.request)].execute(spec.request, spec.timeout_s, output)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from ddlrepro.host.configserver import LISTEN_BACKLOG, ClusterConfig, ConfigServer, RequestError
 from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
 from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, free_loopback_port, start, stop
+from ddlrepro.host.launchers.situations import Director, Situation
 from ddlrepro.host.ledger import LedgerError, verify
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
@@ -41,7 +42,8 @@ WORKER_MODULE = "ddlrepro.rank.elastic.inplace_worker"
 class InplaceRequest:
     """An in-place elastic job: the worker command and environment every worker gets (its id and the token are
     added at start), the config server's and the store's addresses, the schedule, the initial members and the
-    warm standby pool."""
+    warm standby pool; the situation the host acts out, if any (a late worker is added to the cluster when it
+    comes, a joiner likewise)."""
 
     runtime: str
     worker: WorkerSpec
@@ -51,6 +53,7 @@ class InplaceRequest:
     initial_workers: int
     standby: int
     max_size: int
+    situation: Situation | None = None
 
 
 def request(point: Point, run_dir: Path) -> InplaceRequest:
@@ -62,16 +65,23 @@ def request(point: Point, run_dir: Path) -> InplaceRequest:
         SERVER_ENV: f"127.0.0.1:{free_loopback_port()}",
         STORE_ENV: f"127.0.0.1:{free_loopback_port()}",
     }
+    situation = Situation.of(point.params)
     return InplaceRequest(
         runtime="inplace",
         worker=WorkerSpec(None, [sys.executable, "-m", WORKER_MODULE, point.to_json()], env),
         config_server=env[SERVER_ENV],
         store=env[STORE_ENV],
         schedule=point.params["schedule"],
-        initial_workers=point.params["initial_workers"],
+        initial_workers=starting_workers(point.params["initial_workers"], situation),
         standby=point.params["standby"],
         max_size=largest_cluster(point.params),
+        situation=situation,
     )
+
+
+def starting_workers(initial: int, situation: Situation | None) -> int:
+    """Workers started at once: the point's initial workers, less a late one."""
+    return initial if situation is None else situation.workers_at_start(initial)
 
 
 class WorkerPool:
@@ -124,18 +134,30 @@ def execute(job: InplaceRequest, timeout_s: float, output: OutputCollector) -> N
     pool = WorkerPool(job, output, token)
     config = ClusterConfig(list(range(job.initial_workers)), pool.new_workers, max_size=job.max_size)
     server_host, _, server_port = job.config_server.rpartition(":")
+    director = job.situation and Director(job.situation, lambda: grow(config), output)
     try:
         with ConfigServer(config, token, server_host, int(server_port)):
+            if director:
+                director.start(timeout_s)
             for _ in range(job.initial_workers + job.standby):
                 pool.spawn()
             _await_ready(store, list(pool.processes), pool, timeout_s)
-            publish_agreed(store, 1)
-            _supervise(pool, config, time.monotonic() + timeout_s, output)
+            # No group exists yet: the first is formed on the latest version (a late worker may have been added
+            # while the first ones started).
+            publish_agreed(store, config.latest.version)
+            _supervise(pool, config, time.monotonic() + timeout_s, output, director)
         verify_continuity(output)
     finally:
         workers = [one for _, one in pool.started()]
         stop(workers)
         drain(workers)
+        if director:
+            director.finish()
+
+
+def grow(config: ClusterConfig) -> None:
+    """One more member (a late worker or a joiner comes): the pool starts it and the survivors take it in."""
+    config.resize(len(config.latest.members) + 1)
 
 
 def host_store(address: str, timeout_s: float) -> dist.TCPStore:
@@ -169,8 +191,12 @@ def _await_ready(store, workers: list[int], pool: WorkerPool, timeout_s: float) 
             time.sleep(POLL_INTERVAL_S)
 
 
-def _supervise(pool: WorkerPool, config: ClusterConfig, deadline: float, output: OutputCollector) -> None:
+def _supervise(
+    pool: WorkerPool, config: ClusterConfig, deadline: float, output: OutputCollector, director: Director | None
+) -> None:
     while True:
+        if director:
+            director.check()
         for worker in pool.dead():
             members = config.latest.members
             if members == [worker]:

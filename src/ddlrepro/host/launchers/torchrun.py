@@ -26,15 +26,18 @@ from pathlib import Path
 
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
 from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
-from ddlrepro.host.launchers.inplace import verify_continuity
+from ddlrepro.host.launchers.inplace import starting_workers, verify_continuity
 from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, free_loopback_port, start, stop
+from ddlrepro.host.launchers.situations import Director, Situation
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic.cluster import SERVER_ENV, TOKEN_ENV, Cluster
-from ddlrepro.rank.elastic.schedule import largest_size, parse_schedule
+from ddlrepro.rank.elastic.schedule import largest_cluster
 
 WORKER_MODULE = "ddlrepro.rank.elastic.torchrun_worker"
 BASE_RDZV_CONF = "last_call_timeout=1"
+# After the host agent exits at the stop, how long the others get to exit by themselves before they are stopped.
+STRAGGLER_GRACE_S = 5.0
 # Tuned: 1 s is the smallest interval torch accepts (whole seconds). Heartbeats go out on a timer of that period
 # but only once the last one is a full period old, so they can be nearly 2 periods apart: a window of 2 wrongly
 # drops a live agent (measured here: a second, lone rendezvous formed), hence 3.
@@ -52,7 +55,8 @@ def rdzv_conf(params: dict) -> str:
 @dataclass(frozen=True)
 class TorchrunRequest:
     """A torchrun elastic job: the agent command and environment (agent i adds its `--rdzv-conf`, the first with
-    `is_host`), the c10d rendezvous endpoint, the config server, the schedule and the initial members."""
+    `is_host`), the c10d rendezvous endpoint, the config server, the schedule, the initial members and the
+    situation the host acts out, if any (a late worker or a joiner: one more agent)."""
 
     runtime: str
     agent: WorkerSpec
@@ -62,11 +66,13 @@ class TorchrunRequest:
     initial_workers: int
     max_size: int
     rdzv_conf: str
+    situation: Situation | None = None
 
 
 def request(point: Point, run_dir: Path) -> TorchrunRequest:
     """What the job will start; no process is started."""
-    most = largest_size(parse_schedule(point.params["schedule"]), point.params["initial_workers"])
+    most = largest_cluster(point.params)
+    situation = Situation.of(point.params)
     port = free_loopback_port()
     command = [
         sys.executable,
@@ -96,9 +102,10 @@ def request(point: Point, run_dir: Path) -> TorchrunRequest:
         endpoint=f"127.0.0.1:{port}",
         config_server=env[SERVER_ENV],
         schedule=point.params["schedule"],
-        initial_workers=point.params["initial_workers"],
+        initial_workers=starting_workers(point.params["initial_workers"], situation),
         max_size=most,
         rdzv_conf=rdzv_conf(point.params),
+        situation=situation,
     )
 
 
@@ -112,6 +119,7 @@ class Agents:
         self.token = token
         self.running: dict[int, Started] = {}
         self.stopping: set[int] = set()
+        self.host_exited: float | None = None
 
     def start(self, agent: int) -> None:
         is_host = int(agent == 0)
@@ -141,6 +149,17 @@ class Agents:
     def all_exited(self) -> bool:
         return all(one.process.poll() is not None for one in self.running.values())
 
+    def finished(self) -> bool:
+        """Every agent exited, or the host agent (which holds the rendezvous) exited STRAGGLER_GRACE_S ago: an agent
+        still running then (one that came too late to join) can never rendezvous again."""
+        if self.all_exited():
+            return True
+        host = self.running[0].process
+        if host.poll() is None:
+            return False
+        self.host_exited = self.host_exited or time.monotonic()
+        return time.monotonic() - self.host_exited > STRAGGLER_GRACE_S
+
 
 def execute(job: TorchrunRequest, timeout_s: float, output: OutputCollector) -> None:
     """Run the agents until the schedule stops the job; raise RunFailed if an agent fails or on a timeout."""
@@ -149,11 +168,16 @@ def execute(job: TorchrunRequest, timeout_s: float, output: OutputCollector) -> 
     config = ClusterConfig(list(range(job.initial_workers)), agents.new_agents, agents.follow, max_size=job.max_size)
     host, _, port = job.config_server.rpartition(":")
     deadline = time.monotonic() + timeout_s
+    director = job.situation and Director(job.situation, lambda: agents.start(len(agents.running)), output)
     try:
         with ConfigServer(config, token, host, int(port)):
+            if director:
+                director.start(timeout_s)
             for agent in range(job.initial_workers):
                 agents.start(agent)
-            while not (agents.all_exited() and not config.latest.members):
+            while not (agents.finished() and not config.latest.members):
+                if director:
+                    director.check()
                 failed = agents.failed()
                 if failed:
                     raise RunFailed(failed[0], "(torchrun agent) failed", output.stderr_tail(failed[0]))
@@ -164,3 +188,5 @@ def execute(job: TorchrunRequest, timeout_s: float, output: OutputCollector) -> 
     finally:
         stop(list(agents.running.values()))
         drain(list(agents.running.values()))
+        if director:
+            director.finish()

@@ -256,8 +256,8 @@ def main(argv: list[str]) -> None:
     point = Point.from_json(argv[0])
     server, store_address, token, worker = membership.worker_environment()
     store = membership.connect_store(store_address, float(point.params["collective_timeout_s"]))
-    announce(worker)
     elastic_worker = InPlaceWorker(point, worker, ConfigClient(server, token), store, throughput_source(point.params))
+    announce(worker)  # once the model is built, as the other runtimes' workers announce themselves
     store.set(ready_key(worker), str(time.time()))
     elastic_worker.run()
 

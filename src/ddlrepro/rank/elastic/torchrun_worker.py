@@ -58,10 +58,13 @@ def main(argv: list[str]) -> None:
     announce(group.rank)
     schedule = {entry.step: entry.size for entry in parse_schedule(point.params["schedule"])}
     client = ConfigClient(os.environ[SERVER_ENV], os.environ.get(TOKEN_ENV))
+    interval = int(point.params.get("checkpoint_interval", 0))
     while True:
         step_time = trainer.train_step(group)
         if group.rank == 0:
             emit_step(trainer.step - 1, group.size, trainer.batch_size, step_time)
+            if interval and trainer.step % interval == 0:
+                save_periodic_checkpoint(trainer)
             if event is not None:
                 event.mark("first_step")
                 event.emit(group.size)
@@ -80,7 +83,7 @@ def resume(trainer: ElasticTrainer, rank: int) -> ResizeEvent | None:
     if rank != 0:
         return None
     emit("ledger", rank=0, step=None, resume=trainer.offset, version=trainer.step)
-    return ResizeEvent(**json.loads(event_path().read_text()))
+    return ResizeEvent(**json.loads(event_path().read_text())) if event_path().exists() else None
 
 
 def resize(trainer: ElasticTrainer, group: DefaultGroup, client: ConfigClient, size: int) -> None:
@@ -118,13 +121,25 @@ def termination_deferred() -> Iterator[None]:
 
 
 def save_checkpoint(trainer: ElasticTrainer, event: ResizeEvent) -> None:
-    partial = checkpoint_path().with_suffix(".partial")
-    torch.save(trainer.checkpoint(), partial)
-    os.replace(partial, checkpoint_path())
+    write_checkpoint(trainer)
     event.mark("checkpointed")
     written = event_path().with_suffix(".partial")
     written.write_text(json.dumps(asdict(event)))
     os.replace(written, event_path())
+
+
+def write_checkpoint(trainer: ElasticTrainer) -> None:
+    partial = checkpoint_path().with_suffix(".partial")
+    torch.save(trainer.checkpoint(), partial)
+    os.replace(partial, checkpoint_path())
+
+
+def save_periodic_checkpoint(trainer: ElasticTrainer) -> None:
+    """A checkpoint every `checkpoint_interval` steps (point parameter; 0: only at resizes), for restarts that no
+    resize announced (a worker killed, an agent joining): the workers then resume from it, with no resize event."""
+    with termination_deferred():
+        event_path().unlink(missing_ok=True)  # an older resize's: not the event of the restart to come
+        write_checkpoint(trainer)
 
 
 def wait_for_restart(group: DefaultGroup) -> None:

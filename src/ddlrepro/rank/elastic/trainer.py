@@ -74,6 +74,9 @@ class ElasticTrainer:
         self.inputs, self.labels = synthetic_batch(
             params["model"], params["dataset_size"], params.get("image_size"), torch.device("cpu"), seed=0
         )
+        # Steps padded to at least this long: a tiny model's steps last milliseconds, too short for the host to act
+        # "at a step" (kill or add a worker) before the run ends.
+        self.min_step_s = float(params.get("min_step_s", 0.0))
         self.offset = 0
         self.step = 0
 
@@ -92,6 +95,7 @@ class ElasticTrainer:
         self.optimizer.step()
         self.offset += size * self.batch_size
         self.step += 1
+        time.sleep(max(0.0, self.min_step_s - (time.perf_counter() - started)))
         return time.perf_counter() - started
 
     def state_tensors(self) -> list[torch.Tensor]:

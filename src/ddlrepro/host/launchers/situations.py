@@ -1,0 +1,138 @@
+"""Membership events an elastic point can be put through (point parameters `situation`, `late_s`, `event_step`),
+acted out by the host while the job runs, the same way under every runtime (ddp.py, torchrun.py, inplace.py):
+
+    late-start  the job starts with one worker fewer; the last one is started `late_s` seconds after the first
+                worker announced itself (its model built, ready to train: a loaded host takes seconds to get there)
+    killed      worker 1 is killed with SIGKILL once rank 0 has reported `event_step` steps
+    joins       one more worker is started once rank 0 has reported `event_step` steps
+
+Each runtime says what starting a worker means for it (a rank of a static world, a torchrun agent, a resize of
+the in-place cluster). The host files what it did and saw as metric records (rank None): `job_start`, the event's
+time (`late_arrival`, `killed`, `joined`) and every worker process start (`worker_start`, by rank, value its pid),
+from which the figure tells what the runtime did.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ddlrepro.host.rundir import OutputCollector
+
+SITUATIONS = ("late-start", "killed", "joins")
+EVENT_METRIC = {"late-start": "late_arrival", "killed": "killed", "joins": "joined"}
+KILLED_WORKER = 1
+
+
+@dataclass(frozen=True)
+class Situation:
+    name: str
+    late_s: float
+    event_step: int
+
+    @classmethod
+    def of(cls, params: dict[str, Any]) -> Situation | None:
+        """The point's situation, or None (an elastic point of another figure)."""
+        if "situation" not in params:
+            return None
+        if params["situation"] not in SITUATIONS:
+            raise ValueError(f"situation: {params['situation']!r} is not one of {', '.join(SITUATIONS)}")
+        return cls(params["situation"], float(params.get("late_s", 0)), int(params.get("event_step", 0)))
+
+    def workers_at_start(self, workers: int) -> int:
+        """Workers the job starts with, of the `workers` it is made for (late-start: one comes later)."""
+        return workers - 1 if self.name == "late-start" else workers
+
+
+def record(
+    output: OutputCollector, metric: str, at: float, rank: int | None = None, value: float | None = None
+) -> None:
+    output.add_record(
+        {
+            "kind": "metric",
+            "time": at,
+            "rank": rank,
+            "step": None,
+            "metric": metric,
+            "value": at if value is None else value,
+        }
+    )
+
+
+class Director:
+    """Acts `situation` out on a background thread, watching the records the ranks print; `add_worker` starts one
+    more worker the runtime's way."""
+
+    def __init__(self, situation: Situation, add_worker: Callable[[], None], output: OutputCollector) -> None:
+        self.situation = situation
+        self.add_worker = add_worker
+        self.output = output
+        self.error: BaseException | None = None
+        self.steps = 0
+        self.pids: dict[int, int] = {}
+        self.starts: list[dict[str, Any]] = []
+        self.seen = threading.Condition()
+        output.watchers.append(self.watch)
+        self.thread = threading.Thread(target=self._guarded, name="situation", daemon=True)
+
+    def watch(self, kind: str, record: dict[str, Any]) -> None:
+        with self.seen:
+            if kind == "worker":
+                self.pids[record["rank"]] = record["pid"]
+                self.starts.append(record)
+            elif kind == "metric" and record.get("metric") == "cluster_size":
+                self.steps += 1
+            self.seen.notify_all()
+
+    def start(self, timeout_s: float) -> None:
+        record(self.output, "job_start", time.time())
+        self.deadline = time.monotonic() + timeout_s
+        self.thread.start()
+
+    def _guarded(self) -> None:
+        try:
+            self.act()
+        except Exception as error:  # handed to the runtime's supervisor, which fails the run with it
+            self.error = error
+
+    def act(self) -> None:
+        situation = self.situation
+        if situation.name == "late-start":
+            self.await_step(0, 0)  # late with respect to the first worker being ready, however long that took
+            time.sleep(situation.late_s)
+            record(self.output, EVENT_METRIC[situation.name], time.time())
+            self.add_worker()
+        elif situation.name == "killed":
+            self.await_step(situation.event_step, KILLED_WORKER)
+            os.kill(self.pids[KILLED_WORKER], signal.SIGKILL)
+            record(self.output, EVENT_METRIC[situation.name], time.time())
+        else:
+            self.await_step(situation.event_step, 0)
+            record(self.output, EVENT_METRIC[situation.name], time.time())
+            self.add_worker()
+
+    def await_step(self, step: int, worker: int) -> None:
+        """Wait until rank 0 has reported `step` steps and `worker` has announced itself."""
+        with self.seen:
+            while self.steps < step or worker not in self.pids:
+                remaining = self.deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"situation {self.situation.name}: step {step} not reached with worker {worker}")
+                self.seen.wait(remaining)
+
+    def check(self) -> None:
+        """Raise what went wrong acting the situation out (e.g. the step was never reached)."""
+        if self.error is not None:
+            raise self.error
+
+    def finish(self) -> None:
+        """File every worker process start seen."""
+        with self.seen:
+            starts = list(self.starts)
+        for one in starts:
+            record(self.output, "worker_start", one["time"], rank=one["rank"], value=one["pid"])

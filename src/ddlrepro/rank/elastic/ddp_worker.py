@@ -1,0 +1,44 @@
+"""Plain data-parallel training in a static world, the non-elastic baseline (`python -m
+ddlrepro.rank.elastic.ddp_worker POINT_JSON`, started by `host/launchers/ddp.py` with torchrun's environment:
+MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE).
+
+`init_process_group` waits until all WORLD_SIZE ranks have arrived (or `rendezvous_timeout_s` passes); a collective
+with a dead peer raises and the worker exits with an error; a process that arrives with another world size is no
+member of this one. The same model, data and gradient averaging as the elastic runtimes (`trainer.py`), over torch's
+default group (gloo, CPU); training stops after the schedule's stop step.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from ddlrepro.points import Point
+from ddlrepro.rank.elastic.schedule import parse_schedule
+from ddlrepro.rank.elastic.trainer import DefaultGroup, ElasticTrainer, announce, emit_step
+from ddlrepro.records import emit
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        sys.exit("usage: python -m ddlrepro.rank.elastic.ddp_worker POINT_JSON")
+    point = Point.from_json(argv[0])
+    stop = parse_schedule(point.params["schedule"])[-1].step
+    trainer = ElasticTrainer(point.params, point.threads_per_worker)
+    announce(int(os.environ["RANK"]))  # ready to train, before the rendezvous: a waiting worker counts as started
+    dist.init_process_group("gloo", timeout=timedelta(seconds=float(point.params["rendezvous_timeout_s"])))
+    group = DefaultGroup(version=0)
+    while trainer.step < stop:
+        step_time = trainer.train_step(group)
+        if group.rank == 0:
+            emit_step(trainer.step - 1, group.size, trainer.batch_size, step_time)
+    if group.rank == 0:
+        emit("result", rank=0, steps=trainer.step, samples=trainer.offset)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,162 @@
+"""biggan-elasticity: bad input refused naming the key, outcomes told from a run's records, the checks failing on
+tables where they should, and the nine cells run for real (ddp, torchrun and in-place processes on this machine)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import REPO, assert_refused
+
+from ddlrepro.host.checks import check_figure, load_references
+from ddlrepro.host.config import load_config
+from ddlrepro.host.figures import biggan_elasticity, figure_points
+from ddlrepro.host.run import run_point
+from ddlrepro.host.tables import tidy_table
+
+FIGURE = biggan_elasticity.ID
+TINY = {"steps": 48, "event_step": 6, "late_s": 3, "min_step_s": 0.25}
+START = 1000.0
+
+
+@pytest.fixture(scope="module")
+def smoke() -> dict:
+    return load_config(REPO / "config" / "config.yaml")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"runtimes": ["horovod"]},
+            r"figures\.biggan-elasticity\.runtimes\[0\]: 'horovod' is not valid; valid values: ddp, torchrun, inplace",
+        ),
+        ({"situations": ["preempted"]}, r"figures\.biggan-elasticity\.situations\[0\]: 'preempted' is not valid"),
+        ({"late_s": 60}, r"figures\.biggan-elasticity\.late_s: 60 s is not below rendezvous_timeout_s \(60 s\)"),
+        ({"event_step": 60}, r"figures\.biggan-elasticity\.event_step: 60 is not between 0 and steps \(60\)"),
+        ({"min_step_s": -1}, r"figures\.biggan-elasticity\.min_step_s: -1 is less than the minimum of 0"),
+    ],
+)
+def test_bad_input_names_the_key(smoke: dict, change: dict, message: str) -> None:
+    assert_refused(smoke, FIGURE, change, message)
+
+
+def test_points_are_runtimes_by_situations(smoke: dict) -> None:
+    cells = [(p.params["runtime"], p.params["situation"], p.workers) for p in figure_points(smoke)[FIGURE].values()]
+    assert len(cells) == 9 and len(set(cells)) == 9
+    assert all(workers == (3 if situation == "joins" else 2) for _, situation, workers in cells)
+
+
+def records(situation: str, steps: list[tuple[float, int]], starts: list[tuple[float, int]], event: float) -> list:
+    """A cell's rows as the table holds them: rank 0's steps (time, size), worker starts (time, rank), the event."""
+    host = [(START, None, "job_start", START), (event, None, biggan_elasticity.EVENT_METRIC[situation], event)]
+    rows = [(time, 0, "cluster_size", size) for time, size in steps]
+    rows += [(time, rank, "worker_start", 100 + index) for index, (time, rank) in enumerate(starts)]
+    return [(time, rank, metric, value) for time, rank, metric, value in host + rows]
+
+
+def cell_of(runtime: str, situation: str, rows: list) -> dict:
+    table = pd.DataFrame(rows, columns=["time", "rank", "metric", "value"]).assign(model="smallnet")
+    return biggan_elasticity.cell(runtime, situation, table)
+
+
+@pytest.mark.parametrize(
+    ("situation", "steps", "starts", "outcome", "next_step"),
+    [
+        ("killed", [(START + 1, 2), (START + 2, 2)], [(START, 0), (START, 1)], "failed", None),
+        (
+            "killed",
+            [(START + 1, 2), (START + 5, 2)],
+            [(START, 0), (START, 1), (START + 4, 0)],
+            "restarted all workers",
+            5,
+        ),
+        ("killed", [(START + 1, 2), (START + 4, 1)], [(START, 0), (START, 1)], "carried on in place", 4),
+        ("late-start", [(START + 6, 2)], [(START, 0), (START + 3, 1)], "waited for all workers", 6),
+        ("late-start", [(START + 1, 1), (START + 4, 2)], [(START, 0), (START + 3, 1)], "carried on in place", 4),
+        ("joins", [(START + 1, 2), (START + 4, 2)], [(START, 0), (START, 1), (START + 3, 2)], "ignored the joiner", 4),
+        ("joins", [(START + 1, 2), (START + 4, 3)], [(START, 0), (START, 1), (START + 3, 2)], "carried on in place", 4),
+        # the old group trains on until torchrun restarts it: the next step that counts is the first at 3 workers
+        (
+            "joins",
+            [(START + 1, 2), (START + 3, 2), (START + 9, 3)],
+            [(START, 0), (START + 8, 0)],
+            "restarted all workers",
+            9,
+        ),
+    ],
+)
+def test_outcome_from_records(situation: str, steps: list, starts: list, outcome: str, next_step: float | None) -> None:
+    """The event at START + 2.5: what the steps and worker starts around it say the runtime did."""
+    cell = cell_of("any", situation, records(situation, steps, starts, START + 2.5))
+    assert cell["outcome"] == outcome
+    if next_step is None:
+        assert math.isnan(cell["next_step_s"])
+    else:
+        assert cell["next_step_s"] == pytest.approx(next_step - 2.5)
+
+
+def good_summary() -> pd.DataFrame:
+    """The seed's outcomes: ddp waits, fails, ignores the joiner; torchrun restarts; in place carries on."""
+    rows = []
+    for runtime in biggan_elasticity.RUNTIMES:
+        for situation in ("late-start", "killed", "joins"):
+            ddp_killed = (runtime, situation) == ("ddp", "killed")
+            rows.append(
+                {
+                    "runtime": runtime,
+                    "situation": situation,
+                    "first_step_vs_event_s": 1.0 if runtime == "ddp" else -3.0,
+                    "steps_after": 0 if ddp_killed else 10,
+                    "in_place": float(runtime == "inplace"),
+                    "restarts": 2 if runtime == "torchrun" else 0,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def statuses(summary: pd.DataFrame) -> dict[str, str]:
+    references = load_references(REPO / "config" / "references.yaml")[FIGURE]
+    return dict(check_figure(FIGURE, summary, references, "smoke")[["check", "status"]].to_numpy())
+
+
+@pytest.mark.parametrize(
+    ("runtime", "situation", "column", "value", "failing"),
+    [
+        ("ddp", "late-start", "first_step_vs_event_s", -2.0, "ddp-waits-for-all"),
+        ("ddp", "killed", "steps_after", 5, "ddp-fails-when-killed"),
+        ("inplace", "late-start", "in_place", 0.0, "inplace-carries-on-late-start"),
+        ("inplace", "killed", "in_place", 0.0, "inplace-carries-on-killed"),
+        ("inplace", "joins", "in_place", 0.0, "inplace-carries-on-joins"),
+        ("torchrun", "killed", "restarts", 0, "torchrun-restarts-killed"),
+        ("torchrun", "joins", "restarts", 0, "torchrun-restarts-joins"),
+    ],
+)
+def test_checks_fail_where_they_should(runtime: str, situation: str, column: str, value: float, failing: str) -> None:
+    assert set(statuses(good_summary()).values()) == {"pass"}
+    summary = good_summary()
+    summary.loc[(summary["runtime"] == runtime) & (summary["situation"] == situation), column] = value
+    assert {check for check, status in statuses(summary).items() if status != "pass"} == {failing}
+
+
+@pytest.mark.slow
+def test_nine_cells_for_real(smoke: dict, tmp_path: Path) -> None:
+    """Every runtime through every situation, as real processes: what each did, and the checks on it."""
+    config = copy.deepcopy(smoke)
+    config["figures"][FIGURE].update(TINY)
+    run_dirs = []
+    for point in figure_points(config)[FIGURE].values():
+        run_dirs.append(tmp_path / point.id)
+        run_point(point, run_dirs[-1])
+    summary = biggan_elasticity.cells(tidy_table(run_dirs)).set_index(["runtime", "situation"])
+    outcomes = summary["outcome"].to_dict()
+    assert outcomes[("ddp", "late-start")] == "waited for all workers"
+    assert outcomes[("ddp", "killed")] == "failed"
+    assert outcomes[("ddp", "joins")] == "ignored the joiner"
+    assert {outcomes[("inplace", s)] for s in ("late-start", "killed", "joins")} == {"carried on in place"}
+    assert outcomes[("torchrun", "killed")] == outcomes[("torchrun", "joins")] == "restarted all workers"
+    assert summary["next_step_s"].drop(("ddp", "killed")).notna().all()
+    assert set(statuses(summary.reset_index()).values()) == {"pass"}
