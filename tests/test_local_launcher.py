@@ -132,6 +132,11 @@ def test_killed_worker_fails_the_run_fast_and_cleanly(tmp_path: Path) -> None:
     assert len(attempts) == 1
     assert not (attempts[0] / "result.json").exists()
     assert (attempts[0] / "log.txt").exists()
+    # The failed attempt, as its attempt.json recorded it, is listed before this one in result.json.
+    assert [attempt["outcome"] for attempt in record["attempts"]] == ["failed", "ok"]
+    assert "rank 1 was killed by SIGKILL" in record["attempts"][0]["error"]
+    assert record["attempts"][0]["folder"] == f"attempts/{attempts[0].name}"
+    assert record["attempts"][0]["wall_s"] > 0
 
 
 def test_failing_worker_reports_rank_and_stderr_tail(tmp_path: Path) -> None:
