@@ -525,13 +525,11 @@ def test_a_pod_that_starts_in_time_is_unaffected(
     worker_logs: dict[int, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Pending for a few polls, under pod_start_timeout_s: the run completes and no events are read."""
-    job = kubernetes.job_name(tiny_point(workers=2))
     script = [["pending", "pending"]] * 3 + [["running", "running"], ["succeeded", "succeeded"]]
     fake = FakeCluster("job", [script], [worker_logs], events="failed_mount_events")
     run_dir = run_on(fake, tmp_path, "job", monkeypatch, pod_start_timeout_s=30)
     assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
     assert not [call for call in fake.calls if call[0] == "events"]
-    del job
 
 
 def test_kubernetes_profile_sets_names_and_a_valid_config() -> None:
