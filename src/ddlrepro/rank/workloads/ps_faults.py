@@ -28,7 +28,6 @@ import torch.distributed as dist
 
 SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
 READY = "ddlrepro-ps-server-listening"
-READY_TIMEOUT_S = 120
 TASK_IN_DEVICE = re.compile(r"/job:ps/replica:\d+/task:(\d+)|/job:ps/task:(\d+)")
 
 
