@@ -28,7 +28,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_run_folder_has_every_file(finished_run: Path) -> None:
     names = {path.name for path in finished_run.iterdir()}
-    assert names == {"jobspec.json", "log.txt", "metrics.jsonl", "provenance.json", "result.json"}
+    assert names == {"attempt.json", "jobspec.json", "log.txt", "metrics.jsonl", "provenance.json", "result.json"}
 
 
 def test_result_follows_the_benchmark_protocol(finished_run: Path) -> None:
