@@ -266,6 +266,13 @@ def fault_records(attempts: list[tuple[str, float]], **metrics: float) -> pd.Dat
     return pd.DataFrame(rows).reindex(columns=RECORD_COLUMNS)
 
 
+@pytest.fixture(scope="module")
+def fault_references() -> dict:
+    from ddlrepro.host.checks import load_references
+
+    return {ref["id"]: ref for ref in load_references(REPO / "config" / "references.yaml")[FIGURE]}
+
+
 KILLED_PS = {"role": "ps", "task": 1, "at_step": 4, "signal": "SIGKILL"}
 KILLED_WORKER = {"role": "worker", "task": 0, "at_step": 3, "signal": "SIGKILL"}
 RETRIED = {"resumed_from_step": 3, "steps_planned": 3, "steps_completed": 3, "train_time_s": 0.3}
@@ -286,16 +293,17 @@ SURVIVED = {"resumed_from_step": 0, "steps_planned": 6, "steps_completed": 6, "f
         (KILLED_WORKER, [("failed: lost", 3), ("ok", 6)], SURVIVED, "worker", "fail"),
     ],
 )
-def test_fault_checks_can_fail(fault: dict, attempts: list, metrics: dict, check: str, status: str) -> None:
+def test_fault_checks_can_fail(
+    fault: dict, attempts: list, metrics: dict, check: str, status: str, fault_references: dict
+) -> None:
     """survives-killed-worker and killed-ps-retried pass only when the run did what they claim: a PS retry whose
     first error names another task (or none), that resumed from 0, or that never failed, fails; so does a killed
     worker's run that lost a step, never delivered its fault, or needed a retry."""
-    from ddlrepro.host.checks import check_figure, load_references
+    from ddlrepro.host.checks import check_figure
     from ddlrepro.host.figures import faults
 
-    references = {ref["id"]: ref for ref in load_references(REPO / "config" / "references.yaml")[FIGURE]}
     wanted = {"ps": "killed-ps-retried", "worker": "survives-killed-worker"}[check]
     row = {"run": faults.fault_run_name(fault), "status": "ok", "disturbed": False}
     summary = pd.DataFrame([row | faults.fault_row(fault_records(attempts, **metrics), fault)])
-    checked = check_figure(FIGURE, summary, [references[wanted]], "smoke", [])
+    checked = check_figure(FIGURE, summary, [fault_references[wanted]], "smoke", [])
     assert checked["status"].tolist() == [status], checked.to_dict("records")
