@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -240,9 +241,16 @@ class FakeCluster:
     409 AlreadyExists. Kinds in `stuck` never finish terminating (a finalizer no controller removes)."""
 
     def __init__(
-        self, kind: str, script: list[list[list[str]]], logs: list[dict[int, list[str]]], linger: int = 3, stuck=()
+        self,
+        kind: str,
+        script: list[list[list[str]]],
+        logs: list[dict[int, list[str]]],
+        linger: int = 3,
+        stuck=(),
+        events: str | None = None,
     ) -> None:
-        self.kind, self.script, self.logs = kind, script, logs
+        """`events`: the recorded event list every pod has (its volumes then: `claim_volumes`), or none."""
+        self.kind, self.script, self.logs, self.events = kind, script, logs, events
         self.job_kind = "Job" if kind == "job" else "PyTorchJob"
         self.core = self.batch = self.custom = self
         self.calls: list[tuple[str, str]] = []
@@ -280,11 +288,21 @@ class FakeCluster:
         states = script[min(self.polls, len(script) - 1)] if self.job_kind in self.objects else []
         self.polls += 1
         items = [pod(self.job, namespace, self.kind, rank, state) for rank, state in enumerate(states)]
+        for item in items:
+            item["spec"]["volumes"] = RECORDED["claim_volumes"] if self.events else []
         if self.objects.get(self.job_kind) is not None:
             for item in items:
                 item["metadata"]["deletionTimestamp"] = RECORDED["terminating_metadata"]["deletionTimestamp"]
         body = {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "48999"}, "items": items}
         return client.ApiClient().deserialize(json.dumps(body), "V1PodList", "application/json")
+
+    def list_namespaced_event(self, namespace: str, field_selector: str) -> client.CoreV1EventList:
+        """The pod's recorded events (`self.events`), as the API server answers a field selector on the pod."""
+        name = re.fullmatch(r"involvedObject\.kind=Pod,involvedObject\.name=(.+)", field_selector).group(1)
+        self.calls.append(("events", name))
+        text = json.dumps(RECORDED[self.events] if self.events else {"items": []})
+        text = text.replace("{pod}", name).replace("{namespace}", namespace)
+        return client.ApiClient().deserialize(text, "CoreV1EventList", "application/json")
 
     def read_namespaced_pod_log(self, name: str, namespace: str, container: str | None = None) -> str:
         assert container == ("pytorch" if self.kind == "pytorchjob" else "worker")
@@ -474,6 +492,44 @@ def test_timeout_stops_and_deletes_the_job(tmp_path: Path, monkeypatch: pytest.M
     with OutputCollector(tmp_path / "run") as output, pytest.raises(RunFailed, match=r"timed out after 0\.05 s"):
         pods.execute(spec, output)
     assert ("delete", "Job") in fake.calls
+
+
+@pytest.mark.parametrize(
+    ("events", "named"),
+    [
+        ("failed_mount_events", r'FailedMount for volume "data" \(claim "imagenet-train"\): Unable to attach or mount'),
+        (
+            "failed_attach_events",  # names the PersistentVolume, not the pod's volume: the pod's claim stands in
+            r'FailedAttachVolume for volume "pvc-6d2a1c9e-0f3b-4e8a-9c71-2b5d4e6f8a10" \(claim "imagenet-train"\)',
+        ),
+        ("failed_scheduling_events", r"its last event: FailedScheduling: 0/3 nodes are available"),
+    ],
+)
+def test_a_pod_that_does_not_start_names_why(
+    events: str, named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pod still Pending (ContainerCreating) after pod_start_timeout_s fails the run well before its time-out,
+    with its events read: the volume and its claim for a FailedMount or FailedAttachVolume, else its last event."""
+    fake = FakeCluster("job", [[["running", "pending"]]], [{}], events=events)
+    started = time.monotonic()
+    with pytest.raises(RunFailed, match=r"did not start: still Pending \(ContainerCreating\) after 0\.1 s") as failure:
+        run_on(fake, tmp_path, "job", monkeypatch, pod_start_timeout_s=0.1)
+    assert re.search(named, str(failure.value)), str(failure.value)
+    assert failure.value.rank == 1
+    assert time.monotonic() - started < 30  # the run's own time-out is 60 s
+    assert ("events", f"{fake.job}-1-x7k2p") in fake.calls
+    assert ("delete", "Job") in fake.calls
+
+
+def test_a_pod_that_starts_in_time_is_unaffected(
+    worker_logs: dict[int, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pending for a few polls, under pod_start_timeout_s: the run completes and no events are read."""
+    script = [["pending", "pending"]] * 3 + [["running", "running"], ["succeeded", "succeeded"]]
+    fake = FakeCluster("job", [script], [worker_logs], events="failed_mount_events")
+    run_dir = run_on(fake, tmp_path, "job", monkeypatch, pod_start_timeout_s=30)
+    assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
+    assert not [call for call in fake.calls if call[0] == "events"]
 
 
 def test_kubernetes_profile_sets_names_and_a_valid_config() -> None:

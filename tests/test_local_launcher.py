@@ -28,7 +28,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_run_folder_has_every_file(finished_run: Path) -> None:
     names = {path.name for path in finished_run.iterdir()}
-    assert names == {"jobspec.json", "log.txt", "metrics.jsonl", "provenance.json", "result.json"}
+    assert names == {"attempt.json", "jobspec.json", "log.txt", "metrics.jsonl", "provenance.json", "result.json"}
 
 
 def test_result_follows_the_benchmark_protocol(finished_run: Path) -> None:
@@ -132,6 +132,11 @@ def test_killed_worker_fails_the_run_fast_and_cleanly(tmp_path: Path) -> None:
     assert len(attempts) == 1
     assert not (attempts[0] / "result.json").exists()
     assert (attempts[0] / "log.txt").exists()
+    # The failed attempt, as its attempt.json recorded it, is listed before this one in result.json.
+    assert [attempt["outcome"] for attempt in record["attempts"]] == ["failed", "ok"]
+    assert "rank 1 was killed by SIGKILL" in record["attempts"][0]["error"]
+    assert record["attempts"][0]["folder"] == f"attempts/{attempts[0].name}"
+    assert record["attempts"][0]["wall_s"] > 0
 
 
 def test_failing_worker_reports_rank_and_stderr_tail(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ def test_bad_input_names_the_key(smoke: dict, change: dict, message: str) -> Non
 
 def test_roles_follow_the_ranks(smoke: dict) -> None:
     """Rank 0 the chief, then workers, then parameter servers; one testbed host each."""
-    cluster, _, single = figure_points(smoke)[FIGURE].values()
+    cluster, _, single, *_ = figure_points(smoke)[FIGURE].values()
     assert cluster.workers == 4 and cluster.params["testbed_hosts"] == 4
     assert single.workers == 1 and "testbed_hosts" not in single.params
 
@@ -65,7 +65,12 @@ def test_top_freezes_the_trunk() -> None:
 def test_cluster_points_are_skipped_without_root(smoke: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("ddlrepro.host.run.testbed_unavailable_reason", lambda: "needs root for network namespaces")
     reasons = [unmet_requirement(point) for point in figure_points(smoke)[FIGURE].values()]
-    assert reasons == ["skipped: needs root for network namespaces"] * 2 + [None]
+    assert (
+        reasons
+        == ["skipped: needs root for network namespaces"] * 2
+        + [None]
+        + ["skipped: needs root for network namespaces"] * 2
+    )
 
 
 def test_batches_are_each_epoch_a_permutation() -> None:
@@ -158,12 +163,32 @@ def test_snakemake_wikimedia_ps(workflow_copy: Path) -> None:
     tiny = workflow_copy / "tiny-ps.yaml"
     short = {key: TINY[key] for key in ("epochs", "probe_steps")}  # the smoke's trunk: see step-bytes-match-...
     tiny.write_text(yaml.safe_dump({"figures": {FIGURE: short}}))
-    done = snakemake(workflow_copy, "wikimedia_ps", "--configfile", "config/config.yaml", str(tiny), timeout=300)
+    done = snakemake(workflow_copy, "wikimedia_ps", "--configfile", "config/config.yaml", str(tiny), timeout=500)
     assert done.returncode == 0, done.stderr[-3000:]
     checks = pd.read_csv(workflow_copy / "results" / "checks" / f"{FIGURE}.tsv", sep="\t").set_index("check")
     relations = ["traffic-falls-with-batch", "round-robin-uneven", "partitioned-even", "step-bytes-match-the-tensors"]
-    assert (checks.loc[relations, "status"] == "pass").all(), checks.loc[relations]
+    faults = ["survives-killed-worker", "killed-ps-retried"]
+    assert (checks.loc[relations + faults, "status"] == "pass").all(), checks.loc[relations + faults]
     assert checks.loc["cluster-faster", "status"] == "skipped"
+    assert_killed_ps_was_retried(workflow_copy, done.stderr)
+
+
+def assert_killed_ps_was_retried(workdir: Path, stderr: str) -> None:
+    """The killed-PS run (the smoke's faults[1]: PS 0 at step 4, checkpoints every 3 steps): Snakemake printed its
+    first attempt's error naming the task and ran it again; the retry resumed from step 3, and its result.json
+    lists both attempts."""
+    assert "lost /job:ps/task:0" in stderr and "Trying to restart job" in stderr, stderr[-3000:]
+    (run_dir,) = [
+        path.parent
+        for path in (workdir / "results" / "runs" / FIGURE).glob("*/result.json")
+        if json.loads(path.read_text())["point"]["params"].get("fault", {}).get("role") == "ps"
+    ]
+    attempts = json.loads((run_dir / "result.json").read_text())["attempts"]
+    assert [attempt["outcome"] for attempt in attempts] == ["failed", "ok"]
+    assert "lost /job:ps/task:0" in attempts[0]["error"]
+    assert (run_dir / attempts[0]["folder"] / "log.txt").exists()  # the failed attempt's logs, set aside
+    records = run_records(run_dir, {key: 0 for key in ("probe_steps", "probe_batch_size", "batch_size", "mode")})
+    assert wikimedia_ps.last_metric(records, "resumed_from_step") == 3
 
 
 def test_a_frozen_trunk_is_labelled() -> None:
@@ -177,3 +202,103 @@ def test_a_frozen_trunk_is_labelled() -> None:
         drawing, _ = wikimedia_ps.plot(table.assign(trainable=trainable), "smoke", [])
         assert ("trunk frozen at its random initialisation" in drawing.get_suptitle()) is labelled
         plt.close(drawing)
+
+
+@pytest.mark.parametrize(
+    ("faults", "launcher", "message"),
+    [
+        (
+            [{"fault": {"role": "worker", "at_step": 3}, "ps_workers": 1}],
+            {},
+            r"figures\.wikimedia-ps\.faults\[0\]\.ps_workers: a killed worker's steps need another worker",
+        ),
+        (
+            [{"fault": {"role": "ps", "at_step": 4}}],
+            {"retries": 0},
+            r"launcher\.retries: 0, but figures\.wikimedia-ps\.faults\[0\] kills a parameter server",
+        ),
+        ([{"fault": {"role": "ps", "task": 2, "at_step": 4}}], {}, r"faults\[0\]\.fault\.task: no ps task 2 among 2"),
+        ([{"fault": {"role": "ps", "at_step": 30}}], {}, r"faults\[0\]\.fault\.at_step: the run has 30 steps"),
+        ([{"fault": {"role": "ps", "at_step": 2}}], {}, r"ps\.checkpoint_every: 3 steps: no checkpoint before"),
+        (
+            [{"fault": {"role": "ps", "at_step": 4}}, {"fault": {"role": "ps", "at_step": 5}}],
+            {},
+            r"faults\[1\]\.fault\.role: a second ps fault",
+        ),
+        ([{"fault": {"role": "disk", "at_step": 4}}], {}, r"faults\[0\]\.fault\.role: 'disk' is not valid"),
+        ([{"fault": {"role": "ps", "at_step": 4, "signal": "SIGHUP"}}], {}, r"faults\[0\]\.fault\.signal: 'SIGHUP'"),
+    ],
+)
+def test_bad_faults_name_the_key(smoke: dict, faults: list, launcher: dict, message: str) -> None:
+    """A fault that cannot happen as configured is refused before any job, naming its key."""
+    config = copy.deepcopy(smoke)
+    config["figures"][FIGURE]["faults"] = faults
+    config["launcher"].update(launcher)
+    with pytest.raises(ConfigError, match=message):
+        validate_config(config)
+        figure_points(config)
+
+
+def test_fault_points_follow_their_entries(smoke: dict) -> None:
+    """Each `faults:` entry is one more cluster point, with its own cluster size and the fault in its params."""
+    points = list(figure_points(smoke)[FIGURE].values())
+    killed = {point.params["fault"]["role"]: point for point in points if "fault" in point.params}
+    assert killed["worker"].workers == 4 and killed["worker"].params["ps_workers"] == 2  # chief, 2 workers, 1 PS
+    assert killed["ps"].workers == 3 and killed["ps"].params["checkpoint_every"] == 3
+    assert killed["ps"].params["fault"] == {"role": "ps", "task": 0, "at_step": 4, "signal": "SIGKILL"}
+    assert sum("fault" in point.params for point in points) == 2
+
+
+def fault_records(attempts: list[tuple[str, float]], **metrics: float) -> pd.DataFrame:
+    """A fault run's rows as the tidy table has them: its attempts (tables.attempt_records) and the chief's metrics."""
+    from ddlrepro.host.tables import attempt_records
+
+    recorded = [
+        {"attempt": number, "outcome": outcome.split(":")[0], "error": outcome, "wall_s": 40.0, "steps_done": done}
+        for number, (outcome, done) in enumerate(attempts, start=1)
+    ]
+    rows = attempt_records(recorded) + [{"rank": 0, "metric": name, "value": value} for name, value in metrics.items()]
+    return pd.DataFrame(rows).reindex(columns=RECORD_COLUMNS)
+
+
+@pytest.fixture(scope="module")
+def fault_references() -> dict:
+    from ddlrepro.host.checks import load_references
+
+    return {ref["id"]: ref for ref in load_references(REPO / "config" / "references.yaml")[FIGURE]}
+
+
+KILLED_PS = {"role": "ps", "task": 1, "at_step": 4, "signal": "SIGKILL"}
+KILLED_WORKER = {"role": "worker", "task": 0, "at_step": 3, "signal": "SIGKILL"}
+RETRIED = {"resumed_from_step": 3, "steps_planned": 3, "steps_completed": 3, "train_time_s": 0.3}
+SURVIVED = {"resumed_from_step": 0, "steps_planned": 6, "steps_completed": 6, "fault_delivered_at_step": 3}
+
+
+@pytest.mark.parametrize(
+    ("fault", "attempts", "metrics", "check", "status"),
+    [
+        (KILLED_PS, [("failed: ParameterServerLost: lost /job:ps/task:1: ...", 4), ("ok", 6)], RETRIED, "ps", "pass"),
+        (KILLED_PS, [("failed: ParameterServerLost: lost /job:ps/task:0: ...", 4), ("ok", 6)], RETRIED, "ps", "fail"),
+        (KILLED_PS, [("failed: RuntimeError: gloo", 4), ("ok", 6)], RETRIED, "ps", "fail"),
+        (KILLED_PS, [("failed: lost /job:ps/task:1", 4), ("ok", 6)], RETRIED | {"resumed_from_step": 0}, "ps", "fail"),
+        (KILLED_PS, [("ok", 6)], RETRIED, "ps", "fail"),
+        (KILLED_WORKER, [("ok", 6)], SURVIVED, "worker", "pass"),
+        (KILLED_WORKER, [("ok", 6)], SURVIVED | {"steps_completed": 5}, "worker", "fail"),
+        (KILLED_WORKER, [("ok", 6)], SURVIVED | {"fault_delivered_at_step": float("nan")}, "worker", "fail"),
+        (KILLED_WORKER, [("failed: lost", 3), ("ok", 6)], SURVIVED, "worker", "fail"),
+    ],
+)
+def test_fault_checks_can_fail(
+    fault: dict, attempts: list, metrics: dict, check: str, status: str, fault_references: dict
+) -> None:
+    """survives-killed-worker and killed-ps-retried pass only when the run did what they claim: a PS retry whose
+    first error names another task (or none), that resumed from 0, or that never failed, fails; so does a killed
+    worker's run that lost a step, never delivered its fault, or needed a retry."""
+    from ddlrepro.host.checks import check_figure
+    from ddlrepro.host.figures import faults
+
+    wanted = {"ps": "killed-ps-retried", "worker": "survives-killed-worker"}[check]
+    row = {"run": faults.fault_run_name(fault), "status": "ok", "disturbed": False}
+    summary = pd.DataFrame([row | faults.fault_row(fault_records(attempts, **metrics), fault)])
+    checked = check_figure(FIGURE, summary, [fault_references[wanted]], "smoke", [])
+    assert checked["status"].tolist() == [status], checked.to_dict("records")

@@ -1,10 +1,17 @@
 """Run one point: set aside any earlier attempt, render and save the job, run it, file its output, then
 write `result.json` last. A failed run keeps its logs and never gets a `result.json`. A point this machine
-cannot run (NCCL without CUDA) is not started: its `result.json` says `skipped` and why."""
+cannot run (NCCL without CUDA) is not started: its `result.json` says `skipped` and why.
+
+Every attempt writes `attempt.json` (its number, outcome, wall time, error, the last `steps_done` its ranks
+recorded). A retry (Snakemake's `retries:`) finds the failed attempts before it under `attempts/` and records them
+in its `result.json` (`attempts`, which the tidy table turns into rows: tables.py); a point whose workload can
+resume (params `fault` or `checkpoint_every`) gets its attempt number and the last failed attempt's `checkpoint/`
+folder as inputs (`attempt`, `resume_checkpoint`)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -16,6 +23,7 @@ from ddlrepro.host.launchers.base import Launcher, RunFailed
 from ddlrepro.host.objectstore import data_inputs, s3fs_unavailable_reason
 from ddlrepro.host.provenance import run_provenance
 from ddlrepro.host.rundir import (
+    ATTEMPT,
     RESULT,
     OutputCollector,
     result_record,
@@ -24,6 +32,9 @@ from ddlrepro.host.rundir import (
 )
 from ddlrepro.host.testbed.limits import unavailable_reason as testbed_unavailable_reason
 from ddlrepro.points import Point
+
+RESUMABLE_KEYS = {"fault", "checkpoint_every"}  # params of a workload that checkpoints and may resume
+CHECKPOINT_DIR = "checkpoint"  # where such a workload's rank 0 checkpoints, in the run folder
 
 
 def unmet_requirement(point: Point, launcher: str = "local", in_image: bool = False) -> str | None:
@@ -89,9 +100,26 @@ def run_point(
     reason = unmet_requirement(point, launcher.name, in_image=image is not None)
     if reason:
         return skip_point(point, run_dir, reason)
+    earlier = earlier_attempts(run_dir)
+    started = time.time()
+    try:
+        record = run_attempt(point, run_dir, launcher, image, earlier)
+    except BaseException as error:
+        write_attempt(run_dir, len(earlier) + 1, started, "failed", str(error))
+        raise
+    this = write_attempt(run_dir, len(earlier) + 1, started, "ok", "")
+    record |= {"attempts": [*earlier, this]}
+    write_json_atomic(run_dir / RESULT, record)
+    return record
+
+
+def run_attempt(
+    point: Point, run_dir: Path, launcher: Launcher, image: dict[str, Any] | None, earlier: list[dict[str, Any]]
+) -> dict:
+    """One attempt at `point`: its result record (not yet written); raise RunFailed if any rank fails."""
     # The run's data source: a store started (and a bucket mounted) for it, stopped when it ends.
     with data_inputs(point.params, point.inputs) as data:
-        run = replace(point, inputs=point.inputs | data["inputs"])
+        run = replace(point, inputs=point.inputs | data["inputs"] | resume_inputs(point, run_dir, earlier))
         spec = launcher.render(run, run_dir)
         write_json_atomic(run_dir / "jobspec.json", spec.to_dict())
         source, own_cpu = launcher.own_cpu_counter(spec)
@@ -107,6 +135,50 @@ def run_point(
                 write_json_atomic(run_dir / "provenance.json", provenance | data_provenance)
     if output.result is None:
         raise RunFailed(0, "finished without reporting a result", output.stderr_tail(0))
-    record = result_record(point, output.result, started, time.time(), measured_host_load(meter, source))
-    write_json_atomic(run_dir / RESULT, record)
-    return record
+    return result_record(point, output.result, started, time.time(), measured_host_load(meter, source))
+
+
+def earlier_attempts(run_dir: Path) -> list[dict[str, Any]]:
+    """The failed attempts right before this one, oldest first (their attempt.json, set aside under attempts/);
+    an attempt that completed, was skipped or predates attempt.json ends the series."""
+    folders = sorted((run_dir / "attempts").iterdir()) if (run_dir / "attempts").is_dir() else []
+    failed: list[dict[str, Any]] = []
+    for folder in reversed(folders):
+        if (folder / RESULT).exists() or not (folder / ATTEMPT).exists():
+            break
+        failed.insert(0, json.loads((folder / ATTEMPT).read_text()) | {"folder": str(folder.relative_to(run_dir))})
+    return failed
+
+
+def resume_inputs(point: Point, run_dir: Path, earlier: list[dict[str, Any]]) -> dict[str, str]:
+    """A resumable point's attempt number and the last failed attempt's checkpoint folder (if it left one)."""
+    if not RESUMABLE_KEYS & set(point.params):
+        return {}
+    inputs = {"attempt": str(len(earlier) + 1)}
+    checkpoint = run_dir / earlier[-1]["folder"] / CHECKPOINT_DIR if earlier else None
+    if checkpoint and checkpoint.is_dir():
+        inputs["resume_checkpoint"] = str(checkpoint)
+    return inputs
+
+
+def write_attempt(run_dir: Path, number: int, started: float, outcome: str, error: str) -> dict[str, Any]:
+    """This attempt's attempt.json: number, outcome, wall time, error, the last `steps_done` a rank recorded."""
+    finished = time.time()
+    attempt = {
+        "attempt": number,
+        "outcome": outcome,
+        "started": started,
+        "finished": finished,
+        "wall_s": finished - started,
+        "error": error,
+        "steps_done": last_steps_done(run_dir / "metrics.jsonl"),
+    }
+    write_json_atomic(run_dir / ATTEMPT, attempt)
+    return attempt
+
+
+def last_steps_done(metrics: Path) -> float | None:
+    """The last `steps_done` record in a metrics file (how far a workload that records it got), or None."""
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    done = [record["value"] for record in map(json.loads, lines) if record.get("metric") == "steps_done"]
+    return done[-1] if done else None

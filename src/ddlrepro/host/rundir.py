@@ -7,6 +7,8 @@ results/runs/<figure>/<point-id>/
     ledger.jsonl      elastic runs: the samples each rank's steps trained, and where training resumed after a resize
     provenance.json   code, software, hardware, hosts, job spec and point
     result.json       the run's summary; present only if every rank succeeded
+    attempt.json      this attempt: number, outcome, wall time, error (host/run.py)
+    checkpoint/       a resumable workload's checkpoints (the `ps` workload's chief)
     attempts/<time>/  earlier failed attempts, moved aside so two attempts never mix
 """
 
@@ -29,6 +31,7 @@ from ddlrepro.points import Point
 from ddlrepro.records import RECORD_PREFIX
 
 RESULT = "result.json"
+ATTEMPT = "attempt.json"
 STDERR_TAIL_LINES = 20
 
 

@@ -62,6 +62,7 @@ def run_rows(run_dir: Path, max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE
         records = [{"metric": SKIPPED_METRIC, "value": float("nan")}]
     else:
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        records += attempt_records(result.get("attempts", []))
     rows = pd.DataFrame.from_records(records, columns=RECORD_COLUMNS)
     provenance = json.loads((run_dir / "provenance.json").read_text())
     constants = {
@@ -77,6 +78,19 @@ def run_rows(run_dir: Path, max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE
         **host_load_columns(result, max_foreign_share),
     }
     return rows.assign(**constants)[[*constants, *RECORD_COLUMNS]]
+
+
+def attempt_records(attempts: list[dict]) -> list[dict]:
+    """A run's attempts (result.json's, host/run.py) as rows: `attempt_wall_s` and, where a rank recorded how far
+    it got, `attempt_steps_done`; iteration = the attempt, detail = its outcome and its error's last line."""
+    records = []
+    for attempt in attempts:
+        last_line = attempt["error"].strip().splitlines()[-1].strip() if attempt["error"].strip() else ""
+        common = {"rank": 0, "iteration": attempt["attempt"], "detail": f"{attempt['outcome']}: {last_line}".strip()}
+        records.append(common | {"metric": "attempt_wall_s", "value": attempt["wall_s"]})
+        if attempt.get("steps_done") is not None:
+            records.append(common | {"metric": "attempt_steps_done", "value": attempt["steps_done"]})
+    return records
 
 
 def scalar(value: object) -> object:

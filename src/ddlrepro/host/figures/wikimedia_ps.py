@@ -6,7 +6,9 @@ parameter_server.py: ParameterServerStrategy + ClusterCoordinator, the TF2 stand
 every role (chief, workers, parameter servers, evaluators) a rank on its own testbed host; and one run of the same
 model, data, batch, epochs in one process with Keras `fit` (the baseline). Data: scikit-learn's digits. The
 workload reads its role from its rank under any launcher (as Slurm tasks too), but this figure's cluster runs ask
-for testbed hosts, which only the local launcher makes: elsewhere they are skipped with that reason.
+for testbed hosts, which only the local launcher makes: elsewhere they are skipped with that reason. Each
+`faults:` entry adds a cluster run with a worker or parameter server killed for real (faults.py): its summary row
+(`killed worker`, `killed ps`) holds its attempts, time lost, the step it resumed from and the closures run again.
 
 Summary, one row per run: the parameter servers' bytes per sample (their hosts' interface counters, received plus
 sent, over the training at `batch_size` and over the probe at `probe_batch_size`), the busiest and least busy
@@ -19,13 +21,14 @@ test accuracy, training time (the steps only, start-up not included) and the clu
 after every rank had loaded its libraries); the cluster
 rows also hold their accuracy gap to the one process (points) and the one process's time ÷ theirs.
 Plot: (a) bytes per sample at the two batch sizes; (b) bytes per parameter server per placement;
-(c) accuracy and (d) training time, cluster against one process.
+(c) accuracy and (d) training time, cluster against one process; (e) the fault runs' attempts.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ddlrepro.host.figures import faults
 from ddlrepro.host.figures.common import check_rate, threads_per_worker
 from ddlrepro.points import Point
 
@@ -62,10 +65,23 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
         for placement in section["placements"]
     ]
     single = Point(ID, "ps", 1, threads_per_worker(launcher, 1), {**common, "mode": "single"})
-    return [*runs, single]
+    return [*runs, single, *fault_points(section, launcher, cluster)]
+
+
+def fault_points(section: dict[str, Any], launcher: dict[str, Any], cluster: dict[str, Any]) -> list[Point]:
+    """One cluster run per `faults:` entry, on the first placement (faults.py)."""
+    points = []
+    for change in faults.fault_params(ID, section, launcher):
+        ranks = 1 + change["ps_workers"] + change["ps"] + section["evaluators"]
+        params = {**cluster, **change, "placement": section["placements"][0], "testbed_hosts": ranks}
+        points.append(Point(ID, "ps", ranks, threads_per_worker(launcher, ranks), params))
+    return points
 
 
 def run_name(row: pd.Series) -> str:
+    fault = faults.fault_of(row)
+    if fault:
+        return faults.fault_run_name(fault)
     return SINGLE if row["mode"] == "single" else str(row["placement"])
 
 
@@ -113,7 +129,8 @@ def tcp_bytes(rows: pd.DataFrame, phase: str) -> float:
 
 def cluster_row(rows: pd.DataFrame) -> dict[str, Any]:
     first = rows.iloc[0]
-    steps = last_metric(rows, "train_steps")
+    completed = last_metric(rows, "steps_completed")  # a resumed run's counters cover the steps it ran
+    steps = completed if completed == completed else last_metric(rows, "train_steps")
     trained = ps_counter_bytes(rows, "train")
     probed = ps_counter_bytes(rows, "probe")
     batch, probe_batch = float(first["batch_size"]), float(first["probe_batch_size"])
@@ -164,7 +181,9 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
             "train_time_s": last_metric(ran, "train_time_s"),
             "epochs": first["epochs"],
         }
-        rows.append(row | (cluster_row(ran) if first["mode"] == "cluster" else {}))
+        fault = faults.fault_of(first)
+        row |= cluster_row(ran) if first["mode"] == "cluster" else {}
+        rows.append(row | (faults.fault_row(ran, fault) if fault else {}))
     summary = plotting.with_host_load(pd.DataFrame(rows), table, ["point_id"])
     return against_one_process(summary).drop(columns=["point_id"])
 
@@ -176,13 +195,18 @@ def against_one_process(summary: pd.DataFrame) -> pd.DataFrame:
     if single.empty or "accuracy" not in summary:
         return summary
     accuracy, seconds = float(single["accuracy"].iloc[0]), float(single["train_time_s"].iloc[0])
-    clusters = summary["run"] != SINGLE
+    clusters = (summary["run"] != SINGLE) & ~fault_runs(summary)  # a fault run has its own cluster and epochs
     summary.loc[clusters, "accuracy_gap_points"] = (summary.loc[clusters, "accuracy"] - accuracy).abs() * 100
     summary.loc[clusters, "speedup"] = seconds / summary.loc[clusters, "train_time_s"]
     for share in ("foreign_share", "steal_share"):
         summary.loc[clusters, f"speedup_{share}"] = summary.loc[clusters, share].clip(lower=single[share].iloc[0])
     summary["speedup_disturbed"] = clusters & (summary["disturbed"] | bool(single["disturbed"].iloc[0]))
     return summary
+
+
+def fault_runs(summary: pd.DataFrame) -> pd.Series:
+    """Which summary rows are fault runs (shown in their own panel only)."""
+    return summary["fault"].notna() if "fault" in summary else summary["run"].isna()
 
 
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
@@ -192,8 +216,8 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
 
     summary = summarize(table)
     frozen = "trainable" in table and (table["trainable"] == "top").any()
-    figure, axes = plotting.new_figure(4, TITLE + (FROZEN if frozen else ""))
-    ok = summary[summary["status"] == "ok"]
+    figure, axes = plotting.new_figure(5, TITLE + (FROZEN if frozen else ""))
+    ok = summary[(summary["status"] == "ok") & ~fault_runs(summary)]
     clusters = ok[ok["run"] != SINGLE]
     per_sample = (
         pd.concat(
@@ -225,6 +249,13 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     bars(axes[3], ok, "run", "train_time_s", None, "run", "training time (s, start-up excluded)")
     plotting.panel_title(axes[3], "wall time")
     plotting.note_disturbed(axes[3], summary, ["run"])
+    faulted = {
+        point_id: run_name(rows.iloc[0])
+        for point_id, rows in table.groupby("point_id")
+        if faults.fault_of(rows.iloc[0])
+    }
+    faults.plot_faults(axes[4], faults.attempts_table(table, faulted), summary[summary["status"] == "ok"])
+    plotting.panel_title(axes[4], "faults: attempts")
     for axis in axes:
         plotting.note_skipped(axis, plotting.skipped_points(table, ["placement", "mode"]), ["placement", "mode"])
     return figure, summary
@@ -236,6 +267,7 @@ def per_ps_table(table: pd.DataFrame, disturbed: dict[str, bool]) -> pd.DataFram
 
     rows = []
     ran = table[(table["metric"] != "skipped") & (table["mode"] == "cluster")]
+    ran = ran[ran["fault"].isna()] if "fault" in ran else ran
     for _, point_rows in ran.groupby("point_id", sort=False):
         for task, moved in sorted(ps_counter_bytes(point_rows, "train").items()):
             run = run_name(point_rows.iloc[0])

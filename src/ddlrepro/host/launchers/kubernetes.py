@@ -5,7 +5,9 @@ headless Service, so that pod 0 is reachable as `<job>-0.<service>` before it is
 `PyTorchJob` (one Master, N-1 Workers, container `pytorch`; the training operator sets MASTER_ADDR, RANK, …).
 `execute` applies the manifests, waits for every pod with a timeout, starts the job again when a pod failed in a
 known start-up race (a worker that starts before the master's DNS name resolves), files every pod's log into the
-run folder, and deletes what it created. Registry credentials appear only as pull-secret *names*.
+run folder, and deletes what it created. Registry credentials appear only as pull-secret *names*. A pod still
+Pending after `pod_start_timeout_s` fails the run with its events read (`start_failure`): a FailedMount or
+FailedAttachVolume names the volume and the PersistentVolumeClaim behind it.
 Elastic runs cannot be hosted here yet (no runtime starts workers as pods on a resize).
 """
 
@@ -41,6 +43,11 @@ STARTUP_RACES = re.compile(
     r"|gai error|Connection refused"
 )
 IMAGE_PROBLEMS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
+VOLUME_PROBLEMS = ("FailedMount", "FailedAttachVolume")
+# The kubelet's and the attach-detach controller's messages name a volume as `volume "<name>"` (the pod's volume,
+# or the PersistentVolume: pvc-<uid>) or list the pod's volumes: `unmounted volumes=[data cache]`.
+VOLUME_IN_MESSAGE = re.compile(r'volume "([^"]+)"|unmounted volumes=\[([^\]]*)\]')
+CLAIM_IN_MESSAGE = re.compile(r'persistentvolumeclaim "([^"]+)"', re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class KubernetesOptions:
     port: int
     startup_retries: int
     poll_interval_s: float
+    pod_start_timeout_s: float
 
     @classmethod
     def from_config(cls, config: dict[str, Any], image: dict[str, Any] | None = None) -> Self:
@@ -387,11 +395,14 @@ def pod_rank(pod: client.V1Pod) -> int:
 
 
 def wait(apis: Apis, spec: JobSpec[KubernetesRequest], options: KubernetesOptions, deadline: float) -> Outcome:
-    """Poll the pods until all N succeeded, one failed, or the deadline passed."""
+    """Poll the pods until all N succeeded, one failed or did not start in time, or the deadline passed."""
     job = spec.request
+    first_seen: dict[str, float] = {}  # when each pod was first listed (this machine's clock, not the API server's)
     while True:
         pods = list_pods(apis, job)
-        outcome = pods_outcome(apis, job, options, pods)
+        for pod in pods:
+            first_seen.setdefault(pod.metadata.name, time.monotonic())
+        outcome = pods_outcome(apis, job, options, pods) or start_outcome(apis, job, options, pods, first_seen)
         if outcome is not None:
             return outcome
         if time.monotonic() > deadline:
@@ -414,6 +425,60 @@ def pods_outcome(
             return Outcome(False, pod.metadata.name, f"cannot start: {waiting} (pull secrets: {secrets})")
     succeeded = [pod for pod in pods if pod.status.phase == "Succeeded"]
     return Outcome(True) if len(succeeded) >= len(job.workers) else None
+
+
+def start_outcome(
+    apis: Apis, job: KubernetesRequest, options: KubernetesOptions, pods: list[client.V1Pod], first_seen: dict
+) -> Outcome | None:
+    """The first pod still Pending `pod_start_timeout_s` after it was first listed, as a failure saying why."""
+    now = time.monotonic()
+    for pod in pods:
+        if pod.status.phase == "Pending" and now - first_seen[pod.metadata.name] >= options.pod_start_timeout_s:
+            return Outcome(False, pod.metadata.name, start_failure(apis, job, options, pod))
+    return None
+
+
+def start_failure(apis: Apis, job: KubernetesRequest, options: KubernetesOptions, pod: client.V1Pod) -> str:
+    """Why `pod` did not start, from its events: the latest FailedMount or FailedAttachVolume with the volume and
+    its claim, else the latest event."""
+    selector = f"involvedObject.kind=Pod,involvedObject.name={pod.metadata.name}"
+    events = list(apis.core.list_namespaced_event(job.namespace, field_selector=selector).items)
+    head = f"did not start: still {pending_state(pod)} after {options.pod_start_timeout_s:g} s"
+    volume_events = [event for event in events if event.reason in VOLUME_PROBLEMS]
+    if volume_events:
+        event = volume_events[-1]  # the API server lists a pod's events oldest first
+        volume, claim = volume_and_claim(event.message or "", pod)
+        return f"{head}: {event.reason} for volume {volume} (claim {claim}): {event.message}"
+    if events:
+        return f"{head}; its last event: {events[-1].reason}: {events[-1].message}"
+    return f"{head}; it has no events"
+
+
+def pending_state(pod: client.V1Pod) -> str:
+    """Pending, with its container's waiting reason (ContainerCreating) when it has one."""
+    for status in pod.status.container_statuses or []:
+        if status.state and status.state.waiting and status.state.waiting.reason:
+            return f"Pending ({status.state.waiting.reason})"
+    return "Pending"
+
+
+def volume_and_claim(message: str, pod: client.V1Pod) -> tuple[str, str]:
+    """The volume an event's message names and its PersistentVolumeClaim: the pod's volume of that name, or the
+    claim the message names; a volume the pod does not know by that name (a PersistentVolume, pvc-<uid>) falls back
+    to the pod's volumes' claims."""
+    claims = {
+        volume.name: volume.persistent_volume_claim.claim_name
+        for volume in (pod.spec.volumes or [])
+        if volume.persistent_volume_claim
+    }
+    named = [name for found in VOLUME_IN_MESSAGE.findall(message) for name in " ".join(found).split()]
+    for name in named:
+        if name in claims:
+            return f'"{name}"', f'"{claims[name]}"'
+    in_message = CLAIM_IN_MESSAGE.search(message)
+    claim = f'"{in_message.group(1)}"' if in_message else ", ".join(f'"{claim}"' for claim in claims.values())
+    volume = f'"{named[0]}"' if named else ", ".join(f'"{name}"' for name in claims) or "(not named)"
+    return volume, claim or "none among the pod's volumes"
 
 
 def image_problem(pod: client.V1Pod) -> str | None:

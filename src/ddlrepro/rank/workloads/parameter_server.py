@@ -26,18 +26,25 @@ The model: an MLP on scikit-learn's 8×8 digits (datasets.py), a trunk of `hidde
 epochs, learning rate) with Keras `fit` in one process: the study's one-GPU baseline, on CPU here.
 An evaluator reads the chief's final weights from the run folder (the Estimator evaluator's checkpoint) and
 records the test accuracy it finds.
+
+`fault` (a worker or parameter server killed for real, first attempt only) and `checkpoint_every` (the chief's
+checkpoints, which a retry given `resume_checkpoint` resumes from): ps_faults.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +56,7 @@ import torch.distributed as dist
 from ddlrepro.rank import datasets
 from ddlrepro.rank.interfaces import NodeInterfaceCounter
 from ddlrepro.rank.runtime import RankContext
+from ddlrepro.rank.workloads import ps_faults
 from ddlrepro.records import emit
 
 if TYPE_CHECKING:
@@ -58,6 +66,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 CLASSES = 10
 WEIGHTS_FILE = "ps-final-weights.npz"
+CHECKPOINT_DIR = "checkpoint"
+POSITION = ("step", "epoch", "position")
+ABORT = "abort"  # the chief's announcement that training failed (its own error says why)
 
 
 def roles(params: dict[str, Any]) -> list[str]:
@@ -121,7 +132,15 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
     emit("metric", rank=ctx.rank, metric="role_index", value=tf_config["task"]["index"], detail=role)
     counter = NodeInterfaceCounter(ctx.rank, 0)  # its host's interfaces: roles sharing a node share its counters
     if role == "chief":
-        Chief(params, ctx, (min(starts), imported), counter).run()
+        try:
+            Chief(params, ctx, (min(starts), imported), counter).run()
+        except ps_faults.ParameterServerLost:
+            # Exit now: TensorFlow's teardown would print a page of errors about the lost task after this one,
+            # pushing it out of the stderr tail the run's error shows.
+            traceback.print_exc()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
     else:
         serve(params, role, counter)
 
@@ -168,24 +187,43 @@ def announce(phase: str) -> None:
 
 
 def serve(params: dict[str, Any], role: str, counter: NodeInterfaceCounter) -> None:
-    """A worker's or parameter server's TensorFlow server while the chief trains; an evaluator's evaluation."""
+    """A worker's or parameter server's TensorFlow server while the chief trains; an evaluator's evaluation. The
+    task a fault targets serves from a child process (ps_faults.py), the one the chief signals."""
     import tensorflow as tf
 
-    server = None
+    server, child = None, None
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    task = resolver.task_id if role in ("worker", "ps") else 0
     if role in ("worker", "ps"):
         os.environ["GRPC_FAIL_FAST"] = "use_caller"
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        server = tf.distribute.Server(
-            resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id, protocol="grpc"
-        )
-    dist.barrier()  # every server listens before the chief connects
-    while (phase := next_phase()) != "done":
+        if ps_faults.is_fault_target(params, role, task):
+            child = ps_faults.start_server_process()
+        else:
+            server = tf.distribute.Server(
+                resolver.cluster_spec(), job_name=resolver.task_type, task_index=task, protocol="grpc"
+            )
+    ps_faults.gather_servers(role, task, child.pid if child else os.getpid())  # every server listens: chief connects
+    while (phase := next_phase()) not in ("done", ABORT):
         counter.record(phase)
         if role == "ps" and shutil.which("ss"):
             emit("metric", rank=dist.get_rank(), metric="tcp_bytes", value=tcp_payload_bytes(), phase=phase)
         if phase == "evaluate" and role == "evaluator":
             evaluate_checkpoint(params)
+    if child:
+        record_server_exit(child)
     del server
+
+
+def record_server_exit(child: subprocess.Popen) -> None:
+    """How the faulted task's server process ended: the signal that killed it (its number), or 0 if it was still
+    serving at the end (then it is stopped here)."""
+    code = child.poll()
+    if code is None:
+        child.kill()
+        child.wait()
+    killed_by = -code if code is not None and code < 0 else 0
+    detail = signal.Signals(killed_by).name if killed_by else "still serving at the end"
+    emit("metric", rank=dist.get_rank(), metric="fault_server_exit_signal", value=killed_by, detail=detail)
 
 
 def tcp_payload_bytes() -> int:
@@ -244,16 +282,30 @@ class Chief:
         self.ctx = ctx
         self.first_start, self.imported = since
         self.counter = counter
+        self.servers: list[tuple[str, int, str, int]] = []  # who serves each task, and where (ps_faults.py)
 
     def run(self) -> None:
+        coordinator, variables, flags = self.place_variables()
+        try:
+            self.train_and_probe(coordinator, variables, flags)
+        except Exception as error:
+            with contextlib.suppress(RuntimeError):  # a rank already gone: the chief's own error still tells why
+                announce(ABORT)  # every other rank ends quietly: the run's error is the chief's
+            raise self.lost_parameter_server(error) from error
+
+    def train_and_probe(self, coordinator: Any, variables: list[Any], flags: list[bool]) -> None:
+        """Train (from the checkpoint a retry is given, if any), record, probe, announce the end."""
         params = self.params
         split = digits(params)
-        coordinator, variables, flags = self.place_variables()
         step = self.step_function(coordinator.strategy, variables, flags)
         data = per_worker_data(coordinator, split)
         samples, seed = len(split.train_labels), params.get("seed", 0)
         steps = params["epochs"] * steps_per_epoch(params, samples)
-        train_time = self.train(coordinator, step, data, batches(samples, params["batch_size"], seed), steps)
+        progress = Progress(params, variables, steps_per_epoch(params, samples))
+        order = batches(samples, params["batch_size"], seed)
+        for _ in itertools.islice(order, progress.start):  # the epoch's permutation and place in it, as checkpointed
+            pass
+        train_time = self.train(coordinator, step, data, order, steps, progress)
         weights = [full(variable).numpy() for variable in variables]
         self.finish_training(weights, split, steps, train_time)
         self.phase("probe_start")
@@ -263,11 +315,21 @@ class Chief:
         announce("done")
         emit("result", rank=0, mode="cluster", placement=params["placement"], steps=steps)
 
+    def lost_parameter_server(self, error: BaseException) -> BaseException:
+        """A parameter server's loss as an error naming its task (`/job:ps/task:k`); any other error as it is."""
+        import tensorflow as tf
+
+        ps_addresses = json.loads(os.environ["TF_CONFIG"])["cluster"]["ps"]
+        task = ps_faults.lost_ps_task(error, ps_addresses) if isinstance(error, tf.errors.OpError) else None
+        if task is None and not isinstance(error, tf.errors.UnavailableError):
+            return error
+        return ps_faults.ParameterServerLost(task, error)
+
     def place_variables(self) -> tuple[Any, list[Any], list[bool]]:
         """Connect to the cluster; build the model's variables on the parameter servers and record where."""
         import tensorflow as tf
 
-        dist.barrier()
+        self.servers = ps_faults.gather_servers("chief", 0, os.getpid())  # every server listens
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         partitioner = None
         if self.params["placement"] == "partitioned":
@@ -283,19 +345,46 @@ class Chief:
         self.record_placement(variables, flags)
         return coordinator, variables, flags
 
-    def train(self, coordinator: Any, step: Any, data: Any, order: Iterator[np.ndarray], steps: int) -> float:
+    def train(
+        self, coordinator: Any, step: Any, data: Any, order: Iterator[np.ndarray], steps: int, progress: Progress
+    ) -> float:
         """The epochs between the `train` phase marks, and the cluster's ready time (its first step done); the
-        training's seconds."""
+        training's seconds. Between segments (see segment_ends) the fault is injected and checkpoints are saved."""
         self.phase("train_start")
         began = time.time()
-        self.steps(coordinator, step, data, order, 1)
-        ready = time.time()
-        emit("metric", rank=0, metric="cluster_ready_s", value=ready - self.first_start)
-        emit("metric", rank=0, metric="cluster_ready_after_imports_s", value=ready - self.imported)
-        self.steps(coordinator, step, data, order, steps - 1)
+        done, completed = progress.start, 0
+        for stop in segment_ends(progress.start, steps, self.params):
+            completed += self.steps(coordinator, step, data, order, stop - done)
+            if done == progress.start:
+                ready = time.time()
+                emit("metric", rank=0, metric="cluster_ready_s", value=ready - self.first_start)
+                emit("metric", rank=0, metric="cluster_ready_after_imports_s", value=ready - self.imported)
+            done = stop
+            emit("metric", rank=0, metric="steps_done", value=done)  # how far a failed attempt got
+            self.between_segments(done, steps, progress)
         seconds = time.time() - began
         self.phase("train_end")
+        if self.params.get("fault") or progress.manager:
+            self.record_recovery(progress.start, steps, completed)
         return seconds
+
+    def between_segments(self, done: int, steps: int, progress: Progress) -> None:
+        """After `done` steps: the fault if it is due, a checkpoint if one is due (not after the last step)."""
+        fault = ps_faults.active_fault(self.params)
+        if fault and done == fault["at_step"]:
+            what = ps_faults.deliver(fault, self.servers)
+            emit("metric", rank=0, metric="fault_delivered_at_step", value=done, detail=what)
+        if progress.manager and done % self.params["checkpoint_every"] == 0 and done < steps:
+            progress.save(done)
+
+    @staticmethod
+    def record_recovery(start: int, steps: int, completed: int) -> None:
+        """Where this attempt resumed, the steps it was to run and ran, and the closures the coordinator ran again
+        on another worker after they failed on a lost one."""
+        emit("metric", rank=0, metric="resumed_from_step", value=start)
+        emit("metric", rank=0, metric="steps_planned", value=steps - start)
+        emit("metric", rank=0, metric="steps_completed", value=completed)
+        emit("metric", rank=0, metric="closures_rescheduled", value=ps_faults.recoverable_worker_failures())
 
     def phase(self, phase: str) -> None:
         announce(phase)
@@ -352,11 +441,63 @@ class Chief:
         return worker_step
 
     @staticmethod
-    def steps(coordinator: Any, step: Any, data: Any, order: Iterator[np.ndarray], count: int) -> None:
-        """`count` steps, each on whichever worker is free, each on the next batch of `order`."""
-        for indices in itertools.islice(order, count):
-            coordinator.schedule(step, args=(data, indices))
+    def steps(coordinator: Any, step: Any, data: Any, order: Iterator[np.ndarray], count: int) -> int:
+        """`count` steps, each on whichever worker is free, each on the next batch of `order`; how many completed
+        (returned their loss, on the worker first given them or, after it was lost, on another)."""
+        losses = [coordinator.schedule(step, args=(data, indices)) for indices in itertools.islice(order, count)]
         coordinator.join()
+        return sum(1 for loss in losses if loss.fetch() is not None)
+
+
+def segment_ends(start: int, steps: int, params: dict[str, Any]) -> list[int]:
+    """Where training pauses (every step before joined): after its first step (the cluster's ready time), at every
+    checkpoint, at the fault's step (first attempt only) and at the end."""
+    every = params.get("checkpoint_every", 0)
+    ends = {start + 1, steps, *(range(every, steps, every) if every else ())}
+    fault = ps_faults.active_fault(params)
+    if fault:
+        ends.add(fault["at_step"])
+    return sorted(end for end in ends if start < end <= steps)
+
+
+class Progress:
+    """The chief's checkpoint (`checkpoint_every` steps; none if 0): the model's variables, the step, the epoch and
+    the place in its permutation (plain SGD keeps no optimizer state to save). Written to the run folder's
+    `checkpoint/`; read from `resume_checkpoint`, the previous failed attempt's, which the host hands a retry."""
+
+    def __init__(self, params: dict[str, Any], variables: list[Any], per_epoch: int) -> None:
+        import tensorflow as tf
+
+        self.per_epoch = per_epoch
+        self.step, self.epoch, self.position = (tf.Variable(0, dtype=tf.int64, name=name) for name in POSITION)
+        self.checkpoint = tf.train.Checkpoint(
+            step=self.step, epoch=self.epoch, position=self.position, **{f"w{i}": v for i, v in enumerate(variables)}
+        )
+        self.manager = None
+        if params.get("checkpoint_every"):
+            folder = Path(os.environ["DDLREPRO_RUN_DIR"]) / CHECKPOINT_DIR
+            self.manager = tf.train.CheckpointManager(self.checkpoint, str(folder), max_to_keep=1)
+        self.start = self.restore(params.get("resume_checkpoint"))
+
+    def restore(self, folder: str | None) -> int:
+        """The step to resume from: the latest checkpoint in `folder` restored (0 without one)."""
+        import tensorflow as tf
+
+        latest = tf.train.latest_checkpoint(folder) if folder else None
+        if latest is None:
+            return 0
+        self.checkpoint.restore(latest).assert_consumed()
+        step = int(self.step.numpy())
+        if int(self.epoch.numpy()) * self.per_epoch + int(self.position.numpy()) != step:
+            raise RuntimeError(f"checkpoint {latest}: epoch and position disagree with step {step}")
+        return step
+
+    def save(self, done: int) -> None:
+        self.step.assign(done)
+        self.epoch.assign(done // self.per_epoch)
+        self.position.assign(done % self.per_epoch)
+        assert self.manager is not None
+        self.manager.save(checkpoint_number=done)
 
 
 def batches(samples: int, batch_size: int, seed: int) -> Iterator[np.ndarray]:
