@@ -10,6 +10,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from ddlrepro.host import environments
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import configured_launcher
 from ddlrepro.host.launchers.base import Launcher, RunFailed
@@ -87,10 +88,12 @@ def run_point(
     run_dir.mkdir(parents=True, exist_ok=True)
     set_aside_previous_attempt(run_dir)
     reason = unmet_requirement(point, launcher.name, in_image=image is not None)
+    reason = reason or environments.unavailable_reason(point, launcher.name)
     if reason:
         return skip_point(point, run_dir, reason)
-    # The run's data source: a store started (and a bucket mounted) for it, stopped when it ends.
-    with data_inputs(point.params, point.inputs) as data:
+    # The run's data source: a store started (and a bucket mounted) for it, stopped when it ends; the run's
+    # environment (environments.py): its launcher, and a neighbour running beside it.
+    with data_inputs(point.params, point.inputs) as data, environments.placed(point, launcher, run_dir) as launcher:
         run = replace(point, inputs=point.inputs | data["inputs"])
         spec = launcher.render(run, run_dir)
         write_json_atomic(run_dir / "jobspec.json", spec.to_dict())

@@ -34,6 +34,7 @@ FIGURES = {
     "easyscale-fig13": "ddlrepro.host.figures.easyscale_fig13",
     "easyscale-fig14": "ddlrepro.host.figures.easyscale_fig14",
     "wikimedia-ps": "ddlrepro.host.figures.wikimedia_ps",
+    "biggan-profiles": "ddlrepro.host.figures.biggan_profiles",
 }
 
 

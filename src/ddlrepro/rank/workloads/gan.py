@@ -3,7 +3,7 @@
 Params: resolution, channels, z_dim, attention_resolution, batch_size (per rank), steps (generator steps),
 d_steps (discriminator steps per generator step), lr_g, lr_d, betas, seed, dataset (`digits`: scikit-learn's 8×8
 digits upscaled to `resolution`; `folder`: `images.npy` uint8 N×3×R×R and `labels.npy` in `data_dir`, checked by
-the host with `check_image_folder` before any job). The defaults are BigGAN-PyTorch's (hinge loss, Adam β = (0,
+the host with datasets.check_image_folder before any job). The defaults are BigGAN-PyTorch's (hinge loss, Adam β = (0,
 0.999), lr G 1e-4 / D 4e-4, 2 D steps per G step); what the seed's own script used is unknown.
 
 G and D are two DDP modules in one process group: every rank runs the same sequence of forwards and backwards, so
@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from ddlrepro.rank.datasets import check_image_folder
 from ddlrepro.rank.gan_models import (
     Discriminator,
     GanShape,
@@ -35,22 +36,6 @@ from ddlrepro.rank.gan_models import (
 )
 from ddlrepro.rank.runtime import RankContext
 from ddlrepro.records import emit
-
-FOLDER_FILES = ("images.npy", "labels.npy")
-
-
-def check_image_folder(data_dir: str | Path, resolution: int) -> None:
-    """FileNotFoundError/ValueError naming the file in `data_dir` that is missing or not N×3×R×R uint8 images."""
-    folder = Path(data_dir)
-    for name in FOLDER_FILES:
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"{folder / name}: missing ({', '.join(FOLDER_FILES)} expected; never downloaded)")
-    images = np.load(folder / "images.npy", mmap_mode="r")
-    labels = np.load(folder / "labels.npy", mmap_mode="r")
-    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (3, resolution, resolution):
-        raise ValueError(f"{folder / 'images.npy'}: {images.dtype} {images.shape}, uint8 N×3×{resolution}×{resolution}")
-    if labels.shape != (images.shape[0],):
-        raise ValueError(f"{folder / 'labels.npy'}: shape {labels.shape}, one label per image ({images.shape[0]})")
 
 
 def load_images(params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
