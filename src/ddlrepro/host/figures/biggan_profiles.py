@@ -44,13 +44,13 @@ GAN_KEYS = [
 SEED_NUMBERS = {
     "hpc (seed, 2 GPUs, Slurm)": {
         "node_cpu_percent": "< 20",
-        "node_memory_percent": "8.3 (95 of 1145 GB)",
+        "node_memory_percent": "8.3 (95/1145 GB)",
         "gpu_utilization_percent": "≈ 100",
         "gpu_memory_percent": "≈ 80",
     },
     "cloud (seed, 1 GPU, OpenShift)": {
         "node_cpu_percent": "≈ 2",
-        "node_memory_percent": "15 (84 of 541 GB)",
+        "node_memory_percent": "15 (84/541 GB)",
         "gpu_utilization_percent": "≈ 40",
         "gpu_memory_percent": "5–10",
     },
@@ -207,7 +207,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     from ddlrepro.host import plotting
 
     summary = summarize(table)
-    figure, axes = plotting.new_figure(4, TITLE)
+    figure, axes = plotting.new_figure(4, TITLE, panel_size=(6.0, 4.6))
     cpu, memory, gpu, means = axes
     ran = table[table["metric"] != "skipped"]
     for _, point_rows in ran.groupby("point_id", sort=False):
@@ -228,12 +228,11 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         axis.set_xlabel("seconds since the run's first sample")
         axis.set_ylabel(ylabel)
         if axis.lines:
-            plotting.legend(axis, fontsize="small")
+            plotting.legend(axis)
     if not gpu.lines:
         gpu.text(0.5, 0.5, NEEDS_CUDA, ha="center", transform=gpu.transAxes)
     means_table(means, summary)
-    for axis in (cpu, memory):
-        plotting.note_skipped(axis, plotting.skipped_points(table, ["environment"]), ["environment"])
+    plotting.note_skipped(means, plotting.skipped_points(table, ["environment"]), ["environment"])
     return figure, summary
 
 
@@ -244,7 +243,9 @@ def pair(axis: Any, series: pd.DataFrame, solid: str, dashed: str, labels: tuple
 
 
 def means_table(axis: Any, summary: pd.DataFrame) -> None:
-    """Mean [p5, p95] of the node series per environment that ran, beside the seed's dashboard numbers."""
+    """Mean [p5–p95] of the node series per environment that ran, beside the seed's dashboard numbers."""
+    from ddlrepro.host import plotting
+
     series = list(SEED_NUMBERS[next(iter(SEED_NUMBERS))])
     ran = summary[summary["status"] == "ok"]
     rows, labels = [], []
@@ -255,15 +256,17 @@ def means_table(axis: Any, summary: pd.DataFrame) -> None:
         labels.append(name)
         rows.append([numbers[column] for column in series])
     axis.axis("off")
-    columns = ["node CPU %", "node memory %", "GPU util %", "GPU memory %"]
-    drawn = axis.table(cellText=rows, rowLabels=labels, colLabels=columns, loc="center")
+    columns = ["node CPU %", "node mem. %", "GPU util. %", "GPU mem. %"]
+    cells = [[label, *row] for label, row in zip(labels, rows, strict=True)]
+    widths = [0.36, 0.16, 0.16, 0.16, 0.16]
+    drawn = axis.table(cellText=cells, colLabels=["environment", *columns], colWidths=widths, bbox=[0, 0, 1, 0.8])
     drawn.auto_set_font_size(False)
     drawn.set_fontsize(7)
-    axis.set_title("mean [p5, p95] here; the seed's dashboard readings", fontsize="small")
+    plotting.panel_title(axis, "mean [p5–p95] here; the seed's dashboards")
 
 
 def describe(row: pd.Series, name: str) -> str:
     mean = row.get(f"{name}_mean")
     if mean is None or mean != mean:
-        return NEEDS_CUDA if name.startswith("gpu") else "not measured"
-    return f"{mean:.1f} [{row[f'{name}_p5']:.1f}, {row[f'{name}_p95']:.1f}]"
+        return "needs CUDA" if name.startswith("gpu") else "not measured"
+    return f"{mean:.1f} [{row[f'{name}_p5']:.0f}–{row[f'{name}_p95']:.0f}]"
