@@ -1,19 +1,36 @@
 """The BigGAN resource-profile study: the allocation reader against a fake cgroup folder, the sampler's
-percentages of node and allocation, equal GAN parameters on both ranks after DDP steps."""
+percentages of node and allocation, equal GAN parameters on both ranks after DDP steps, bad environments refused,
+`snakemake biggan_profiles` end to end (podman installed the project's way as root; the container environments
+skipped with the reason otherwise), the neighbour's CPU seen on the node, and `compare` across results folders."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 import psutil
 import pytest
 import torch
+import yaml
+from conftest import REPO, copy_workflow, snakemake
 
+from ddlrepro.host.compare import compare_environments, merged_table
+from ddlrepro.host.config import ConfigError, load_config, validate_config
+from ddlrepro.host.figures import figure_points
+from ddlrepro.host.launchers import local_launcher
+from ddlrepro.host.run import run_point
+from ddlrepro.points import Point
 from ddlrepro.rank.allocation import allocation_limits
 from ddlrepro.rank.runtime import RankContext, ResourceSampler, next_tick
 
 GIB = 2**30
+FIGURE = "biggan-profiles"
 
 
 def fake_cgroup_v2(root: Path, cpu_max: str, memory_max: str) -> Path:
@@ -75,3 +92,148 @@ def test_a_50_percent_quota_doubles_the_share_of_allocation(tmp_path: Path) -> N
 def test_samples_fall_on_shared_wall_clock_ticks() -> None:
     assert next_tick(100.3, 0.5) == pytest.approx(100.5)
     assert next_tick(100.5, 0.5) == pytest.approx(101.0)
+
+
+GAN = {
+    "resolution": 32,
+    "channels": 8,
+    "z_dim": 40,
+    "attention_resolution": 16,
+    "batch_size": 4,
+    "steps": 2,
+    "d_steps": 2,
+    "lr_g": 1e-4,
+    "lr_d": 4e-4,
+    "betas": [0.0, 0.999],
+    "seed": 3,
+    "dataset": "digits",
+    "backend": "gloo",
+    "sample_interval_s": 0.5,
+}
+
+
+def test_gan_ranks_hold_equal_parameters_after_ddp_steps(tmp_path: Path) -> None:
+    """Two real ranks, different batches each: after the steps both hold the same G and D, and they trained."""
+    from ddlrepro.rank.gan_models import Generator
+    from ddlrepro.rank.workloads.gan import parameter_digest, shape_of
+
+    point = Point("biggan-profiles", "gan", 2, 1, GAN)
+    record = run_point(point, tmp_path / "run", local_launcher(300))
+    assert record["status"] == "ok"
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    digests = {(row["metric"], row["rank"]): row["value"] for row in rows if row["metric"].endswith("_digest")}
+    for model in ("generator", "discriminator"):
+        assert digests[(f"{model}_digest", 0)] == digests[(f"{model}_digest", 1)]
+    torch.manual_seed(GAN["seed"])
+    initial = parameter_digest(Generator(shape_of(GAN, 1)))
+    assert digests[("generator_digest", 0)] != pytest.approx(initial, rel=1e-9)
+    samples = {row["metric"] for row in rows}
+    assert {"node_cpu_percent", "cpu_percent_of_node", "node_memory_percent", "node_cpus"} <= samples
+
+
+def environments(*names: str) -> list[dict[str, Any]]:
+    container = {"cpus": 1, "memory": "2g"}
+    known = {
+        "hpc": {"name": "hpc", "kind": "slurm"},
+        "local": {"name": "local", "kind": "local"},
+        "container": {"name": "container", "kind": "container", "container": container},
+        "container+neighbour": {
+            "name": "container+neighbour",
+            "kind": "container",
+            "container": container,
+            "neighbour": {"cpus": 2},
+        },
+    }
+    return [known[name] for name in names]
+
+
+@pytest.mark.parametrize(
+    ("listed", "message"),
+    [
+        ([{"name": "a", "kind": "local"}, {"name": "a", "kind": "local"}], r"environments\[1\]\.name: 'a' named twice"),
+        ([{"name": " x", "kind": "local"}], r"environments\[0\]\.name: ' x' does not match"),
+        (
+            [{"name": "n", "kind": "slurm", "neighbour": {"cpus": 1}}],
+            r"environments\[0\]\.neighbour: a neighbour runs in a container: kind 'slurm' has no container engine",
+        ),
+        ([{"name": "", "kind": "local"}], r"environments\[0\]\.name: '' should be non-empty"),
+    ],
+)
+def test_bad_environments_are_config_errors(listed: list[dict[str, Any]], message: str) -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    config["figures"][FIGURE]["environments"] = listed
+    with pytest.raises(ConfigError, match=message):
+        figure_points(validate_config(config))
+
+
+@pytest.fixture(scope="module")
+def podman_reason() -> str | None:
+    """Why podman containers cannot run here; as root, podman (and stress-ng) installed the project's way first."""
+    if os.geteuid() != 0:
+        return "podman with cgroup limits needs root"
+    done = subprocess.run([str(REPO / "scripts" / "container-tools"), "install"], capture_output=True, text=True)
+    return None if done.returncode == 0 else f"scripts/container-tools install failed: {done.stderr[-300:]}"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, podman_reason: str | None) -> Path:
+    """`snakemake biggan_profiles` on tiny settings: hpc (skipped), local, and the two container environments."""
+    workdir = copy_workflow(tmp_path_factory.mktemp("biggan"))
+    tiny = {
+        "enabled": True,
+        "workers": 2,
+        "steps": 4,
+        "batch_size": 4,
+        "environments": environments("hpc", "local", "container", "container+neighbour"),
+    }
+    (workdir / "tiny-biggan.yaml").write_text(yaml.safe_dump({"figures": {FIGURE: tiny}}))
+    done = snakemake(workdir, "biggan_profiles", "--configfile", "config/config.yaml", "tiny-biggan.yaml", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return workdir
+
+
+def summary_of(results: Path) -> pd.DataFrame:
+    return pd.read_csv(results / "tables" / f"{FIGURE}.summary.csv").set_index("environment")
+
+
+def test_snakemake_biggan_profiles(built: Path, podman_reason: str | None) -> None:
+    """Figure, summary and checks; hpc skipped with its reason; containers skipped with theirs where podman is not."""
+    results = built / "results"
+    assert (results / "figures" / f"{FIGURE}.png").stat().st_size > 0
+    summary = summary_of(results)
+    assert summary.loc["hpc", "status"] == "skipped" and "Slurm" in summary.loc["hpc", "reason"]
+    assert summary.loc["local", "status"] == "ok" and summary.loc["local", "ticks"] >= 3
+    assert summary.loc["local", "gpu_utilization_percent_mean_skipped"] == "skipped: needs CUDA"
+    if podman_reason is None:
+        assert summary.loc["container", "allocation_cpu_cores"] == 2.0  # two ranks' containers of 1 CPU each
+        assert summary.loc["container", "allocation_memory_gib"] == 4.0
+    checks = pd.read_csv(results / "checks" / f"{FIGURE}.tsv", sep="\t").set_index("check")
+    assert checks.loc["hpc-gpu-busy", "status"] == "skipped"
+
+
+def test_the_neighbour_raises_node_cpu(built: Path, podman_reason: str | None) -> None:
+    if podman_reason:
+        pytest.skip(podman_reason)
+    summary = summary_of(built / "results")
+    alone, beside = summary.loc["container"], summary.loc["container+neighbour"]
+    assert beside["node_cpu_percent_mean"] > alone["node_cpu_percent_mean"]
+    assert beside["foreign_cpu_percent_of_node_mean"] > alone["foreign_cpu_percent_of_node_mean"] + 10
+    assert not subprocess.run(
+        ["podman", "ps", "--all", "--quiet", "--filter", "name=ddlrepro-neighbour"], capture_output=True, text=True
+    ).stdout.strip()  # removed after the run
+
+
+def test_compare_merges_two_results_folders_and_refuses_unlike_runs(built: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(built / "results" / "tables", other / "tables")
+    out = tmp_path / "compared"
+    merged = compare_environments(FIGURE, {"hpc": built / "results", "cloud": other}, out / "c.png", out / "c.csv")
+    assert {"hpc: local", "cloud: local"} <= set(merged["environment"])
+    compared = pd.read_csv(out / "c.summary.csv").set_index("environment")
+    assert compared.loc["hpc: local", "job_memory_gib_mean"] == compared.loc["cloud: local", "job_memory_gib_mean"]
+    table = pd.read_csv(other / "tables" / f"{FIGURE}.csv")
+    table.assign(batch_size=table["batch_size"] * 2).to_csv(other / "tables" / f"{FIGURE}.csv", index=False)
+    with pytest.raises(ValueError, match="differ in more than the environment: batch_size"):
+        compare_environments(FIGURE, {"hpc": built / "results", "cloud": other}, out / "c.png", out / "c.csv")
+    with pytest.raises(ValueError, match="named twice"):
+        merged_table(FIGURE, {"a": other, " ": other})

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 ID = "biggan-profiles"
+ENVIRONMENTS_IN_TABLE = True  # `ddlrepro compare` merges results folders into one table and draws it with `plot`
 TITLE = "BigGAN resource profiles: one GAN job (DDP) per environment; 'container' = podman stand-in for OpenShift"
 GAN_KEYS = [
     "steps",
@@ -107,12 +108,13 @@ def environment_point(
 
 
 def check_environments(environments: list[dict[str, Any]]) -> None:
-    """Names non-empty and unique; a container's limits and a neighbour only with a container engine."""
+    """Names unique (the schema refuses empty ones); a container's limits and a neighbour only with a container
+    engine."""
     names = [environment["name"] for environment in environments]
     for index, environment in enumerate(environments):
         key = f"environments[{index}]"
-        require(environment["name"].strip() != "", ID, f"{key}.name", "empty environment name")
-        require(names.count(environment["name"]) == 1, ID, f"{key}.name", f"{environment['name']!r} named twice")
+        earlier = environment["name"] in names[:index]
+        require(not earlier, ID, f"{key}.name", f"{environment['name']!r} named twice")
         container = environment["kind"] == "container"
         require(
             "neighbour" not in environment or container,
