@@ -89,6 +89,7 @@ def compare_environments(figure: str, environments: dict[str, Path], out_png: Pa
     from ddlrepro.host.figures import figure_module
 
     merged = merged_table(figure, environments)
+    out_csv.parent.mkdir(parents=True, exist_ok=True)
     merged.to_csv(out_csv, index=False)
     module = figure_module(figure)
     if getattr(module, "ENVIRONMENTS_IN_TABLE", False):
