@@ -207,6 +207,7 @@ def with_memory_spread(summary: pd.DataFrame) -> pd.DataFrame:
 
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
     from ddlrepro.host import plotting
+    from ddlrepro.host.tables import as_flags
 
     summary = summarize(table)
     figure, axes = plotting.new_figure(4, TITLE, panel_size=(6.0, 4.6))
@@ -217,24 +218,29 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         series = tick_series(point_rows, float(first["sample_interval_s"]), int(first["workers"]))
         label = str(first["environment"])
         pair(cpu, series, "node_cpu_percent", "job_cpu_percent_of_node", (f"{label}: node", f"{label}: job"))
+        disturbed = [bool(as_flags(point_rows["disturbed"]).any())] * len(series)
+        plotting.ring_disturbed(cpu, series["elapsed_s"], series["node_cpu_percent"], disturbed)
         pair(memory, series, "node_memory_percent", "job_memory_percent_of_node", (f"{label}: node", f"{label}: job"))
         if "gpu_utilization_percent" in series:
             gpu_labels = (f"{label}: utilisation", f"{label}: memory")
             pair(gpu, series, "gpu_utilization_percent", "gpu_memory_percent", gpu_labels)
     for axis, title, ylabel in (
-        (cpu, "CPU (solid: node, dashed: job)", "% of the node's CPUs"),
-        (memory, "memory (solid: node, dashed: job RSS)", "% of the node's memory"),
-        (gpu, "GPU (NVML)", "% utilisation / % of device memory"),
+        (cpu, "CPU (solid: node, dashed: job)", "node's CPUs (%)"),
+        (memory, "memory (solid: node, dashed: job RSS)", "node's memory (%)"),
+        (gpu, "GPU (NVML)", "utilisation, device memory (%)"),
     ):
         plotting.panel_title(axis, title)
-        axis.set_xlabel("seconds since the run's first sample")
+        axis.set_xlabel("time since the run's first sample (s)")
         axis.set_ylabel(ylabel)
         if axis.lines:
             plotting.legend(axis)
     if not gpu.lines:
+        gpu.set_xticks([])
+        gpu.set_yticks([])
         gpu.text(0.5, 0.5, NEEDS_CUDA, ha="center", transform=gpu.transAxes)
     means_table(means, summary)
-    plotting.note_skipped(means, plotting.skipped_points(table, ["environment"]), ["environment"])
+    plotting.note_skipped(gpu, plotting.skipped_points(table, ["environment"]), ["environment"])
+    plotting.note_disturbed(cpu, summary, ["environment"])
     return figure, summary
 
 
@@ -258,13 +264,15 @@ def means_table(axis: Any, summary: pd.DataFrame) -> None:
         labels.append(name)
         rows.append([numbers[column] for column in series])
     axis.axis("off")
+    axis.set_xticks([])
+    axis.set_yticks([])
     columns = ["node CPU %", "node mem. %", "GPU util. %", "GPU mem. %"]
     cells = [[label, *row] for label, row in zip(labels, rows, strict=True)]
     widths = [0.36, 0.16, 0.16, 0.16, 0.16]
     drawn = axis.table(cellText=cells, colLabels=["environment", *columns], colWidths=widths, bbox=[0, 0, 1, 0.8])
     drawn.auto_set_font_size(False)
     drawn.set_fontsize(7)
-    plotting.panel_title(axis, "mean [p5–p95] here; the seed's dashboards")
+    plotting.panel_title(axis, "mean [p5–p95]; seed")
 
 
 def describe(row: pd.Series, name: str) -> str:
