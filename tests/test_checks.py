@@ -200,6 +200,31 @@ def est_pieces(params: dict, steps: range) -> list[dict]:
     ]
 
 
+def synthetic_gan_records(point) -> list[dict]:
+    """Made-up samples of a GAN run: 6 ticks per rank at 0.75 cores and 0.4 GiB each; a neighbour fills the node."""
+    neighbour = bool(point.params.get("neighbour"))
+    ranks, limit = range(point.workers), point.params.get("container", {}).get("cpus")
+    per_tick = {
+        "cpu_percent": 70.0,
+        "cpu_percent_of_node": 35.0,
+        "rss_bytes": 0.4 * 2**30,
+        "memory_percent_of_node": 2.0,
+        "node_cpu_percent": 100.0 if neighbour else 72.0,
+        "node_memory_percent": 5.0,
+    }
+    records = [
+        {"rank": rank, "time": 1000.0 + tick, "metric": metric, "value": value}
+        for rank in ranks
+        for tick in range(6)
+        for metric, value in per_tick.items()
+    ]
+    records += [{"rank": rank, "metric": "allocation_cpu_cores", "value": limit} for rank in ranks if limit]
+    step_s = 1.3 if neighbour else 1.0
+    return records + [
+        {"rank": rank, "step": step, "metric": "step_time_s", "value": step_s} for rank in ranks for step in range(4)
+    ]
+
+
 def synthetic_records(point) -> list[dict]:
     """Metric records shaped as each workload writes them, with made-up values: what a figure's own code needs to
     build its summary, so that every reference is evaluated against real summary columns and rows."""
@@ -217,6 +242,8 @@ def synthetic_records(point) -> list[dict]:
             for rank in ranks
             for iteration in range(3)
         ]
+    if point.workload == "gan":
+        return synthetic_gan_records(point)
     if point.workload == "adaptive_batch":
         epochs, batch = range(1, params["epochs"] + 1), params["batch_size"]
         per_epoch = [("batch_size", batch), ("epoch_time_s", 0.01 * (100 + 1347 / batch))]

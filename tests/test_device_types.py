@@ -23,7 +23,8 @@ from ddlrepro.host.launchers.processes import free_loopback_port
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
 from ddlrepro.points import Point
-from ddlrepro.rank.devicetypes import cgroup_cpu_limit, rank_environment
+from ddlrepro.rank.allocation import cgroup_cpu_limit
+from ddlrepro.rank.devicetypes import rank_environment
 from ddlrepro.records import RECORD_PREFIX
 
 TYPES = {

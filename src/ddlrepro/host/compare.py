@@ -1,8 +1,12 @@
 """Compare one figure across environments (the HPC-vs-cloud question of the BigGAN study).
 
 Each environment is a results folder or a bundle of the same figure, produced under another profile or machine.
-Their tidy tables are merged with `environment` as a column; the comparison figure shows per-worker throughput
-by environment and, for the run with the most workers, every environment's CPU % and memory over time.
+Their tidy tables are merged with `environment` as a column (a figure whose table names its own environments,
+biggan-profiles, gets `<name>: <its environment>`); runs that differ in anything but the environment are refused,
+naming the differing columns. The comparison figure is the figure's own plot of the merged table where its module
+sets ENVIRONMENTS_IN_TABLE (biggan-profiles: time series and the table of means beside the seed's numbers), else
+per-worker throughput by environment and, for the run with the most workers, every environment's CPU % and memory
+over time.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import pandas as pd
 
 from ddlrepro.host import plotting
 from ddlrepro.host.bundle import read_bundle
-from ddlrepro.host.tables import read_table
+from ddlrepro.host.tables import HOST_LOAD_COLUMNS, RECORD_COLUMNS, read_table
 
 RESOURCE_METRICS = {"cpu_percent": ("CPU % per worker", 1.0), "rss_bytes": ("memory (RSS) per worker, GiB", 2.0**30)}
 
@@ -30,9 +34,44 @@ def environment_table(source: Path, figure: str) -> pd.DataFrame:
     return read_table(source / "tables" / f"{figure}.csv")
 
 
+# What may differ between environments: where the job ran (and how it was placed there), and what each run recorded.
+ENVIRONMENT_COLUMNS = {"environment", "environment_kind", "container", "neighbour", "source"}
+NOT_SETTINGS = {*RECORD_COLUMNS, *HOST_LOAD_COLUMNS, "point_id", "status", "reason", "backend_used"}
+
+
+def labelled(table: pd.DataFrame, name: str) -> pd.DataFrame:
+    """One environment's table: its `source` name, its environments labelled by it, its point ids made unique."""
+    own = table["environment"].astype(str) if "environment" in table else None
+    environment = name if own is None else name + ": " + own
+    return table.assign(source=name, environment=environment, point_id=name + "/" + table["point_id"].astype(str))
+
+
 def merged_table(figure: str, environments: dict[str, Path]) -> pd.DataFrame:
-    tables = [environment_table(source, figure).assign(environment=name) for name, source in environments.items()]
-    return pd.concat(tables, ignore_index=True)
+    check_names(list(environments))
+    tables = [labelled(environment_table(source, figure), name) for name, source in environments.items()]
+    merged = pd.concat(tables, ignore_index=True)
+    check_like_for_like(merged)
+    return merged
+
+
+def check_names(names: list[str]) -> None:
+    empty = [name for name in names if not name.strip()]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if empty or duplicates:
+        raise ValueError(f"environment names must be non-empty and unique: empty {empty}, named twice {duplicates}")
+
+
+def check_like_for_like(merged: pd.DataFrame) -> None:
+    """ValueError naming every setting (a point's parameter) whose values differ between the environments."""
+    settings = [column for column in merged.columns if column not in NOT_SETTINGS | ENVIRONMENT_COLUMNS]
+    values = merged[["source", *settings]].astype(str).drop_duplicates()
+    differing = [
+        column
+        for column in settings
+        if values.groupby("source")[column].agg(lambda seen: tuple(sorted(set(seen)))).nunique() > 1
+    ]
+    if differing:
+        raise ValueError(f"the environments' runs differ in more than the environment: {', '.join(differing)}")
 
 
 def resource_profiles(merged: pd.DataFrame) -> pd.DataFrame:
@@ -47,8 +86,17 @@ def resource_profiles(merged: pd.DataFrame) -> pd.DataFrame:
 
 
 def compare_environments(figure: str, environments: dict[str, Path], out_png: Path, out_csv: Path) -> pd.DataFrame:
+    from ddlrepro.host.figures import figure_module
+
     merged = merged_table(figure, environments)
+    out_csv.parent.mkdir(parents=True, exist_ok=True)
     merged.to_csv(out_csv, index=False)
+    module = figure_module(figure)
+    if getattr(module, "ENVIRONMENTS_IN_TABLE", False):
+        drawing, summary = module.plot(merged, "compared", [])
+        summary.to_csv(out_csv.with_suffix(".summary.csv"), index=False)
+        plotting.save(drawing, str(out_png), str(out_png.with_suffix(".pdf")))
+        return merged
     drawing, axes = plotting.new_figure(3, f"{figure} across environments: {', '.join(environments)}")
     throughput, cpu, memory = axes
     if (merged["metric"] == "img_per_sec").any():

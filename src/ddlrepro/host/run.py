@@ -17,6 +17,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from ddlrepro.host import environments
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import configured_launcher
 from ddlrepro.host.launchers.base import Launcher, RunFailed
@@ -98,6 +99,7 @@ def run_point(
     run_dir.mkdir(parents=True, exist_ok=True)
     set_aside_previous_attempt(run_dir)
     reason = unmet_requirement(point, launcher.name, in_image=image is not None)
+    reason = reason or environments.unavailable_reason(point, launcher.name)
     if reason:
         return skip_point(point, run_dir, reason)
     earlier = earlier_attempts(run_dir)
@@ -117,8 +119,9 @@ def run_attempt(
     point: Point, run_dir: Path, launcher: Launcher, image: dict[str, Any] | None, earlier: list[dict[str, Any]]
 ) -> dict:
     """One attempt at `point`: its result record (not yet written); raise RunFailed if any rank fails."""
-    # The run's data source: a store started (and a bucket mounted) for it, stopped when it ends.
-    with data_inputs(point.params, point.inputs) as data:
+    # The run's data source: a store started (and a bucket mounted) for it, stopped when it ends; the run's
+    # environment (environments.py): its launcher, and a neighbour running beside it.
+    with data_inputs(point.params, point.inputs) as data, environments.placed(point, launcher, run_dir) as launcher:
         run = replace(point, inputs=point.inputs | data["inputs"] | resume_inputs(point, run_dir, earlier))
         spec = launcher.render(run, run_dir)
         write_json_atomic(run_dir / "jobspec.json", spec.to_dict())

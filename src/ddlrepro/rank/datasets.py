@@ -16,6 +16,7 @@ import numpy as np
 DATASETS = ("digits", "cifar10")
 DIGITS_SAMPLES = 1_797
 CIFAR10_TRAIN_SAMPLES = 50_000
+IMAGE_FOLDER_FILES = ("images.npy", "labels.npy")  # the GAN study's own images (workloads/gan.py)
 CIFAR10_FILES = [*(f"data_batch_{index}" for index in range(1, 6)), "test_batch"]
 # Each pickled batch holds 10,000 images of 3·32·32 bytes and their labels, and more (file names, a header).
 CIFAR10_MIN_BYTES = 10_000 * (3 * 32 * 32 + 1)
@@ -29,6 +30,21 @@ class Split:
     train_labels: np.ndarray
     test_images: np.ndarray
     test_labels: np.ndarray
+
+
+def check_image_folder(data_dir: str | Path, resolution: int) -> None:
+    """FileNotFoundError/ValueError naming the file in `data_dir` that is missing or not N×3×R×R uint8 images."""
+    folder = Path(data_dir)
+    for name in IMAGE_FOLDER_FILES:
+        if not (folder / name).is_file():
+            expected = ", ".join(IMAGE_FOLDER_FILES)
+            raise FileNotFoundError(f"{folder / name}: missing ({expected} expected in data_dir; never downloaded)")
+    images = np.load(folder / "images.npy", mmap_mode="r")
+    labels = np.load(folder / "labels.npy", mmap_mode="r")
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != (3, resolution, resolution):
+        raise ValueError(f"{folder / 'images.npy'}: {images.dtype} {images.shape}, uint8 N×3×{resolution}×{resolution}")
+    if labels.shape != (images.shape[0],):
+        raise ValueError(f"{folder / 'labels.npy'}: shape {labels.shape}, one label per image ({images.shape[0]})")
 
 
 def check_cifar10(data_dir: str | Path) -> None:

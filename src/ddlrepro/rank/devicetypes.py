@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ddlrepro.rank.allocation import cgroup_cpu_limit
+
 # Most basic first: D2's default reference is the first ISA any configured type uses.
 ISA_ENVIRONMENT: dict[str, dict[str, str]] = {
     "sse41": {"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
@@ -83,26 +85,6 @@ def rank_quota(params: dict[str, Any], rank: int) -> float | None:
     if own is None or own["cpu_quota"] >= 1:
         return None
     return own["cpu_quota"] * rank_threads(params, rank, own["threads"])
-
-
-def cgroup_cpu_limit(
-    proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")
-) -> float | None:
-    """The CPU limit (in cores) of this process's own cgroup, v1 `cpu` or v2 `cpu.max`; None when unlimited or
-    unreadable."""
-    for line in proc_cgroup.read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        relative = path.lstrip("/")
-        if "cpu" in controllers.split(","):
-            quota = root / "cpu" / relative / "cpu.cfs_quota_us"
-            period = root / "cpu" / relative / "cpu.cfs_period_us"
-            if quota.exists() and int(quota.read_text()) > 0:
-                return int(quota.read_text()) / int(period.read_text())
-        elif controllers == "" and (root / relative / "cpu.max").exists():
-            limit, period = (root / relative / "cpu.max").read_text().split()
-            if limit != "max":
-                return int(limit) / int(period)
-    return None
 
 
 @functools.cache

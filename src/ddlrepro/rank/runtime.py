@@ -6,11 +6,12 @@ and provenance, whatever the launcher (local processes, srun, Kubernetes pods).
 
 from __future__ import annotations
 
-import contextlib
+import math
 import os
 import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from ddlrepro.rank.allocation import AllocationLimits, allocation_limits
 from ddlrepro.records import emit
 
 
@@ -93,28 +95,94 @@ def describe_worker(ctx: RankContext) -> dict[str, Any]:
     }
 
 
-class ResourceSampler(threading.Thread):
-    """Samples this process's CPU %, RSS, PSS and, with CUDA, GPU utilisation and memory, into metric records."""
+class GpuProbe:
+    """GPU utilisation and device memory (used, and as % of the device's) from NVML, which sees every process's
+    use of the device; torch's `memory_allocated` is only this process's tensors, not what the device holds."""
 
-    def __init__(self, ctx: RankContext, interval_s: float) -> None:
+    def __init__(self, device: torch.device) -> None:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self.nvml = pynvml
+        self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+
+    def sample(self) -> dict[str, float]:
+        utilisation = self.nvml.nvmlDeviceGetUtilizationRates(self.handle)
+        memory = self.nvml.nvmlDeviceGetMemoryInfo(self.handle)
+        return {
+            "gpu_utilization_percent": float(utilisation.gpu),
+            "gpu_memory_bytes": float(memory.used),
+            "gpu_memory_percent": 100.0 * memory.used / memory.total,
+        }
+
+
+def gpu_probe(device: torch.device) -> GpuProbe | None:
+    """NVML's view of a CUDA device; None on CPU, or where NVML cannot be loaded (said once on stderr)."""
+    if device.type != "cuda":
+        return None
+    try:
+        return GpuProbe(device)
+    except Exception as error:  # pynvml.NVMLError subclasses per cause; any of them means no NVML samples
+        print(f"resource sampler: no GPU samples, NVML unavailable: {error}", file=sys.stderr)
+        return None
+
+
+def next_tick(now: float, interval_s: float) -> float:
+    """The next wall-clock multiple of `interval_s` after `now`: every worker samples at the same instants."""
+    return (math.floor(now / interval_s) + 1) * interval_s
+
+
+class ResourceSampler(threading.Thread):
+    """Samples, at wall-clock multiples of `interval_s` (so different workers' series align), this process's CPU
+    and memory (absolute, % of the node, % of its allocation), the node's CPU % and memory %, and with CUDA the
+    GPU's utilisation and memory (NVML), into metric records. The allocation's limits are recorded once."""
+
+    def __init__(self, ctx: RankContext, interval_s: float, limits: AllocationLimits | None = None) -> None:
         super().__init__(name="resource-sampler", daemon=True)
         self.ctx = ctx
         self.interval_s = interval_s
         self.process = psutil.Process()
         self.stopped = threading.Event()
+        self.limits = limits or allocation_limits()
+        self.node_cpus = psutil.cpu_count() or 1
+        self.node_memory = float(psutil.virtual_memory().total)
+        self.gpu = gpu_probe(ctx.device)
 
     def run(self) -> None:
+        self.emit_limits()
         self.process.cpu_percent(None)
-        while not self.stopped.wait(self.interval_s):
+        psutil.cpu_percent(None)
+        while not self.stopped.wait(max(0.0, next_tick(time.time(), self.interval_s) - time.time())):
             for metric, value in self.sample().items():
                 emit("metric", rank=self.ctx.rank, metric=metric, value=value, iteration=None)
 
+    def emit_limits(self) -> None:
+        limits = {
+            "node_cpus": (float(self.node_cpus), "psutil"),
+            "node_memory_bytes": (self.node_memory, "psutil"),
+            "allocation_cpu_cores": (self.limits.cpu_cores, self.limits.cpu_source),
+            "allocation_memory_bytes": (self.limits.memory_bytes, self.limits.memory_source),
+        }
+        for metric, (value, source) in limits.items():
+            if value is not None:
+                emit("metric", rank=self.ctx.rank, metric=metric, value=value, detail=source)
+
     def sample(self) -> dict[str, float]:
-        values = {"cpu_percent": self.process.cpu_percent(None), **self.memory()}
-        if self.ctx.device.type == "cuda":
-            values["gpu_memory_bytes"] = float(torch.cuda.memory_allocated(self.ctx.device))
-            with contextlib.suppress(ModuleNotFoundError, RuntimeError):
-                values["gpu_utilization_percent"] = float(torch.cuda.utilization(self.ctx.device))
+        cores = self.process.cpu_percent(None) / 100
+        values = {"cpu_percent": 100 * cores, **self.memory()}
+        values |= {
+            "cpu_percent_of_node": 100 * cores / self.node_cpus,
+            "memory_percent_of_node": 100 * values["rss_bytes"] / self.node_memory,
+            "node_cpu_percent": psutil.cpu_percent(None),
+            "node_memory_percent": psutil.virtual_memory().percent,
+        }
+        if self.limits.cpu_cores:
+            values["cpu_percent_of_allocation"] = 100 * cores / self.limits.cpu_cores
+        if self.limits.memory_bytes:
+            values["memory_percent_of_allocation"] = 100 * values["rss_bytes"] / self.limits.memory_bytes
+        if self.gpu is not None:
+            values |= self.gpu.sample()
+            values["torch_allocated_bytes"] = float(torch.cuda.memory_allocated(self.ctx.device))
         return values
 
     def memory(self) -> dict[str, float]:

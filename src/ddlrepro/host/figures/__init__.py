@@ -35,6 +35,7 @@ FIGURES = {
     "easyscale-fig14": "ddlrepro.host.figures.easyscale_fig14",
     "wikimedia-ps": "ddlrepro.host.figures.wikimedia_ps",
     "biggan-elasticity": "ddlrepro.host.figures.biggan_elasticity",
+    "biggan-profiles": "ddlrepro.host.figures.biggan_profiles",
 }
 
 

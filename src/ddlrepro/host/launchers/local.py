@@ -62,6 +62,7 @@ class LocalOptions:
     oversubscription: float
     container_run: list[str] | None
     container: str | None
+    rootfs: bool = False  # `container` is a root file system (podman --rootfs), not an image: run this Python
 
     @classmethod
     def from_config(cls, config: dict[str, Any], image: dict[str, Any] | None = None) -> Self:
@@ -194,7 +195,9 @@ class LocalLauncher:
                 env["TF_CONFIG"] = taskenv.tf_config(tensorflow_workers, rank)
             command = worker_command
             if in_image:
-                command = in_container(container_run, container, container_name(point, rank), env, run_dir, command)
+                command = in_container(
+                    container_run, container, container_name(point, rank), env, run_dir, command, self.options.rootfs
+                )
             workers.append(WorkerSpec(rank, command, env))
         check_testbed_can_run(point)
         placed = testbed_ranks.placement(point.params, point.workers)
@@ -250,12 +253,21 @@ def container_name(point: Point, rank: int) -> str:
 
 
 def in_container(
-    run: list[str], image: str, name: str, env: dict[str, str], run_dir: Path, command: list[str]
+    run: list[str],
+    image: str,
+    name: str,
+    env: dict[str, str],
+    run_dir: Path,
+    command: list[str],
+    rootfs: bool = False,
 ) -> list[str]:
-    """`command` run by `run` (podman/docker run) in `image`, with only `env` from this side (no secrets)."""
+    """`command` run by `run` (podman/docker run) in `image`, with only `env` from this side (no secrets).
+    `rootfs`: `image` is this machine's root file system (`run` ends in --rootfs), so this very Python runs, with
+    this process's PYTHONPATH (where it finds the checkout)."""
     runs = str(run_dir.resolve().parent)
-    settings = [flag for key, value in env.items() for flag in ("-e", f"{key}={value}")]
-    inside = ["python", *command[1:]]
+    path = {"PYTHONPATH": os.environ["PYTHONPATH"]} if rootfs and "PYTHONPATH" in os.environ else {}
+    settings = [flag for key, value in (env | path).items() for flag in ("-e", f"{key}={value}")]
+    inside = command if rootfs else ["python", *command[1:]]
     return [*run, "--rm", "--network=host", "--name", name, "-v", f"{runs}:{runs}", *settings, image, *inside]
 
 

@@ -10,4 +10,5 @@ WORKLOADS = {
     "adaptive_batch": "ddlrepro.rank.workloads.adaptive_batch",
     "adaptive_strategy": "ddlrepro.rank.workloads.adaptive_strategy",
     "ps": "ddlrepro.rank.workloads.parameter_server",
+    "gan": "ddlrepro.rank.workloads.gan",
 }

@@ -1,0 +1,135 @@
+"""The environments of the BigGAN resource-profile study: where a point with an `environment` param runs.
+
+- `slurm` (the study's HPC cluster): the Slurm launcher's allocation. It runs only when the run's launcher is
+  slurm (launcher.name: slurm, or auto inside an allocation); otherwise the point is skipped, saying whether a
+  Slurm cluster is reachable at all (`sinfo`).
+- `container` (the stand-in for the study's OpenShift pod): every rank in its own podman container with `--cpus`
+  and `--memory` limits, on this machine's own root file system (`podman --runtime runc run --rootfs /:O`: an
+  overlay of /, so the checkout and its Python are there and nothing is built). Needs podman and root.
+- `local`: plain processes on this machine, no limits (a baseline that runs anywhere).
+
+`neighbour`: a CPU-heavy container (stress-ng, `cpus` workers, the same root file system) started before the run
+and removed after it, whatever happened; only beside a container environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ddlrepro.host.launchers.base import Launcher
+from ddlrepro.host.rundir import write_json_atomic
+from ddlrepro.points import Point
+
+KINDS = ("slurm", "container", "local")
+ENGINE = ["podman", "--runtime", "runc"]
+# runc cannot raise this machine's file limits inside a container: keep them at what the host grants.
+LIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"]
+ROOTFS = "/:O"
+NEIGHBOUR_NAME = "ddlrepro-neighbour-{point}"
+ENVIRONMENT_FILE = "environment.json"
+
+
+def kind_of(point: Point) -> str | None:
+    return point.params.get("environment_kind")
+
+
+def engine_unavailable_reason() -> str | None:
+    """Why podman containers cannot run here, or None."""
+    if shutil.which("podman") is None:
+        return "podman is not installed (scripts/container-tools install)"
+    if os.geteuid() != 0:
+        return "podman with cgroup limits needs root here"
+    return None
+
+
+def slurm_unreachable_reason() -> str:
+    """Why a Slurm point is not run under this launcher: no Slurm cluster reachable, or one that is but unused."""
+    if shutil.which("sinfo") is None:
+        return "no Slurm cluster reachable (sinfo not installed; scripts/slurm-cluster starts one)"
+    answer = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=10)
+    if answer.returncode != 0:
+        return f"no Slurm cluster reachable (sinfo: {answer.stderr.strip()[:200]})"
+    return "a Slurm cluster is reachable but the launcher is not slurm (launcher.name: slurm runs this environment)"
+
+
+def unavailable_reason(point: Point, launcher: str) -> str | None:
+    """Why `point`'s environment cannot run under `launcher` here (a `skipped: ...` reason), or None."""
+    kind = kind_of(point)
+    if kind == "slurm" and launcher != "slurm":
+        return f"skipped: {slurm_unreachable_reason()}"
+    if kind == "container":
+        if launcher != "local":
+            return f"skipped: container environments run under the local launcher, not {launcher}"
+        reason = engine_unavailable_reason()
+        if reason:
+            return f"skipped: {reason}"
+    if point.params.get("neighbour") and shutil.which("stress-ng") is None:
+        return "skipped: the neighbour runs stress-ng, not installed (scripts/container-tools install)"
+    return None
+
+
+def container_options(point: Point) -> list[str]:
+    """The `podman run` options of one rank's container: its limits, the host's network, this root file system."""
+    limits = point.params["container"]
+    return [*LIMITS, "--cpus", str(limits["cpus"]), "--memory", str(limits["memory"])]
+
+
+def neighbour_command(point: Point, timeout_s: float) -> list[str]:
+    cpus = point.params["neighbour"]["cpus"]
+    name = NEIGHBOUR_NAME.format(point=point.id)
+    options = [*LIMITS, "--detach", "--rm", "--name", name, "--network=none", "--cpus", str(cpus), "--rootfs"]
+    stress = ["stress-ng", "--cpu", str(max(1, round(cpus))), "--timeout", f"{int(timeout_s)}s", "--quiet"]
+    return [*ENGINE, "run", *options, ROOTFS, *stress]
+
+
+@contextlib.contextmanager
+def neighbour(point: Point, timeout_s: float) -> Iterator[dict[str, Any]]:
+    """The point's CPU-heavy neighbour container, running for the block (removed after it, even on failure)."""
+    if not point.params.get("neighbour"):
+        yield {"neighbour": None}
+        return
+    command = neighbour_command(point, timeout_s)
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=60)
+    try:
+        yield {"neighbour": {"command": command, "cpus": point.params["neighbour"]["cpus"]}}
+    finally:
+        name = NEIGHBOUR_NAME.format(point=point.id)
+        subprocess.run([*ENGINE, "rm", "--force", "--time", "0", name], capture_output=True, timeout=60)
+
+
+def in_containers(point: Point, launcher: Launcher) -> Launcher:
+    """The local launcher running every rank in its own limited container: in the built training image where
+    images.build made one, else on this machine's root file system."""
+    options = launcher.options  # type: ignore[attr-defined]  # the local launcher's (unavailable_reason checked)
+    if options.container and options.container_run:
+        run = [*options.container_run, *container_options(point)]
+        options = dataclasses.replace(options, container_run=run)
+    else:
+        run = [*ENGINE, "run", *container_options(point), "--rootfs"]
+        options = dataclasses.replace(options, container_run=run, container=ROOTFS, rootfs=True)
+    return type(launcher)(options)
+
+
+@contextlib.contextmanager
+def placed(point: Point, launcher: Launcher, run_dir: Path) -> Iterator[Launcher]:
+    """The launcher that runs `point` in its environment (its neighbour running meanwhile); what the environment
+    was goes to the run's `environment.json`."""
+    kind = kind_of(point)
+    if kind is None:
+        yield launcher
+        return
+    record: dict[str, Any] = {"environment": point.params["environment"], "kind": kind}
+    if kind == "container":
+        launcher = in_containers(point, launcher)
+        options = launcher.options  # type: ignore[attr-defined]
+        record["container"] = {"run": options.container_run, "image": options.container, **point.params["container"]}
+    with neighbour(point, launcher.options.timeout_s) as neighbour_record:  # type: ignore[attr-defined]
+        write_json_atomic(run_dir / ENVIRONMENT_FILE, record | neighbour_record)
+        yield launcher

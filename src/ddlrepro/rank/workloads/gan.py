@@ -1,0 +1,140 @@
+"""BigGAN-style conditional GAN under DDP (rank/gan_models.py), the workload of the BigGAN resource-profile study.
+
+Params: resolution, channels, z_dim, attention_resolution, batch_size (per rank), steps (generator steps),
+d_steps (discriminator steps per generator step), lr_g, lr_d, betas, seed, dataset (`digits`: scikit-learn's 8×8
+digits upscaled to `resolution`; `folder`: `images.npy` uint8 N×3×R×R and `labels.npy` in `data_dir`, checked by
+the host with datasets.check_image_folder before any job). The defaults are BigGAN-PyTorch's (hinge loss, Adam β = (0,
+0.999), lr G 1e-4 / D 4e-4, 2 D steps per G step); what the seed's own script used is unknown.
+
+G and D are two DDP modules in one process group: every rank runs the same sequence of forwards and backwards, so
+their all-reduces match up. BatchNorm is per rank, not SyncBatchNorm, as BigGAN-PyTorch's default (its
+cross-replica BN is an option): each rank normalises its own batch, and DDP broadcasts rank 0's running statistics
+(and spectral norm's power-iteration vectors) at every forward. During the G step D runs outside its DDP wrapper
+with its parameters frozen, so no D gradient is all-reduced for a step that does not update D.
+
+Every rank records `step_time_s` per generator step (its D steps included) and rank 0 `d_loss` and `g_loss`.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from ddlrepro.rank.datasets import check_image_folder
+from ddlrepro.rank.gan_models import (
+    Discriminator,
+    GanShape,
+    Generator,
+    discriminator_hinge_loss,
+    generator_hinge_loss,
+)
+from ddlrepro.rank.runtime import RankContext
+from ddlrepro.records import emit
+
+
+def load_images(params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images in [-1, 1] (N, C, R, R) and int64 labels."""
+    resolution = params["resolution"]
+    if params["dataset"] == "folder":
+        check_image_folder(params["data_dir"], resolution)
+        images = torch.from_numpy(np.load(Path(params["data_dir"]) / "images.npy")).float() / 127.5 - 1
+        return images, torch.from_numpy(np.load(Path(params["data_dir"]) / "labels.npy")).long()
+    from sklearn.datasets import load_digits
+
+    pixels, labels = load_digits(return_X_y=True)
+    small = torch.from_numpy(pixels.reshape(-1, 1, 8, 8).astype(np.float32) / 8.0 - 1)
+    images = F.interpolate(small, size=resolution, mode="bilinear", align_corners=False)
+    return images, torch.from_numpy(labels).long()
+
+
+def shape_of(params: dict[str, Any], image_channels: int) -> GanShape:
+    return GanShape(
+        resolution=params["resolution"],
+        classes=params.get("classes", 10),
+        channels=params["channels"],
+        z_dim=params["z_dim"],
+        attention_resolution=params["attention_resolution"],
+        image_channels=image_channels,
+    )
+
+
+class GanTrainer:
+    """G and D under DDP with their Adam optimisers; `step()` is one G step after `d_steps` D steps."""
+
+    def __init__(self, params: dict[str, Any], ctx: RankContext) -> None:
+        torch.manual_seed(params["seed"])  # equal initial weights everywhere (DDP broadcasts rank 0's anyway)
+        self.images, self.labels = load_images(params)
+        self.shape = shape_of(params, self.images.shape[1])
+        self.ctx, self.params = ctx, params
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        self.generator = DistributedDataParallel(Generator(self.shape).to(ctx.device), device_ids=device_ids)
+        self.discriminator = DistributedDataParallel(Discriminator(self.shape).to(ctx.device), device_ids=device_ids)
+        betas = tuple(params["betas"])
+        self.g_optimizer = torch.optim.Adam(self.generator.parameters(), lr=params["lr_g"], betas=betas)
+        self.d_optimizer = torch.optim.Adam(self.discriminator.parameters(), lr=params["lr_d"], betas=betas)
+        # Each rank draws its own batches and latents (a different seed per rank), as a distributed sampler would.
+        self.sampler = torch.Generator().manual_seed(params["seed"] * 1000 + ctx.rank)
+
+    def real_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.randint(len(self.images), (self.params["batch_size"],), generator=self.sampler)
+        return self.images[index].to(self.ctx.device), self.labels[index].to(self.ctx.device)
+
+    def latents(self) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.params["batch_size"]
+        z = torch.randn(batch, self.shape.z_dim, generator=self.sampler).to(self.ctx.device)
+        return z, torch.randint(self.shape.classes, (batch,), generator=self.sampler).to(self.ctx.device)
+
+    def discriminator_step(self) -> float:
+        images, labels = self.real_batch()
+        with torch.no_grad():
+            fake = self.generator(*self.latents())
+        _, fake_labels = self.latents()
+        self.d_optimizer.zero_grad(set_to_none=True)
+        both = self.discriminator(torch.cat([images, fake]), torch.cat([labels, fake_labels]))
+        loss = discriminator_hinge_loss(*both.split(len(images)))
+        loss.backward()
+        self.d_optimizer.step()
+        return float(loss)
+
+    def generator_step(self) -> float:
+        local_discriminator = self.discriminator.module
+        local_discriminator.requires_grad_(False)
+        self.g_optimizer.zero_grad(set_to_none=True)
+        z, labels = self.latents()
+        loss = generator_hinge_loss(local_discriminator(self.generator(z, labels), labels))
+        loss.backward()
+        self.g_optimizer.step()
+        local_discriminator.requires_grad_(True)
+        return float(loss)
+
+    def step(self) -> tuple[float, float]:
+        d_loss = sum(self.discriminator_step() for _ in range(self.params["d_steps"])) / self.params["d_steps"]
+        return d_loss, self.generator_step()
+
+
+def parameter_digest(module: torch.nn.Module) -> float:
+    """A number that changes with any parameter: the sum of every parameter's values weighted by position."""
+    flat = torch.cat([parameter.detach().flatten().double().cpu() for parameter in module.parameters()])
+    return float((flat * torch.arange(1, len(flat) + 1, dtype=torch.float64).sqrt()).sum())
+
+
+def run(params: dict[str, Any], ctx: RankContext) -> None:
+    trainer = GanTrainer(params, ctx)
+    for step in range(params["steps"]):
+        started = time.perf_counter()
+        d_loss, g_loss = trainer.step()
+        ctx.synchronize()
+        emit("metric", rank=ctx.rank, step=step, metric="step_time_s", value=time.perf_counter() - started)
+        if ctx.rank == 0:
+            emit("metric", rank=0, step=step, metric="d_loss", value=d_loss)
+            emit("metric", rank=0, step=step, metric="g_loss", value=g_loss)
+    for name, module in (("generator", trainer.generator.module), ("discriminator", trainer.discriminator.module)):
+        emit("metric", rank=ctx.rank, metric=f"{name}_digest", value=parameter_digest(module))
+    if ctx.rank == 0:
+        emit("result", rank=0, steps=params["steps"], d_loss=d_loss, g_loss=g_loss)

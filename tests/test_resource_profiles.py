@@ -1,0 +1,216 @@
+"""The BigGAN resource-profile study: the allocation reader against a fake cgroup folder, the sampler's
+percentages of node and allocation, equal GAN parameters on both ranks after DDP steps, bad environments refused,
+`snakemake biggan_profiles` end to end (podman installed the project's way as root; the container environments
+skipped with the reason otherwise), the neighbour's CPU seen on the node, and `compare` across results folders."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import psutil
+import pytest
+import torch
+import yaml
+from conftest import REPO, copy_workflow, snakemake
+
+from ddlrepro.host.compare import compare_environments, merged_table
+from ddlrepro.host.config import ConfigError, load_config, validate_config
+from ddlrepro.host.figures import figure_points
+from ddlrepro.rank.allocation import allocation_limits
+from ddlrepro.rank.runtime import RankContext, ResourceSampler, next_tick
+
+GIB = 2**30
+FIGURE = "biggan-profiles"
+
+
+def fake_cgroup_v2(root: Path, cpu_max: str, memory_max: str) -> Path:
+    """A cgroup v2 folder for a process in /job: `cpu.max` and `memory.max` as given; its /proc/self/cgroup."""
+    (root / "job").mkdir(parents=True)
+    (root / "job" / "cpu.max").write_text(cpu_max + "\n")
+    (root / "job" / "memory.max").write_text(memory_max + "\n")
+    proc = root / "proc-self-cgroup"
+    proc.write_text("0::/job\n")
+    return proc
+
+
+def fake_cgroup_v1(root: Path, quota_us: int, limit_bytes: int) -> Path:
+    (root / "cpu" / "job").mkdir(parents=True)
+    (root / "cpu" / "job" / "cpu.cfs_quota_us").write_text(f"{quota_us}\n")
+    (root / "cpu" / "job" / "cpu.cfs_period_us").write_text("100000\n")
+    (root / "memory" / "job").mkdir(parents=True)
+    (root / "memory" / "job" / "memory.limit_in_bytes").write_text(f"{limit_bytes}\n")
+    proc = root / "proc-self-cgroup"
+    proc.write_text("4:memory:/job\n3:cpu,cpuacct:/job\n0::/\n")
+    return proc
+
+
+def test_cgroup_v1_and_v2_limits_and_slurms_fallback(tmp_path: Path) -> None:
+    v2 = allocation_limits(fake_cgroup_v2(tmp_path / "v2", "50000 100000", str(GIB)), tmp_path / "v2", {})
+    assert (v2.cpu_cores, v2.memory_bytes, v2.cpu_source) == (0.5, GIB, "cgroup")
+    v1 = allocation_limits(fake_cgroup_v1(tmp_path / "v1", 150000, 2 * GIB), tmp_path / "v1", {})
+    assert (v1.cpu_cores, v1.memory_bytes) == (1.5, 2 * GIB)
+    unlimited = fake_cgroup_v2(tmp_path / "none", "max 100000", "max")
+    slurm = allocation_limits(unlimited, tmp_path / "none", {"SLURM_CPUS_ON_NODE": "4", "SLURM_MEM_PER_NODE": "512"})
+    assert (slurm.cpu_cores, slurm.memory_bytes, slurm.memory_source) == (4.0, 512 * 2**20, "SLURM_MEM_PER_NODE")
+    assert allocation_limits(unlimited, tmp_path / "none", {}).cpu_cores is None
+
+
+def busy(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_a_50_percent_quota_doubles_the_share_of_allocation(tmp_path: Path) -> None:
+    """One busy thread for 0.4 s: its CPU is ~N× its share of an N-core node, 2× its share of half a core."""
+    limits = allocation_limits(fake_cgroup_v2(tmp_path, "50000 100000", str(4 * GIB)), tmp_path, {})
+    ctx = RankContext(0, 1, 0, 1, 1, "gloo", torch.device("cpu"))
+    sampler = ResourceSampler(ctx, 1.0, limits)
+    sampler.process.cpu_percent(None)
+    busy(0.4)
+    sample = sampler.sample()
+    cores = sample["cpu_percent"] / 100
+    assert 0.3 < cores <= 1.05
+    assert sample["cpu_percent_of_allocation"] == pytest.approx(100 * cores / 0.5)
+    assert sample["cpu_percent_of_node"] == pytest.approx(100 * cores / psutil.cpu_count())
+    assert sample["memory_percent_of_allocation"] == pytest.approx(100 * sample["rss_bytes"] / (4 * GIB))
+    assert sample["memory_percent_of_node"] == pytest.approx(100 * sample["rss_bytes"] / psutil.virtual_memory().total)
+    assert 0 < sample["node_cpu_percent"] <= 100 and 0 < sample["node_memory_percent"] < 100
+    assert not any(name.startswith("gpu") for name in sample)  # CPU: no GPU samples at all
+
+
+def test_samples_fall_on_shared_wall_clock_ticks() -> None:
+    assert next_tick(100.3, 0.5) == pytest.approx(100.5)
+    assert next_tick(100.5, 0.5) == pytest.approx(101.0)
+
+
+def environments(*names: str) -> list[dict[str, Any]]:
+    container = {"cpus": 0.75, "memory": "2g"}  # below a core per rank: the neighbour finds CPU to take
+    known = {
+        "hpc": {"name": "hpc", "kind": "slurm"},
+        "local": {"name": "local", "kind": "local"},
+        "container": {"name": "container", "kind": "container", "container": container},
+        "container+neighbour": {
+            "name": "container+neighbour",
+            "kind": "container",
+            "container": container,
+            "neighbour": {"cpus": 2},
+        },
+    }
+    return [known[name] for name in names]
+
+
+@pytest.mark.parametrize(
+    ("listed", "message"),
+    [
+        ([{"name": "a", "kind": "local"}, {"name": "a", "kind": "local"}], r"environments\[1\]\.name: 'a' named twice"),
+        ([{"name": " x", "kind": "local"}], r"environments\[0\]\.name: ' x' does not match"),
+        (
+            [{"name": "n", "kind": "slurm", "neighbour": {"cpus": 1}}],
+            r"environments\[0\]\.neighbour: a neighbour runs in a container: kind 'slurm' has no container engine",
+        ),
+        ([{"name": "", "kind": "local"}], r"environments\[0\]\.name: '' should be non-empty"),
+    ],
+)
+def test_bad_environments_are_config_errors(listed: list[dict[str, Any]], message: str) -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    config["figures"][FIGURE]["environments"] = listed
+    with pytest.raises(ConfigError, match=message):
+        figure_points(validate_config(config))
+
+
+@pytest.fixture(scope="module")
+def podman_reason() -> str | None:
+    """Why podman containers cannot run here; as root, podman (and stress-ng) installed the project's way first."""
+    if os.geteuid() != 0:
+        return "podman with cgroup limits needs root"
+    done = subprocess.run([str(REPO / "scripts" / "container-tools"), "install"], capture_output=True, text=True)
+    return None if done.returncode == 0 else f"scripts/container-tools install failed: {done.stderr[-300:]}"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, podman_reason: str | None) -> Path:
+    """`snakemake biggan_profiles` on tiny settings: hpc (skipped) and the two container environments; without
+    podman the local environment instead, so that a run happens anyway."""
+    workdir = copy_workflow(tmp_path_factory.mktemp("biggan"))
+    ran = ["container", "container+neighbour"] if podman_reason is None else ["local"]
+    tiny = {"enabled": True, "workers": 2, "steps": 4, "batch_size": 4, "environments": environments("hpc", *ran)}
+    (workdir / "tiny-biggan.yaml").write_text(yaml.safe_dump({"figures": {FIGURE: tiny}}))
+    done = snakemake(workdir, "biggan_profiles", "--configfile", "config/config.yaml", "tiny-biggan.yaml", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return workdir
+
+
+def summary_of(results: Path) -> pd.DataFrame:
+    return pd.read_csv(results / "tables" / f"{FIGURE}.summary.csv").set_index("environment")
+
+
+def test_snakemake_biggan_profiles(built: Path, podman_reason: str | None) -> None:
+    """Figure, summary and checks; hpc skipped with its reason; containers skipped with theirs where podman is not."""
+    results = built / "results"
+    assert (results / "figures" / f"{FIGURE}.png").stat().st_size > 0
+    summary = summary_of(results)
+    assert summary.loc["hpc", "status"] == "skipped" and "Slurm" in summary.loc["hpc", "reason"]
+    first = "local" if podman_reason else "container"
+    assert summary.loc[first, "status"] == "ok" and summary.loc[first, "ticks"] >= 3
+    assert summary.loc[first, "gpu_utilization_percent_mean_skipped"] == "skipped: needs CUDA"
+    if podman_reason is None:
+        assert summary.loc["container", "allocation_cpu_cores"] == 1.5  # two ranks' containers of 0.75 CPU each
+        assert summary.loc["container", "allocation_memory_gib"] == 4.0
+    checks = pd.read_csv(results / "checks" / f"{FIGURE}.tsv", sep="\t").set_index("check")
+    assert checks.loc["hpc-gpu-busy", "status"] == "skipped"
+
+
+def test_gan_ranks_hold_equal_parameters_after_ddp_steps(built: Path) -> None:
+    """Two real ranks, different batches each: after the steps both hold the same G and D, and they trained."""
+    from ddlrepro.rank.gan_models import Generator
+    from ddlrepro.rank.workloads.gan import parameter_digest, shape_of
+
+    table = pd.read_csv(built / "results" / "tables" / f"{FIGURE}.csv")
+    digests = table[table["metric"].str.endswith("_digest", na=False)]
+    assert not digests.empty
+    for _, rows in digests.groupby(["point_id", "metric"]):
+        assert sorted(rows["rank"]) == [0, 1] and rows["value"].nunique() == 1, rows
+    first = table.iloc[0]
+    shape = {key: int(first[key]) for key in ("resolution", "channels", "z_dim", "attention_resolution")}
+    torch.manual_seed(int(first["seed"]))
+    initial = parameter_digest(Generator(shape_of(shape, 1)))
+    trained = digests.loc[digests["metric"] == "generator_digest", "value"].iloc[0]
+    assert trained != pytest.approx(initial, rel=1e-9)
+
+
+def test_the_neighbour_raises_node_cpu(built: Path, podman_reason: str | None) -> None:
+    if podman_reason:
+        pytest.skip(podman_reason)
+    summary = summary_of(built / "results")
+    alone, beside = summary.loc["container"], summary.loc["container+neighbour"]
+    node, foreign = "node_cpu_percent_mean", "foreign_cpu_percent_of_node_mean"
+    assert beside[node] > alone[node], (beside[node], alone[node])
+    assert beside[foreign] > alone[foreign] + 10, (beside[foreign], alone[foreign])
+    assert not subprocess.run(
+        ["podman", "ps", "--all", "--quiet", "--filter", "name=ddlrepro-neighbour"], capture_output=True, text=True
+    ).stdout.strip()  # removed after the run
+
+
+def test_compare_merges_two_results_folders_and_refuses_unlike_runs(built: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(built / "results" / "tables", other / "tables")
+    out = tmp_path / "compared"
+    merged = compare_environments(FIGURE, {"hpc": built / "results", "cloud": other}, out / "c.png", out / "c.csv")
+    ran = summary_of(built / "results").query("status == 'ok'").index[0]
+    assert {f"hpc: {ran}", f"cloud: {ran}", "hpc: hpc"} <= set(merged["environment"])
+    compared = pd.read_csv(out / "c.summary.csv").set_index("environment")
+    memory = compared["job_memory_gib_mean"]
+    assert memory[f"hpc: {ran}"] == memory[f"cloud: {ran}"] > 0
+    table = pd.read_csv(other / "tables" / f"{FIGURE}.csv")
+    table.assign(batch_size=table["batch_size"] * 2).to_csv(other / "tables" / f"{FIGURE}.csv", index=False)
+    with pytest.raises(ValueError, match="differ in more than the environment: batch_size"):
+        compare_environments(FIGURE, {"hpc": built / "results", "cloud": other}, out / "c.png", out / "c.csv")
+    with pytest.raises(ValueError, match="named twice"):
+        merged_table(FIGURE, {"a": other, " ": other})
