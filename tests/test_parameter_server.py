@@ -231,12 +231,7 @@ def test_a_frozen_trunk_is_labelled() -> None:
 )
 def test_bad_faults_name_the_key(smoke: dict, faults: list, launcher: dict, message: str) -> None:
     """A fault that cannot happen as configured is refused before any job, naming its key."""
-    config = copy.deepcopy(smoke)
-    config["figures"][FIGURE]["faults"] = faults
-    config["launcher"].update(launcher)
-    with pytest.raises(ConfigError, match=message):
-        validate_config(config)
-        figure_points(config)
+    assert_refused({**smoke, "launcher": smoke["launcher"] | launcher}, FIGURE, {"faults": faults}, message)
 
 
 def test_fault_points_follow_their_entries(smoke: dict) -> None:
