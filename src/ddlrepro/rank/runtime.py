@@ -165,7 +165,7 @@ class ResourceSampler(threading.Thread):
         }
         for metric, (value, source) in limits.items():
             if value is not None:
-                emit("metric", rank=self.ctx.rank, metric=metric, value=value, detail=source)
+                emit("metric", rank=self.ctx.rank, metric=metric, value=value, iteration=None, detail=source)
 
     def sample(self) -> dict[str, float]:
         cores = self.process.cpu_percent(None) / 100
