@@ -13,10 +13,12 @@ CORES ?= all
 
 # Also, every time (cheap, never overwriting): the generic Slurm profile becomes your Snakemake profile `slurm`
 # unless you or your site have one, so that `snakemake --profile slurm` works from the checkout. As root, Debian's
-# s3fs is installed if missing (dlaas-scaling's `s3fs` data source; without it those points are skipped).
+# s3fs is installed if missing (dlaas-scaling's `s3fs` data source; without it those points are skipped), and
+# podman and stress-ng (biggan-profiles' container environments and their neighbour; likewise skipped without).
 env: $(STAMP)
 	$(BIN)/python -m ddlrepro install-profile profiles/slurm
 	scripts/s3fs-tools install
+	scripts/container-tools install-if-root
 
 # Recreated only when the pins or the package metadata change.
 $(STAMP): envs/requirements.txt pyproject.toml
