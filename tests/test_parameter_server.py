@@ -266,7 +266,13 @@ def fault_references() -> dict:
 KILLED_PS = {"role": "ps", "task": 1, "at_step": 4, "signal": "SIGKILL"}
 KILLED_WORKER = {"role": "worker", "task": 0, "at_step": 3, "signal": "SIGKILL"}
 RETRIED = {"resumed_from_step": 3, "steps_planned": 3, "steps_completed": 3, "train_time_s": 0.3}
-SURVIVED = {"resumed_from_step": 0, "steps_planned": 6, "steps_completed": 6, "fault_delivered_at_step": 3}
+SURVIVED = {
+    "resumed_from_step": 0,
+    "steps_planned": 6,
+    "steps_completed": 6,
+    "fault_delivered_at_step": 3,
+    "fault_server_exit_signal": 9,
+}
 
 
 @pytest.mark.parametrize(
@@ -281,6 +287,7 @@ SURVIVED = {"resumed_from_step": 0, "steps_planned": 6, "steps_completed": 6, "f
         (KILLED_WORKER, [("ok", 6)], SURVIVED | {"steps_completed": 5}, "worker", "fail"),
         (KILLED_WORKER, [("ok", 6)], SURVIVED | {"fault_delivered_at_step": float("nan")}, "worker", "fail"),
         (KILLED_WORKER, [("failed: lost", 3), ("ok", 6)], SURVIVED, "worker", "fail"),
+        (KILLED_WORKER, [("ok", 6)], SURVIVED | {"fault_server_exit_signal": 0}, "worker", "fail"),
     ],
 )
 def test_fault_checks_can_fail(
@@ -288,7 +295,7 @@ def test_fault_checks_can_fail(
 ) -> None:
     """survives-killed-worker and killed-ps-retried pass only when the run did what they claim: a PS retry whose
     first error names another task (or none), that resumed from 0, or that never failed, fails; so does a killed
-    worker's run that lost a step, never delivered its fault, or needed a retry."""
+    worker's run that lost a step, never delivered its fault, whose server outlived the signal, or needed a retry."""
     from ddlrepro.host.checks import check_figure
     from ddlrepro.host.figures import faults
 

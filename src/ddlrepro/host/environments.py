@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import shutil
 import subprocess
@@ -40,12 +41,21 @@ def kind_of(point: Point) -> str | None:
     return point.params.get("environment_kind")
 
 
+@functools.cache
 def engine_unavailable_reason() -> str | None:
-    """Why podman containers cannot run here, or None."""
+    """Why podman containers cannot run here, or None: podman must be installed, we root, and a limited container
+    on this root file system must really start (a container host without cgroup delegation has podman but cannot)."""
     if shutil.which("podman") is None:
         return "podman is not installed (scripts/container-tools install)"
     if os.geteuid() != 0:
         return "podman with cgroup limits needs root here"
+    probe = [*ENGINE, "run", "--rm", *LIMITS, "--cpus", "0.5", "--memory", "64m", "--network=none", "--rootfs"]
+    try:
+        done = subprocess.run([*probe, ROOTFS, "true"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "a limited podman container did not start within 60 s"
+    if done.returncode != 0:
+        return f"a limited podman container does not start here: {done.stderr.strip()[-200:]}"
     return None
 
 
@@ -53,7 +63,10 @@ def slurm_unreachable_reason() -> str:
     """Why a Slurm point is not run under this launcher: no Slurm cluster reachable, or one that is but unused."""
     if shutil.which("sinfo") is None:
         return "no Slurm cluster reachable (sinfo not installed; scripts/slurm-cluster starts one)"
-    answer = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=10)
+    try:
+        answer = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        return "no Slurm cluster reachable (sinfo: no answer from the controller in 10 s)"
     if answer.returncode != 0:
         return f"no Slurm cluster reachable (sinfo: {answer.stderr.strip()[:200]})"
     return "a Slurm cluster is reachable but the launcher is not slurm (launcher.name: slurm runs this environment)"
@@ -96,12 +109,13 @@ def neighbour(point: Point, timeout_s: float) -> Iterator[dict[str, Any]]:
         yield {"neighbour": None}
         return
     command = neighbour_command(point, timeout_s)
+    remove = [*ENGINE, "rm", "--force", "--time", "0", NEIGHBOUR_NAME.format(point=point.id)]
+    subprocess.run(remove, capture_output=True, timeout=60)  # one left by a killed earlier attempt holds the name
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=60)
     try:
         yield {"neighbour": {"command": command, "cpus": point.params["neighbour"]["cpus"]}}
     finally:
-        name = NEIGHBOUR_NAME.format(point=point.id)
-        subprocess.run([*ENGINE, "rm", "--force", "--time", "0", name], capture_output=True, timeout=60)
+        subprocess.run(remove, capture_output=True, timeout=60)
 
 
 def in_containers(point: Point, launcher: Launcher) -> Launcher:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 from typing import TYPE_CHECKING, Any
 
 from ddlrepro.host.config import ConfigError
@@ -112,6 +113,7 @@ def fault_row(rows: pd.DataFrame, fault: dict[str, Any]) -> dict[str, Any]:
     per_step = metric(rows, "train_time_s") / completed if completed else float("nan")
     first_error = str(failed["detail"].iloc[0]) if not failed.empty else ""
     delivered = metric(rows, "fault_delivered_at_step")
+    killed = metric(rows, "fault_server_exit_signal")
     return {
         "fault": f"{fault['signal']} {fault['role']} {fault['task']} at step {fault['at_step']}",
         "attempts": len(attempts),
@@ -128,9 +130,14 @@ def fault_row(rows: pd.DataFrame, fault: dict[str, Any]) -> dict[str, Any]:
         "steps_lost": planned - completed,
         "closures_rescheduled": metric(rows, "closures_rescheduled"),
         "fault_delivered_at_step": delivered,
-        "killed_by_signal": metric(rows, "fault_server_exit_signal"),
+        "killed_by_signal": killed,
         "first_error": first_error,
-        "fault_survived": float(delivered == fault["at_step"] and completed == planned and failed.empty),
+        "fault_survived": float(
+            delivered == fault["at_step"]
+            and killed == signal.Signals[fault["signal"]].value  # the server really died of it
+            and completed == planned
+            and failed.empty
+        ),
         "fault_retried": float(
             not failed.empty and f"/job:ps/task:{fault['task']}" in first_error and resumed > 0 and completed == planned
         ),

@@ -70,7 +70,7 @@ class StaticWorld:
         self.start(len(self.processes))
 
     def members_exited(self) -> bool:
-        members = [one for rank, one in self.processes.items() if rank < self.job.world_size]
+        members = [one for rank, one in list(self.processes.items()) if rank < self.job.world_size]
         return len(members) == self.job.world_size and all(one.process.poll() is not None for one in members)
 
 
@@ -90,6 +90,7 @@ def execute(job: DdpRequest, timeout_s: float, output: OutputCollector) -> None:
             time.sleep(POLL_INTERVAL_S)
         director.check()
     finally:
+        director.stop()
         stop(list(world.processes.values()))
         drain(list(world.processes.values()))
         director.finish()

@@ -148,6 +148,8 @@ def execute(job: InplaceRequest, timeout_s: float, output: OutputCollector) -> N
             _supervise(pool, config, time.monotonic() + timeout_s, output, director)
         verify_continuity(output)
     finally:
+        if director:
+            director.stop()
         workers = [one for _, one in pool.started()]
         stop(workers)
         drain(workers)

@@ -64,6 +64,13 @@ def record(
     )
 
 
+class Stopped(Exception):
+    """The run ended before the situation was acted out."""
+
+
+STOP_JOIN_S = 30.0  # a worker being started when the run ends: wait for it, so that the clean-up stops it
+
+
 class Director:
     """Acts `situation` out on a background thread, watching the records the ranks print; `add_worker` starts one
     more worker the runtime's way."""
@@ -77,6 +84,7 @@ class Director:
         self.pids: dict[int, int] = {}
         self.starts: list[dict[str, Any]] = []
         self.seen = threading.Condition()
+        self.stopping = threading.Event()
         output.watchers.append(self.watch)
         self.thread = threading.Thread(target=self._guarded, name="situation", daemon=True)
 
@@ -97,6 +105,8 @@ class Director:
     def _guarded(self) -> None:
         try:
             self.act()
+        except Stopped:
+            pass
         except Exception as error:  # handed to the runtime's supervisor, which fails the run with it
             self.error = error
 
@@ -104,7 +114,8 @@ class Director:
         situation = self.situation
         if situation.name == "late-start":
             self.await_step(0, 0)  # late with respect to the first worker being ready, however long that took
-            time.sleep(situation.late_s)
+            if self.stopping.wait(situation.late_s):
+                raise Stopped
             record(self.output, EVENT_METRIC[situation.name], time.time())
             self.add_worker()
         elif situation.name == "killed":
@@ -120,6 +131,8 @@ class Director:
         """Wait until rank 0 has reported `step` steps and `worker` has announced itself."""
         with self.seen:
             while self.steps < step or worker not in self.pids:
+                if self.stopping.is_set():
+                    raise Stopped
                 remaining = self.deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"situation {self.situation.name}: step {step} not reached with worker {worker}")
@@ -130,8 +143,17 @@ class Director:
         if self.error is not None:
             raise self.error
 
+    def stop(self) -> None:
+        """Act no more (the run is ending): a worker started now would outlive the run's clean-up."""
+        with self.seen:
+            self.stopping.set()
+            self.seen.notify_all()
+        if self.thread.is_alive():
+            self.thread.join(STOP_JOIN_S)
+
     def finish(self) -> None:
-        """File every worker process start seen."""
+        """Stop acting, and file every worker process start seen."""
+        self.stop()
         with self.seen:
             starts = list(self.starts)
         for one in starts:

@@ -137,17 +137,19 @@ class Agents:
     def follow(self, cluster: Cluster) -> None:
         """Stop the agents no longer in the cluster (in the background: stopping waits for them). At the stop
         (no members) the workers finish by themselves and so do their agents."""
-        leaving = [a for a in self.running if a not in cluster.members and a not in self.stopping]
+        leaving = [a for a in list(self.running) if a not in cluster.members and a not in self.stopping]
         if not cluster.members or not leaving:
             return
         self.stopping.update(leaving)
         threading.Thread(target=stop, args=([self.running[a] for a in leaving],), daemon=True).start()
 
     def failed(self) -> list[int]:
-        return [a for a, one in self.running.items() if one.process.poll() not in (None, 0) and a not in self.stopping]
+        return [
+            a for a, one in list(self.running.items()) if one.process.poll() not in (None, 0) and a not in self.stopping
+        ]
 
     def all_exited(self) -> bool:
-        return all(one.process.poll() is not None for one in self.running.values())
+        return all(one.process.poll() is not None for one in list(self.running.values()))
 
     def finished(self) -> bool:
         """Every agent exited, or the host agent (which holds the rendezvous) exited STRAGGLER_GRACE_S ago: an agent
@@ -186,6 +188,8 @@ def execute(job: TorchrunRequest, timeout_s: float, output: OutputCollector) -> 
                 time.sleep(POLL_INTERVAL_S)
         verify_continuity(output)
     finally:
+        if director:
+            director.stop()
         stop(list(agents.running.values()))
         drain(list(agents.running.values()))
         if director:
