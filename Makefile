@@ -74,6 +74,8 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/adaptive_policies.py
 	$(BIN)/python benchmarks/simulator_fidelity.py
 	$(BIN)/python benchmarks/parameter_server.py
+	$(BIN)/python benchmarks/resource_sampler.py
+	$(BIN)/python benchmarks/biggan_elasticity.py
 	$(BIN)/python benchmarks/report.py
 	$(BIN)/python benchmarks/readme_table.py
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -221,5 +222,14 @@ def test_compare_merges_two_results_folders_and_refuses_unlike_runs(built: Path,
     table.assign(batch_size=table["batch_size"] * 2).to_csv(other / "tables" / f"{FIGURE}.csv", index=False)
     with pytest.raises(ValueError, match="differ in more than the environment: batch_size"):
         compare_environments(FIGURE, {"hpc": built / "results", "cloud": other}, out / "c.png", out / "c.csv")
-    with pytest.raises(ValueError, match="named twice"):
+    with pytest.raises(ValueError, match=r"empty \[' '\], named twice \[\]"):
         merged_table(FIGURE, {"a": other, " ": other})
+
+
+def test_compare_refuses_a_name_given_twice_before_reading_anything(tmp_path: Path) -> None:
+    """`--env a=X --env a=Y` would otherwise keep one of them silently."""
+    command = [sys.executable, "-m", "ddlrepro", "compare", FIGURE, "--out-dir", str(tmp_path)]
+    done = subprocess.run([*command, "--env", "a=/nowhere", "--env", "a=/elsewhere"], capture_output=True, text=True)
+    assert done.returncode != 0
+    assert done.stderr.strip() == "environment names must be non-empty and unique: empty [], named twice ['a']"
+    assert not list(tmp_path.iterdir())

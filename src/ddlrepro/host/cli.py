@@ -148,9 +148,11 @@ def cmd_verify(args: argparse.Namespace) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    from ddlrepro.host.compare import compare_environments
+    from ddlrepro.host.compare import check_names, compare_environments
 
-    environments = dict(parse_environment(text) for text in args.env)
+    named = [parse_environment(text) for text in args.env]
+    check_names([name for name, _ in named])  # before the dict, which would keep one of two same names
+    environments = dict(named)
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     png, csv = out_dir / f"{args.figure}.png", out_dir / f"{args.figure}.csv"

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ddlrepro.host import plotting
 from ddlrepro.host.bundle import read_bundle
+from ddlrepro.host.errors import UserError
 from ddlrepro.host.tables import HOST_LOAD_COLUMNS, RECORD_COLUMNS, read_table
 
 RESOURCE_METRICS = {"cpu_percent": ("CPU % per worker", 1.0), "rss_bytes": ("memory (RSS) per worker, GiB", 2.0**30)}
@@ -58,7 +59,7 @@ def check_names(names: list[str]) -> None:
     empty = [name for name in names if not name.strip()]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if empty or duplicates:
-        raise ValueError(f"environment names must be non-empty and unique: empty {empty}, named twice {duplicates}")
+        raise UserError(f"environment names must be non-empty and unique: empty {empty}, named twice {duplicates}")
 
 
 def check_like_for_like(merged: pd.DataFrame) -> None:
@@ -71,7 +72,7 @@ def check_like_for_like(merged: pd.DataFrame) -> None:
         if values.groupby("source")[column].agg(lambda seen: tuple(sorted(set(seen)))).nunique() > 1
     ]
     if differing:
-        raise ValueError(f"the environments' runs differ in more than the environment: {', '.join(differing)}")
+        raise UserError(f"the environments' runs differ in more than the environment: {', '.join(differing)}")
 
 
 def resource_profiles(merged: pd.DataFrame) -> pd.DataFrame:

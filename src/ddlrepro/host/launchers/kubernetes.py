@@ -442,16 +442,23 @@ def start_failure(apis: Apis, job: KubernetesRequest, options: KubernetesOptions
     """Why `pod` did not start, from its events: the latest FailedMount or FailedAttachVolume with the volume and
     its claim, else the latest event."""
     selector = f"involvedObject.kind=Pod,involvedObject.name={pod.metadata.name}"
-    events = list(apis.core.list_namespaced_event(job.namespace, field_selector=selector).items)
+    events = sorted(apis.core.list_namespaced_event(job.namespace, field_selector=selector).items, key=event_time)
     head = f"did not start: still {pending_state(pod)} after {options.pod_start_timeout_s:g} s"
     volume_events = [event for event in events if event.reason in VOLUME_PROBLEMS]
     if volume_events:
-        event = volume_events[-1]  # the API server lists a pod's events oldest first
+        event = volume_events[-1]
         volume, claim = volume_and_claim(event.message or "", pod)
         return f"{head}: {event.reason} for volume {volume} (claim {claim}): {event.message}"
     if events:
         return f"{head}; its last event: {events[-1].reason}: {events[-1].message}"
     return f"{head}; it has no events"
+
+
+def event_time(event: client.CoreV1Event) -> float:
+    """When an event last happened (a repeated event keeps one object, its count and last time raised): the API
+    server lists events by name, not time."""
+    when = event.last_timestamp or event.event_time or event.first_timestamp
+    return when.timestamp() if when else 0.0
 
 
 def pending_state(pod: client.V1Pod) -> str:
