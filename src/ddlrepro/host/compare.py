@@ -35,8 +35,17 @@ def environment_table(source: Path, figure: str) -> pd.DataFrame:
     return read_table(source / "tables" / f"{figure}.csv")
 
 
-# What may differ between environments: where the job ran (and how it was placed there), and what each run recorded.
-ENVIRONMENT_COLUMNS = {"environment", "environment_kind", "container", "neighbour", "source"}
+# What may differ between environments: where the job ran (and how it was placed there, including what `auto`
+# settings resolve to on each machine: threads from its cores, the backend from its GPUs), and what each run recorded.
+ENVIRONMENT_COLUMNS = {
+    "environment",
+    "environment_kind",
+    "container",
+    "neighbour",
+    "source",
+    "threads_per_worker",
+    "backend",
+}
 NOT_SETTINGS = {*RECORD_COLUMNS, *HOST_LOAD_COLUMNS, "point_id", "status", "reason", "backend_used"}
 
 
