@@ -169,3 +169,15 @@ def test_an_unreadable_record_is_named_and_the_rest_still_filed(tmp_path: Path) 
         tail = output.stderr_tail(0)
         assert tail[0].startswith("unreadable record (Expecting value)")
         assert tail[1] == "unreadable record (not a record): [1, 2]"
+
+
+def test_a_failed_attempt_of_other_code_ends_the_series(tmp_path: Path) -> None:
+    """A retry resumes only failed attempts of this code: an earlier invocation's, of another commit, is history."""
+    from ddlrepro.host.provenance import git_state
+    from ddlrepro.host.run import earlier_attempts
+
+    for name, code in (("20260101T000000", {"sha": "0" * 40, "dirty": False}), ("20260101T000100", git_state())):
+        folder = tmp_path / "attempts" / name
+        folder.mkdir(parents=True)
+        (folder / "attempt.json").write_text(json.dumps({"attempt": 1, "outcome": "failed", "code": code}))
+    assert [attempt["folder"] for attempt in earlier_attempts(tmp_path)] == ["attempts/20260101T000100"]

@@ -22,7 +22,7 @@ from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import configured_launcher
 from ddlrepro.host.launchers.base import Launcher, RunFailed
 from ddlrepro.host.objectstore import data_inputs, s3fs_unavailable_reason
-from ddlrepro.host.provenance import run_provenance
+from ddlrepro.host.provenance import git_state, run_provenance
 from ddlrepro.host.rundir import (
     ATTEMPT,
     RESULT,
@@ -143,13 +143,18 @@ def run_attempt(
 
 def earlier_attempts(run_dir: Path) -> list[dict[str, Any]]:
     """The failed attempts right before this one, oldest first (their attempt.json, set aside under attempts/);
-    an attempt that completed, was skipped or predates attempt.json ends the series."""
+    an attempt that completed, was skipped, predates attempt.json or ran other code ends the series (a checkpoint
+    of other code is not resumed)."""
     folders = sorted((run_dir / "attempts").iterdir()) if (run_dir / "attempts").is_dir() else []
+    code = git_state()
     failed: list[dict[str, Any]] = []
     for folder in reversed(folders):
         if (folder / RESULT).exists() or not (folder / ATTEMPT).exists():
             break
-        failed.insert(0, json.loads((folder / ATTEMPT).read_text()) | {"folder": str(folder.relative_to(run_dir))})
+        attempt = json.loads((folder / ATTEMPT).read_text())
+        if attempt.get("code") != code:
+            break
+        failed.insert(0, attempt | {"folder": str(folder.relative_to(run_dir))})
     return failed
 
 
@@ -175,6 +180,7 @@ def write_attempt(run_dir: Path, number: int, started: float, outcome: str, erro
         "wall_s": finished - started,
         "error": error,
         "steps_done": last_steps_done(run_dir / "metrics.jsonl"),
+        "code": git_state(),
     }
     write_json_atomic(run_dir / ATTEMPT, attempt)
     return attempt
