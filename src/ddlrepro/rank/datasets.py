@@ -101,9 +101,6 @@ def load(dataset: str, data_dir: str | None, seed: int, test_fraction: float) ->
     raise ValueError(f"unknown dataset {dataset!r}; valid data sets: {', '.join(DATASETS)}")
 
 
-DIGITS_SAMPLES = 1797
-
-
 def digits_train_size(test_fraction: float) -> int:
     """The training samples `digits` keeps: scikit-learn's split rounds the test set up."""
     return DIGITS_SAMPLES - math.ceil(DIGITS_SAMPLES * test_fraction)
