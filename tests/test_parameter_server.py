@@ -136,7 +136,7 @@ def test_two_workers_one_ps_on_testbed_hosts(smoke: dict, tmp_path: Path) -> Non
     """A real cluster (chief, 2 workers, 1 PS, an evaluator, each on its own testbed host) trains; the evaluator
     finds the chief's accuracy in its final weights; the PS host's counters carry at least the tensors TensorFlow
     moved (variables read, gradients pushed; more: gRPC framing, TCP/IP headers) and, their packets' headers taken
-    off, are within 5 % of what its sockets sent and received (`ss`)."""
+    off, are within 10 % of what its sockets sent and received (`ss`)."""
     point = next(iter(figure_points(smoke)[FIGURE].values()))
     roles = {"ps_workers": 2, "ps": 1, "evaluators": 1, "testbed_hosts": 5}
     params = {**point.params, **TINY, **roles}
