@@ -180,4 +180,4 @@ def test_a_failed_attempt_of_other_code_ends_the_series(tmp_path: Path) -> None:
         folder = tmp_path / "attempts" / name
         folder.mkdir(parents=True)
         (folder / "attempt.json").write_text(json.dumps({"attempt": 1, "outcome": "failed", "code": code}))
-    assert [attempt["folder"] for attempt in earlier_attempts(tmp_path)] == ["attempts/20260101T000100"]
+    assert [attempt["folder"] for attempt in earlier_attempts(tmp_path, git_state())] == ["attempts/20260101T000100"]

@@ -9,6 +9,9 @@ import time
 from typing import Any
 
 RECORD_PREFIX = "DDLREPRO "
+# Where a resumable workload's rank 0 checkpoints in its run folder; the host hands a retry the last failed
+# attempt's (host/run.py).
+CHECKPOINT_DIR = "checkpoint"
 _print_lock = threading.Lock()
 
 

@@ -33,9 +33,9 @@ from ddlrepro.host.rundir import (
 )
 from ddlrepro.host.testbed.limits import unavailable_reason as testbed_unavailable_reason
 from ddlrepro.points import Point
+from ddlrepro.records import CHECKPOINT_DIR
 
 RESUMABLE_KEYS = {"fault", "checkpoint_every"}  # params of a workload that checkpoints and may resume
-CHECKPOINT_DIR = "checkpoint"  # where such a workload's rank 0 checkpoints, in the run folder
 
 
 def unmet_requirement(point: Point, launcher: str = "local", in_image: bool = False) -> str | None:
@@ -102,14 +102,15 @@ def run_point(
     reason = reason or environments.unavailable_reason(point, launcher.name)
     if reason:
         return skip_point(point, run_dir, reason)
-    earlier = earlier_attempts(run_dir)
+    code = git_state()  # once per run: the series an attempt continues is this code's
+    earlier = earlier_attempts(run_dir, code)
     started = time.time()
     try:
         record = run_attempt(point, run_dir, launcher, image, earlier)
     except BaseException as error:
-        write_attempt(run_dir, len(earlier) + 1, started, "failed", str(error))
+        write_attempt(run_dir, len(earlier) + 1, started, "failed", str(error), code)
         raise
-    this = write_attempt(run_dir, len(earlier) + 1, started, "ok", "")
+    this = write_attempt(run_dir, len(earlier) + 1, started, "ok", "", code)
     record |= {"attempts": [*earlier, this]}
     write_json_atomic(run_dir / RESULT, record)
     return record
@@ -141,12 +142,11 @@ def run_attempt(
     return result_record(point, output.result, started, time.time(), measured_host_load(meter, source))
 
 
-def earlier_attempts(run_dir: Path) -> list[dict[str, Any]]:
+def earlier_attempts(run_dir: Path, code: dict[str, Any]) -> list[dict[str, Any]]:
     """The failed attempts right before this one, oldest first (their attempt.json, set aside under attempts/);
     an attempt that completed, was skipped, predates attempt.json or ran other code ends the series (a checkpoint
-    of other code is not resumed)."""
+    of other code is not resumed; `code`: this one's git_state)."""
     folders = sorted((run_dir / "attempts").iterdir()) if (run_dir / "attempts").is_dir() else []
-    code = git_state()
     failed: list[dict[str, Any]] = []
     for folder in reversed(folders):
         if (folder / RESULT).exists() or not (folder / ATTEMPT).exists():
@@ -169,7 +169,9 @@ def resume_inputs(point: Point, run_dir: Path, earlier: list[dict[str, Any]]) ->
     return inputs
 
 
-def write_attempt(run_dir: Path, number: int, started: float, outcome: str, error: str) -> dict[str, Any]:
+def write_attempt(
+    run_dir: Path, number: int, started: float, outcome: str, error: str, code: dict[str, Any]
+) -> dict[str, Any]:
     """This attempt's attempt.json: number, outcome, wall time, error, the last `steps_done` a rank recorded."""
     finished = time.time()
     attempt = {
@@ -180,7 +182,7 @@ def write_attempt(run_dir: Path, number: int, started: float, outcome: str, erro
         "wall_s": finished - started,
         "error": error,
         "steps_done": last_steps_done(run_dir / "metrics.jsonl"),
-        "code": git_state(),
+        "code": code,
     }
     write_json_atomic(run_dir / ATTEMPT, attempt)
     return attempt

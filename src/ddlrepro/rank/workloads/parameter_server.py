@@ -57,7 +57,7 @@ from ddlrepro.rank import datasets
 from ddlrepro.rank.interfaces import NodeInterfaceCounter
 from ddlrepro.rank.runtime import RankContext
 from ddlrepro.rank.workloads import ps_faults
-from ddlrepro.records import emit
+from ddlrepro.records import CHECKPOINT_DIR, emit
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -66,7 +66,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 CLASSES = 10
 WEIGHTS_FILE = "ps-final-weights.npz"
-CHECKPOINT_DIR = "checkpoint"
 POSITION = ("step", "epoch", "position")
 ABORT = "abort"  # the chief's announcement that training failed (its own error says why)
 
