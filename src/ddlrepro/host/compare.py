@@ -74,7 +74,8 @@ def check_names(names: list[str]) -> None:
 def check_like_for_like(merged: pd.DataFrame) -> None:
     """ValueError naming every setting (a point's parameter) whose values differ between the environments."""
     settings = [column for column in merged.columns if column not in NOT_SETTINGS | ENVIRONMENT_COLUMNS]
-    values = merged[["source", *settings]].astype(str).drop_duplicates()
+    # map(str), not astype(str): pandas 3 keeps NaN through astype(str), and NaN does not sort with strings.
+    values = merged[["source", *settings]].map(str).drop_duplicates()
     differing = [
         column
         for column in settings
