@@ -40,7 +40,7 @@ reproduce: env horovod
 	$(WITH_ENV) $(BIN)/snakemake --profile profiles/local --cores $(CORES)
 
 test: env horovod
-	$(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -ra --durations=40 $(PYTEST_ARGS)
 
 # Before the whole suite: everything that needs no Slurm cluster, no image build, no Horovod build, and no long
 # end-to-end workflow run (pytest markers, tests/conftest.py).
