@@ -5,6 +5,7 @@ skipped with the reason otherwise), the neighbour's CPU seen on the node, and `c
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -85,6 +86,27 @@ def test_a_50_percent_quota_doubles_the_share_of_allocation(tmp_path: Path) -> N
     assert sample["memory_percent_of_node"] == pytest.approx(100 * sample["rss_bytes"] / psutil.virtual_memory().total)
     assert 0 < sample["node_cpu_percent"] <= 100 and 0 < sample["node_memory_percent"] < 100
     assert not any(name.startswith("gpu") for name in sample)  # CPU: no GPU samples at all
+
+
+@pytest.mark.parametrize(
+    ("environment", "busy_s", "shared"),
+    [({"neighbour": None}, 10.5, False), ({"neighbour": {"cpus": 2}}, 10.5, True), ({}, 14.0, True)],
+)
+def test_provenance_says_whether_the_node_was_shared(
+    tmp_path: Path, environment: dict[str, Any], busy_s: float, shared: bool
+) -> None:
+    """Shared: a neighbour declared beside the run, or foreign processes above the threshold (here 0.5 or 4.0 of
+    20 CPU seconds, against 0.1)."""
+    from ddlrepro.host.environments import ENVIRONMENT_FILE, node_sharing
+    from ddlrepro.host.hostload import HostLoad
+
+    if environment:
+        (tmp_path / ENVIRONMENT_FILE).write_text(json.dumps(environment))
+    load = HostLoad(wall_s=10.0, cpus=2, host_busy_s=busy_s, own_s=10.0, steal_s=0.0)
+    node = node_sharing(tmp_path, load)
+    assert node["shared"] is shared and node["neighbour"] is bool(environment.get("neighbour"))
+    assert node["foreign_cpu_share"] == pytest.approx((busy_s - 10.0) / 20.0)
+    assert node_sharing(tmp_path, None)["foreign_cpu_share"] is None
 
 
 def test_samples_fall_on_shared_wall_clock_ticks() -> None:
@@ -205,6 +227,12 @@ def test_the_neighbour_raises_node_cpu(built: Path, podman_reason: str | None) -
     assert not subprocess.run(
         ["podman", "ps", "--all", "--quiet", "--filter", "name=ddlrepro-neighbour"], capture_output=True, text=True
     ).stdout.strip()  # removed after the run
+    nodes = {}
+    for path in (built / "results" / "runs" / FIGURE).glob("*/provenance.json"):
+        provenance = json.loads(path.read_text())
+        nodes[provenance["point"]["params"]["environment"]] = provenance.get("node")
+    assert nodes["container+neighbour"]["shared"] and nodes["container+neighbour"]["neighbour"], nodes
+    assert not nodes["container"]["neighbour"] and nodes["container"]["foreign_cpu_share"] is not None, nodes
 
 
 @pytest.mark.slow

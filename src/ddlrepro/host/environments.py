@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -24,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ddlrepro.host.config import schema_default
+from ddlrepro.host.hostload import HostLoad
 from ddlrepro.host.launchers.base import Launcher
 from ddlrepro.host.rundir import write_json_atomic
 from ddlrepro.points import Point
@@ -147,3 +150,16 @@ def placed(point: Point, launcher: Launcher, run_dir: Path) -> Iterator[Launcher
     with neighbour(point, launcher.options.timeout_s) as neighbour_record:  # type: ignore[attr-defined]
         write_json_atomic(run_dir / ENVIRONMENT_FILE, record | neighbour_record)
         yield launcher
+
+
+def node_sharing(run_dir: Path, load: HostLoad | None) -> dict[str, Any]:
+    """Whether the run shared its node, for provenance: a neighbour container beside it (declared), and the CPU share
+    used by processes outside the run on the launcher's host (measured; above checks.max_foreign_share's default
+    counts as shared)."""
+    environment_file = run_dir / ENVIRONMENT_FILE
+    environment = json.loads(environment_file.read_text()) if environment_file.exists() else {}
+    neighbour = bool(environment.get("neighbour"))
+    foreign = load.foreign_share if load else None
+    threshold = schema_default("checks", "max_foreign_share")
+    measured = foreign is not None and foreign > threshold
+    return {"shared": neighbour or measured, "neighbour": neighbour, "foreign_cpu_share": foreign, "threshold": threshold}
