@@ -221,7 +221,7 @@ def test_a_frozen_trunk_is_labelled() -> None:
         ),
         ([{"fault": {"role": "ps", "task": 2, "at_step": 4}}], {}, r"faults\[0\]\.fault\.task: no ps task 2 among 2"),
         ([{"fault": {"role": "ps", "at_step": 30}}], {}, r"faults\[0\]\.fault\.at_step: the run has 30 steps"),
-        ([{"fault": {"role": "ps", "at_step": 2}}], {}, r"ps\.checkpoint_every: 3 steps: no checkpoint before"),
+        ([{"fault": {"role": "ps", "at_step": 2}}], {}, r"ps\.checkpoint_interval: 3 steps: no checkpoint before"),
         (
             [{"fault": {"role": "ps", "at_step": 4}}, {"fault": {"role": "ps", "at_step": 5}}],
             {},
@@ -241,7 +241,7 @@ def test_fault_points_follow_their_entries(smoke: dict) -> None:
     points = list(figure_points(smoke)[FIGURE].values())
     killed = {point.params["fault"]["role"]: point for point in points if "fault" in point.params}
     assert killed["worker"].workers == 4 and killed["worker"].params["ps_workers"] == 2  # chief, 2 workers, 1 PS
-    assert killed["ps"].workers == 3 and killed["ps"].params["checkpoint_every"] == 3
+    assert killed["ps"].workers == 3 and killed["ps"].params["checkpoint_interval"] == 3
     assert killed["ps"].params["fault"] == {"role": "ps", "task": 0, "at_step": 4, "signal": "SIGKILL"}
     assert sum("fault" in point.params for point in points) == 2
 

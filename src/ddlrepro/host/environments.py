@@ -162,4 +162,9 @@ def node_sharing(run_dir: Path, load: HostLoad | None) -> dict[str, Any]:
     foreign = load.foreign_share if load else None
     threshold = schema_default("checks", "max_foreign_share")
     measured = foreign is not None and foreign > threshold
-    return {"shared": neighbour or measured, "neighbour": neighbour, "foreign_cpu_share": foreign, "threshold": threshold}
+    return {
+        "shared": neighbour or measured,
+        "neighbour": neighbour,
+        "foreign_cpu_share": foreign,
+        "threshold": threshold,
+    }

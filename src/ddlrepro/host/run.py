@@ -5,8 +5,8 @@ cannot run (NCCL without CUDA) is not started: its `result.json` says `skipped` 
 Every attempt writes `attempt.json` (its number, outcome, wall time, error, the last `steps_done` its ranks
 recorded). A retry (Snakemake's `retries:`) finds the failed attempts before it under `attempts/` and records them
 in its `result.json` (`attempts`, which the tidy table turns into rows: tables.py); a point whose workload can
-resume (params `fault` or `checkpoint_every`) gets its attempt number and the last failed attempt's `checkpoint/`
-folder as inputs (`attempt`, `resume_checkpoint`)."""
+resume (the `ps` workload with `checkpoint_interval`) gets its attempt number and the last failed attempt's
+`checkpoint/` folder as inputs (`attempt`, `resume_checkpoint`)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from ddlrepro.host.testbed.limits import unavailable_reason as testbed_unavailab
 from ddlrepro.points import Point
 from ddlrepro.records import CHECKPOINT_DIR
 
-RESUMABLE_KEYS = {"fault", "checkpoint_every"}  # params of a workload that checkpoints and may resume
+RESUMABLE_WORKLOADS = {"ps"}  # workloads that resume from their own checkpoint/ (with `checkpoint_interval`)
 
 
 def unmet_requirement(point: Point, launcher: str = "local", in_image: bool = False) -> str | None:
@@ -161,7 +161,7 @@ def earlier_attempts(run_dir: Path, code: dict[str, Any]) -> list[dict[str, Any]
 
 def resume_inputs(point: Point, run_dir: Path, earlier: list[dict[str, Any]]) -> dict[str, str]:
     """A resumable point's attempt number and the last failed attempt's checkpoint folder (if it left one)."""
-    if not RESUMABLE_KEYS & set(point.params):
+    if point.workload not in RESUMABLE_WORKLOADS or not point.params.get("checkpoint_interval"):
         return {}
     inputs = {"attempt": str(len(earlier) + 1)}
     checkpoint = run_dir / earlier[-1]["folder"] / CHECKPOINT_DIR if earlier else None

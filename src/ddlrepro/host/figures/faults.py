@@ -1,7 +1,7 @@
 """Fault runs of wikimedia-ps: their points (the section's `faults:` entries), the config errors the schema cannot
 say, their summary columns (attempts, time lost, resumed step, closures rescheduled) and their panel.
 
-A fault run is a cluster run whose params hold `fault: {role, task, at_step, signal}` and `checkpoint_every`
+A fault run is a cluster run whose params hold `fault: {role, task, at_step, signal}` and `checkpoint_interval`
 (rank/workloads/ps_faults.py injects it). Its attempts come from the metric records host/run.py files for the
 failed attempts before the one that completed (`attempt_wall_s`, `attempt_steps_done`, iteration = the attempt,
 detail = the last line of its error) beside the chief's own (`resumed_from_step`, `steps_planned`,
@@ -65,7 +65,7 @@ def fault_params(figure: str, section: dict[str, Any], launcher: dict[str, Any])
             )
         else:
             check_ps_fault(figure, section, launcher, key, fault["at_step"])
-        changes.append({**run, "fault": fault, "checkpoint_every": section["checkpoint_every"]})
+        changes.append({**run, "fault": fault, "checkpoint_interval": section["checkpoint_interval"]})
     return changes
 
 
@@ -77,10 +77,10 @@ def check_ps_fault(figure: str, section: dict[str, Any], launcher: dict[str, Any
             " its run fails and resumes from a checkpoint on a retry; set launcher.retries to 1 or more"
         )
     require(
-        section["checkpoint_every"] <= at_step,
+        section["checkpoint_interval"] <= at_step,
         figure,
-        "checkpoint_every",
-        f"{section['checkpoint_every']} "
+        "checkpoint_interval",
+        f"{section['checkpoint_interval']} "
         f"steps: no checkpoint before {key}'s fault at step {at_step}, a retry would start again from 0",
     )
 

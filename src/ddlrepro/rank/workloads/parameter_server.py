@@ -27,7 +27,7 @@ epochs, learning rate) with Keras `fit` in one process: the study's one-GPU base
 An evaluator reads the chief's final weights from the run folder (the Estimator evaluator's checkpoint) and
 records the test accuracy it finds.
 
-`fault` (a worker or parameter server killed for real, first attempt only) and `checkpoint_every` (the chief's
+`fault` (a worker or parameter server killed for real, first attempt only) and `checkpoint_interval` (the chief's
 checkpoints, which a retry given `resume_checkpoint` resumes from): ps_faults.py.
 """
 
@@ -373,7 +373,7 @@ class Chief:
         if fault and done == fault["at_step"]:
             what = ps_faults.deliver(fault, self.servers)
             emit("metric", rank=0, metric="fault_delivered_at_step", value=done, detail=what)
-        if progress.manager and done % self.params["checkpoint_every"] == 0 and done < steps:
+        if progress.manager and done % self.params["checkpoint_interval"] == 0 and done < steps:
             progress.save(done)
 
     @staticmethod
@@ -451,7 +451,7 @@ class Chief:
 def segment_ends(start: int, steps: int, params: dict[str, Any]) -> list[int]:
     """Where training pauses (every step before joined): after its first step (the cluster's ready time), at every
     checkpoint, at the fault's step (first attempt only) and at the end."""
-    every = params.get("checkpoint_every", 0)
+    every = params.get("checkpoint_interval", 0)
     ends = {start + 1, steps, *(range(every, steps, every) if every else ())}
     fault = ps_faults.active_fault(params)
     if fault:
@@ -460,7 +460,7 @@ def segment_ends(start: int, steps: int, params: dict[str, Any]) -> list[int]:
 
 
 class Progress:
-    """The chief's checkpoint (`checkpoint_every` steps; none if 0): the model's variables, the step, the epoch and
+    """The chief's checkpoint (`checkpoint_interval` steps; none if 0): the model's variables, the step, the epoch and
     the place in its permutation (plain SGD keeps no optimizer state to save). Written to the run folder's
     `checkpoint/`; read from `resume_checkpoint`, the previous failed attempt's, which the host hands a retry."""
 
@@ -473,7 +473,7 @@ class Progress:
             step=self.step, epoch=self.epoch, position=self.position, **{f"w{i}": v for i, v in enumerate(variables)}
         )
         self.manager = None
-        if params.get("checkpoint_every"):
+        if params.get("checkpoint_interval"):
             folder = Path(os.environ["DDLREPRO_RUN_DIR"]) / CHECKPOINT_DIR
             self.manager = tf.train.CheckpointManager(self.checkpoint, str(folder), max_to_keep=1)
         self.start = self.restore(params.get("resume_checkpoint"))

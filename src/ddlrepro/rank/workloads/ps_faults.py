@@ -10,7 +10,7 @@ A killed worker: the ClusterCoordinator puts the closures that failed on it back
 run them; TensorFlow counts them (`recoverable_worker_failure_count`, read here from its coordinator metrics). A
 killed parameter server: the coordinator raises UnavailableError (`PSUnavailableError`), whose message names the
 task or its address; the chief raises `ParameterServerLost` naming `/job:ps/task:<k>`, and the run fails. The chief
-writes a `tf.train.Checkpoint` every `checkpoint_every` steps into the run folder's `checkpoint/`; the host sets a
+writes a `tf.train.Checkpoint` every `checkpoint_interval` steps into the run folder's `checkpoint/`; the host sets a
 failed attempt's folder aside (attempts/<time>/) and hands the next attempt its checkpoint (`resume_checkpoint`).
 """
 
