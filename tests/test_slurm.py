@@ -221,27 +221,36 @@ BOTH_PROFILES = "Using profiles slurm and workflow specific profile profiles/def
 @pytest.mark.slow
 def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, str], tmp_path: Path) -> None:
     """A fresh clone after the setup, on a machine with no Snakemake profile: `snakemake --profile slurm` runs
-    every framework of fig9 (torch, Horovod over gloo and MPI, TensorFlow), the MPI all-reduce and a bitwise
-    EasyScale figure, each run an sbatch job whose workers srun starts (MPI ranks through Slurm's PMIx plugin):
-    the launcher follows the executor, no config names it."""
+    fig9's torch point, the MPI all-reduce, a bitwise EasyScale figure and the BigGAN study's hpc environment, each
+    run an sbatch job whose workers srun starts (MPI ranks through Slurm's PMIx plugin): the launcher follows the
+    executor, no config names it. Every framework runs under Slurm in test_multinode.py, across two nodes."""
     workdir = copy_workflow(tmp_path / "clone")
     env = empty_config_homes(cluster, tmp_path / "home")
     assert "installed profiles/slurm as " in setup_profile(workdir, env)
-    fig9 = "{workers: [2], frameworks: [torch, horovod, tensorflow], horovod_controllers: [gloo, mpi]}"
-    sections = {"kungfu-fig9": fig9, "kungfu-allreduce": "{backends: [mpi]}", "easyscale-fig9": "{enabled: true}"}
-    config = only(workdir, "slurm.yaml", sections, checks_excluding("kungfu-allreduce/nccl-busbw"))  # MPI only
+    fig9 = "{workers: [2], frameworks: [torch]}"
+    hpc = "{workers: 2, steps: 8, batch_size: 4, environments: [{name: hpc, kind: slurm}]}"
+    sections = {
+        "kungfu-fig9": fig9,
+        "kungfu-allreduce": "{backends: [mpi]}",
+        "easyscale-fig9": "{enabled: true}",
+        "biggan-profiles": hpc,
+    }
+    containers_only = [  # the BigGAN study's checks between environments: only hpc runs here
+        f"biggan-profiles/{check}"
+        for check in (
+            *("neighbour-raises-node-cpu", "neighbour-slows-training", "job-memory-like-for-like"),
+            *("job-cpu-within-container-limit", "job-cpu-within-limit-beside-neighbour"),
+        )
+    ]
+    excluded = checks_excluding("kungfu-allreduce/nccl-busbw", *containers_only)  # MPI only, hpc only
+    config = only(workdir, "slurm.yaml", sections, excluded)
     done = slurm_snakemake(workdir, env, "--configfile", "tests/configs/tiny.yaml", config)
     assert done.returncode == 0, done.stderr[-4000:]
     assert BOTH_PROFILES in done.stderr
     assert "has been submitted with SLURM jobid" in done.stderr
     table = pd.read_csv(workdir / "results" / "tables" / "kungfu-fig9.csv")
-    rates = table[table["metric"] == "img_per_sec"].fillna({"horovod_controller": "-"})
-    ranks = rates.groupby(["framework", "horovod_controller", "workers"])["rank"].nunique()
-    assert ranks.to_dict() == {
-        (framework, controller, workers): workers
-        for framework, controller in [("torch", "-"), ("horovod", "gloo"), ("horovod", "mpi"), ("tensorflow", "-")]
-        for workers in (2,)
-    }
+    rates = table[table["metric"] == "img_per_sec"]
+    assert rates.groupby(["framework", "workers"])["rank"].nunique().to_dict() == {("torch", 2): 2}
     sums = table[table["metric"] == "parameter_sum"]
     assert sums.groupby("point_id")["value"].nunique().eq(1).all()  # gradients really were averaged
     allreduce = pd.read_csv(workdir / "results" / "tables" / "kungfu-allreduce.csv")
@@ -256,6 +265,10 @@ def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, s
         assert ("--mpi=pmix" in command) == (spec["mode"] == "mpirun")
     checks = pd.read_csv(workdir / "results" / "checks.tsv", sep="\t").set_index(["figure", "check"])
     assert checks.loc[("easyscale-fig9", "d1-exactly-zero"), "status"] == "pass"
+    summary = pd.read_csv(workdir / "results" / "tables" / "biggan-profiles.summary.csv")
+    hpc = summary.set_index("environment").loc["hpc"]
+    assert hpc["status"] == "ok" and hpc["ticks"] >= 2, hpc  # the BigGAN study's HPC environment: this Slurm job
+    assert hpc["allocation_cpu_cores"] > 0 and 0 < hpc["node_cpu_percent_mean"] <= 100, hpc
 
 
 @pytest.mark.slow
