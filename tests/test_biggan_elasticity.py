@@ -36,7 +36,7 @@ def smoke() -> dict:
         ),
         ({"situations": ["preempted"]}, r"figures\.biggan-elasticity\.situations\[0\]: 'preempted' is not valid"),
         ({"late_s": 60}, r"figures\.biggan-elasticity\.late_s: 60 s is not below rendezvous_timeout_s \(60 s\)"),
-        ({"event_step": 60}, r"figures\.biggan-elasticity\.event_step: 60 is not between 0 and steps \(60\)"),
+        ({"event_step": 48}, r"figures\.biggan-elasticity\.event_step: 48 is not between 0 and steps \(48\)"),
         ({"min_step_s": -1}, r"figures\.biggan-elasticity\.min_step_s: -1 is less than the minimum of 0"),
     ],
 )

@@ -232,7 +232,7 @@ def test_the_neighbour_raises_node_cpu(built: Path, podman_reason: str | None) -
         provenance = json.loads(path.read_text())
         nodes[provenance["point"]["params"]["environment"]] = provenance.get("node")
     assert nodes["container+neighbour"]["shared"] and nodes["container+neighbour"]["neighbour"], nodes
-    assert not nodes["container"]["neighbour"] and nodes["container"]["foreign_cpu_share"] is not None, nodes
+    assert not nodes["container"]["neighbour"], nodes  # (foreign CPU is not measured around containers' processes)
 
 
 @pytest.mark.slow
