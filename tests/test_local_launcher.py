@@ -181,3 +181,21 @@ def test_a_failed_attempt_of_other_code_ends_the_series(tmp_path: Path) -> None:
         folder.mkdir(parents=True)
         (folder / "attempt.json").write_text(json.dumps({"attempt": 1, "outcome": "failed", "code": code}))
     assert [attempt["folder"] for attempt in earlier_attempts(tmp_path, git_state())] == ["attempts/20260101T000100"]
+
+
+def test_only_a_ps_point_with_checkpoints_gets_resume_inputs(tmp_path: Path) -> None:
+    """The ps workload resumes from the last failed attempt's checkpoint/; torchrun's points, which also have a
+    `checkpoint_interval`, restart from their own and get nothing."""
+    from ddlrepro.host.run import resume_inputs
+    from ddlrepro.points import Point
+    from ddlrepro.records import CHECKPOINT_DIR
+
+    (tmp_path / "attempts" / "1" / CHECKPOINT_DIR).mkdir(parents=True)
+    earlier = [{"attempt": 1, "folder": "attempts/1"}]
+    ps = Point("wikimedia-ps", "ps", 4, 1, {"checkpoint_interval": 3})
+    checkpoint = str(tmp_path / "attempts" / "1" / CHECKPOINT_DIR)
+    assert resume_inputs(ps, tmp_path, earlier) == {"attempt": "2", "resume_checkpoint": checkpoint}
+    assert resume_inputs(ps, tmp_path, []) == {"attempt": "1"}
+    torchrun = Point("biggan-elasticity", "elastic", 2, 1, {"checkpoint_interval": 1, "runtime": "torchrun"})
+    assert resume_inputs(torchrun, tmp_path, earlier) == {}
+    assert resume_inputs(Point("wikimedia-ps", "ps", 4, 1, {}), tmp_path, earlier) == {}

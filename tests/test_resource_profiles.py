@@ -89,24 +89,24 @@ def test_a_50_percent_quota_doubles_the_share_of_allocation(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(
-    ("environment", "busy_s", "shared"),
-    [({"neighbour": None}, 10.5, False), ({"neighbour": {"cpus": 2}}, 10.5, True), ({}, 14.0, True)],
+    ("neighbour", "busy_s", "shared"),
+    [(None, 10.5, False), ({"cpus": 2}, 10.5, True), (None, 14.0, True), (None, None, None), ({"cpus": 2}, None, True)],
 )
 def test_provenance_says_whether_the_node_was_shared(
-    tmp_path: Path, environment: dict[str, Any], busy_s: float, shared: bool
+    neighbour: dict[str, Any] | None, busy_s: float | None, shared: bool | None
 ) -> None:
     """Shared: a neighbour declared beside the run, or foreign processes above the threshold (here 0.5 or 4.0 of
-    20 CPU seconds, against 0.1)."""
-    from ddlrepro.host.environments import ENVIRONMENT_FILE, node_sharing
+    20 CPU seconds, against 0.1); unknown (None) with no neighbour and nothing measured."""
+    from ddlrepro.host.environments import node_sharing
     from ddlrepro.host.hostload import HostLoad
+    from ddlrepro.points import Point
 
-    if environment:
-        (tmp_path / ENVIRONMENT_FILE).write_text(json.dumps(environment))
-    load = HostLoad(wall_s=10.0, cpus=2, host_busy_s=busy_s, own_s=10.0, steal_s=0.0)
-    node = node_sharing(tmp_path, load)
-    assert node["shared"] is shared and node["neighbour"] is bool(environment.get("neighbour"))
-    assert node["foreign_cpu_share"] == pytest.approx((busy_s - 10.0) / 20.0)
-    assert node_sharing(tmp_path, None)["foreign_cpu_share"] is None
+    point = Point("biggan-profiles", "gan", 2, 1, {"environment": "x", "neighbour": neighbour})
+    load = None if busy_s is None else HostLoad(wall_s=10.0, cpus=2, host_busy_s=busy_s, own_s=10.0, steal_s=0.0)
+    node = node_sharing(point, load)
+    assert node["shared"] is shared and node["neighbour"] is bool(neighbour)
+    expected = None if busy_s is None else pytest.approx((busy_s - 10.0) / 20.0)
+    assert node["foreign_cpu_share"] == expected
 
 
 def test_samples_fall_on_shared_wall_clock_ticks() -> None:
@@ -232,7 +232,8 @@ def test_the_neighbour_raises_node_cpu(built: Path, podman_reason: str | None) -
         provenance = json.loads(path.read_text())
         nodes[provenance["point"]["params"]["environment"]] = provenance.get("node")
     assert nodes["container+neighbour"]["shared"] and nodes["container+neighbour"]["neighbour"], nodes
-    assert not nodes["container"]["neighbour"], nodes  # (foreign CPU is not measured around containers' processes)
+    # Foreign CPU is not measured around containers' processes: without a neighbour, sharing is unknown.
+    assert not nodes["container"]["neighbour"] and nodes["container"]["shared"] is None, nodes
 
 
 @pytest.mark.slow

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import os
 import shutil
 import subprocess
@@ -152,19 +151,13 @@ def placed(point: Point, launcher: Launcher, run_dir: Path) -> Iterator[Launcher
         yield launcher
 
 
-def node_sharing(run_dir: Path, load: HostLoad | None) -> dict[str, Any]:
-    """Whether the run shared its node, for provenance: a neighbour container beside it (declared), and the CPU share
-    used by processes outside the run on the launcher's host (measured; above checks.max_foreign_share's default
-    counts as shared)."""
-    environment_file = run_dir / ENVIRONMENT_FILE
-    environment = json.loads(environment_file.read_text()) if environment_file.exists() else {}
-    neighbour = bool(environment.get("neighbour"))
+def node_sharing(point: Point, load: HostLoad | None) -> dict[str, Any]:
+    """Whether the run shared its node, for provenance: a neighbour container beside it (declared), or processes
+    outside the run above checks.max_foreign_share's default of the launcher host's CPU (measured); `shared` is
+    None when there was no neighbour and nothing was measured (around containers the launcher cannot count its own
+    processes' CPU)."""
+    neighbour = bool(point.params.get("neighbour"))
     foreign = load.foreign_share if load else None
     threshold = schema_default("checks", "max_foreign_share")
-    measured = foreign is not None and foreign > threshold
-    return {
-        "shared": neighbour or measured,
-        "neighbour": neighbour,
-        "foreign_cpu_share": foreign,
-        "threshold": threshold,
-    }
+    shared = True if neighbour else None if foreign is None else foreign > threshold
+    return {"shared": shared, "neighbour": neighbour, "foreign_cpu_share": foreign, "threshold": threshold}

@@ -135,7 +135,7 @@ def run_attempt(
                     launcher.execute(spec, output)
             finally:
                 provenance = run_provenance(asdict(run), spec.to_dict(), output.workers, image)
-                provenance["node"] = environments.node_sharing(run_dir, meter.load if meter else None)
+                provenance["node"] = environments.node_sharing(run, meter.load if meter else None)
                 data_provenance = {"data": data["provenance"]} if data["provenance"] else {}
                 write_json_atomic(run_dir / "provenance.json", provenance | data_provenance)
     if output.result is None:
