@@ -36,7 +36,7 @@ from ddlrepro.rank.elastic.client import ConfigClient, ConfigServerError
 from ddlrepro.rank.elastic.cluster import TOKEN_ENV
 from ddlrepro.rank.elastic.faults import live_records, worker_pid
 from ddlrepro.rank.elastic.schedule import parse_schedule
-from ddlrepro.rank.elastic.trainer import FINAL_STATE, MOMENTUM, ElasticTrainer, slice_seed
+from ddlrepro.rank.elastic.trainer import FINAL_STATE, MOMENTUM, ClassifierTrainer, slice_seed
 from ddlrepro.rank.models import build_model
 from ddlrepro.rank.workloads.throughput import synthetic_batch
 from ddlrepro.records import RECORD_PREFIX
@@ -217,7 +217,7 @@ class DyingGroup:
 def test_a_rank_records_its_slice_before_the_all_reduce(capsys: pytest.CaptureFixture[str]) -> None:
     """A rank killed in a step's all-reduce has already written its slice: if a survivor completes that step, the
     slice is in the ledger; if none does, the next version's resume note voids it."""
-    trainer = ElasticTrainer(elastic_point("4:0").params, threads=1)
+    trainer = ClassifierTrainer(elastic_point("4:0").params, threads=1)
     with pytest.raises(RuntimeError, match="closed by peer"):
         trainer.train_step(DyingGroup())
     records = [json.loads(line.removeprefix(RECORD_PREFIX)) for line in capsys.readouterr().out.splitlines()]
@@ -230,7 +230,7 @@ def test_a_rank_records_its_slice_before_the_all_reduce(capsys: pytest.CaptureFi
 def test_a_lost_step_moves_batchnorm_statistics_but_not_parameters() -> None:
     """What the README says of a fault: when the all-reduce fails, the step's forward pass has already folded this
     rank's slice into the running BatchNorm statistics; parameters and momentum are untouched."""
-    trainer = ElasticTrainer(elastic_point("4:0").params, threads=1)
+    trainer = ClassifierTrainer(elastic_point("4:0").params, threads=1)
     kept = [tensor.clone() for tensor in trainer.parameters_and_momentum()]
     running = {name: buffer.clone() for name, buffer in trainer.model.named_buffers()}
     with pytest.raises(RuntimeError, match="closed by peer"):
@@ -329,9 +329,11 @@ def test_resized_state_is_bitwise_equal_on_every_rank_and_matches_a_fixed_size_r
     assert trained["step"] == 10
     model, optimizer = one_process_reference(point.params, records)
     for (name, parameter), momentum in zip(
-        model.named_parameters(), trained["optimizer"]["state"].values(), strict=True
+        model.named_parameters(), trained["optimizers"]["model"]["state"].values(), strict=True
     ):
-        torch.testing.assert_close(trained["model"][name], parameter.detach(), rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(
+            trained["modules"]["model"][name], parameter.detach(), rtol=1e-5, atol=1e-6, msg=name
+        )
         expected = optimizer.state[parameter]["momentum_buffer"]
         torch.testing.assert_close(momentum["momentum_buffer"], expected, rtol=1e-4, atol=1e-6, msg=name)
 

@@ -36,7 +36,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from ddlrepro.host.config import ConfigError, config_schema, validate_config
+from ddlrepro.host.config import ConfigError, config_schema, read_yaml, validate_config
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.provenance import git_state
@@ -444,7 +444,7 @@ def bundled_inputs(
 def bundled_config(data: bytes) -> dict[str, Any]:
     """config-used.yaml, validated against the config schema as the workflow validated it before using it."""
     try:
-        config = yaml.safe_load(data)
+        config = read_yaml(data)
         validate_config(config)
     except yaml.YAMLError as error:
         raise ValueError(f"config-used.yaml: not YAML ({error})") from None

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
-from ddlrepro.host.config import SCHEMAS, validate_against, validate_config
+from ddlrepro.host.config import SCHEMAS, read_yaml, validate_against, validate_config
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.tables import HOST_LOAD_COLUMNS, as_flags
 
@@ -43,7 +42,7 @@ class DeclaredSkip(LookupError):
 def load_references(path: Path, schema: Path = REFERENCES_SCHEMA) -> dict[str, list[dict[str, Any]]]:
     """Load references.yaml (or the benchmarks' targets, `schema` BENCHMARK_TARGETS_SCHEMA) and validate it against
     its schema (ConfigError names the offending entry)."""
-    references = yaml.safe_load(path.read_text()) or {}
+    references = read_yaml(path.read_text()) or {}
     validate_against(references, schema, path.name)
     return references
 

@@ -172,3 +172,31 @@ def discriminator_hinge_loss(real_scores: torch.Tensor, fake_scores: torch.Tenso
 
 def generator_hinge_loss(fake_scores: torch.Tensor) -> torch.Tensor:
     return -fake_scores.mean()
+
+
+def discriminator_backward(
+    generator: nn.Module,
+    discriminator: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    z: torch.Tensor,
+    fake_labels: torch.Tensor,
+) -> float:
+    """One D step's hinge loss, back-propagated into D: real images against G's fakes of `fake_labels` (made without
+    gradients), each judged with its own labels; the loss."""
+    with torch.no_grad():
+        fake = generator(z, fake_labels)
+    scores = discriminator(torch.cat([images, fake]), torch.cat([labels, fake_labels]))
+    loss = discriminator_hinge_loss(*scores.split(len(images)))
+    loss.backward()
+    return float(loss)
+
+
+def generator_backward(generator: nn.Module, discriminator: nn.Module, z: torch.Tensor, labels: torch.Tensor) -> float:
+    """One G step's hinge loss, back-propagated into G through a frozen D (no D gradient for a step that does not
+    update D); the loss."""
+    discriminator.requires_grad_(False)
+    loss = generator_hinge_loss(discriminator(generator(z, labels), labels))
+    loss.backward()
+    discriminator.requires_grad_(True)
+    return float(loss)

@@ -5,8 +5,9 @@ Points: three runtimes × three situations, one run each. Runtimes: `ddp`, a sta
 `torchrun`, torchrun elastic with `--nnodes=1:MAX`, checkpointing every step (launchers/torchrun.py); `inplace`,
 the in-place elastic runtime (launchers/inplace.py). Situations (launchers/situations.py): `late-start` (the
 second worker starts `late_s` after the first is ready), `killed` (worker 1 gets SIGKILL at `event_step`),
-`joins` (a third worker starts at `event_step`). The model is the section's `model` (the elastic trainer's,
-rank/elastic/trainer.py).
+`joins` (a third worker starts at `event_step`). The model is the section's `model`: `biggan`, the GAN of
+biggan-profiles trained by every runtime alike (rank/elastic/trainer.py's GanTrainer), or one of the elastic
+trainer's image models.
 
 From each run's records the figure tells what happened (`outcome`): failed (no step after the event), restarted
 all workers (a worker that ran before the event started again), waited for all workers (no step before the late
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ddlrepro.host.figures.common import require, threads_per_worker
 from ddlrepro.host.launchers.situations import EVENT_METRIC, SITUATIONS
 from ddlrepro.points import Point
+from ddlrepro.rank.elastic import GAN_MODEL
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,6 +36,7 @@ TITLE = "BigGAN elasticity: what each runtime does when a worker is late, killed
 RUNTIMES = ("ddp", "torchrun", "inplace")
 WORKERS = 2
 SECTION_KEYS = ["model", "image_size", "batch_size", "dataset_size", "collective_timeout_s", "min_step_s"]
+GAN_KEYS = ["resolution", "channels", "z_dim", "attention_resolution", "d_steps", "lr_g", "lr_d", "betas"]
 OUTCOMES = ("failed", "restarted all workers", "waited for all workers", "ignored the joiner", "carried on in place")
 
 
@@ -67,6 +70,7 @@ def cell_point(section: dict[str, Any], launcher: dict[str, Any], runtime: str, 
     workers = WORKERS + (situation == "joins")
     params = {
         **{key: section[key] for key in SECTION_KEYS if key in section},
+        **({key: section[key] for key in GAN_KEYS} if section["model"] == GAN_MODEL else {}),
         "runtime": runtime,
         "elastic": runtime,
         "situation": situation,

@@ -7,7 +7,8 @@ state from a survivor.
     cluster.py           one version of the desired cluster, as the config server serves it
     client.py            the workers' and tests' client of the config server
     membership.py        membership, agreement and process-group re-formation, as each worker sees them
-    trainer.py           the training itself (model, data offsets, ledger records, state digests)
+    trainer.py           the training itself (a classifier or, for GAN_MODEL, the GAN; data offsets, ledger
+                         records, state digests)
     inplace_worker.py    the in-place worker's main loop (train, check config, resize, recover from faults)
     torchrun_worker.py   the baseline worker under torchrun elastic (checkpoint, stop every worker, restart)
     events.py, faults.py resize events and their phases; injected faults
@@ -15,3 +16,5 @@ state from a survivor.
 The host side: the config server (`host/configserver.py`), the launchers that start and watch the processes
 (`host/launchers/inplace.py`, `host/launchers/torchrun.py`) and the ledger's verification (`host/ledger.py`).
 """
+
+GAN_MODEL = "biggan"  # the `model` whose trainer is the GAN (trainer.GanTrainer) instead of a classifier

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic.schedule import parse_schedule
-from ddlrepro.rank.elastic.trainer import DefaultGroup, ElasticTrainer, announce, emit_step
+from ddlrepro.rank.elastic.trainer import DefaultGroup, announce, build_trainer, emit_step
 from ddlrepro.records import emit
 
 
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m ddlrepro.rank.elastic.ddp_worker POINT_JSON")
     point = Point.from_json(argv[0])
     stop = parse_schedule(point.params["schedule"])[-1].step
-    trainer = ElasticTrainer(point.params, point.threads_per_worker)
+    trainer = build_trainer(point.params, point.threads_per_worker)
     announce(int(os.environ["RANK"]))  # ready to train, before the rendezvous: a waiting worker counts as started
     dist.init_process_group("gloo", timeout=timedelta(seconds=float(point.params["rendezvous_timeout_s"])))
     group = DefaultGroup(version=0)

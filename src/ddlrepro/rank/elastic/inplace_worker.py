@@ -27,7 +27,7 @@ from ddlrepro.rank.elastic.client import ConfigClient
 from ddlrepro.rank.elastic.cluster import Cluster, publish_agreed, ready_key
 from ddlrepro.rank.elastic.events import IN_PLACE_PHASES, ResizeEvent
 from ddlrepro.rank.elastic.schedule import parse_schedule
-from ddlrepro.rank.elastic.trainer import ElasticTrainer, announce, emit_step
+from ddlrepro.rank.elastic.trainer import announce, build_trainer, emit_step
 from ddlrepro.rank.policies.provisioning import (
     ThroughputSource,
     measured_throughput,
@@ -54,7 +54,7 @@ class InPlaceWorker:
         self.store = store
         self.timeout_s = float(self.params["collective_timeout_s"])
         self.schedule = {entry.step: entry.size for entry in parse_schedule(self.params["schedule"])}
-        self.trainer = ElasticTrainer(self.params, point.threads_per_worker)
+        self.trainer = build_trainer(self.params, point.threads_per_worker)
         self.cluster: Cluster | None = None
         self.group: membership.Group | None = None
         self.retired: list[membership.Group] = []

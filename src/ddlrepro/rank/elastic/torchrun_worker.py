@@ -28,7 +28,7 @@ from ddlrepro.rank.elastic.client import ConfigClient
 from ddlrepro.rank.elastic.cluster import SERVER_ENV, TOKEN_ENV
 from ddlrepro.rank.elastic.events import RESTART_PHASES, ResizeEvent
 from ddlrepro.rank.elastic.schedule import parse_schedule
-from ddlrepro.rank.elastic.trainer import DefaultGroup, ElasticTrainer, announce, emit_step
+from ddlrepro.rank.elastic.trainer import DefaultGroup, ElasticTrainer, announce, build_trainer, emit_step
 from ddlrepro.records import emit
 
 WAIT_POLL_S = 0.05
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> None:
     point = Point.from_json(argv[0])
     dist.init_process_group("gloo")
     group_formed = time.time()
-    trainer = ElasticTrainer(point.params, point.threads_per_worker)
+    trainer = build_trainer(point.params, point.threads_per_worker)
     event = resume(trainer, dist.get_rank())
     group = DefaultGroup(version=trainer.step)
     if event is not None:

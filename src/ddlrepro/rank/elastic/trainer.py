@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ddlrepro.rank.elastic import GAN_MODEL
+from ddlrepro.rank.gan_models import Discriminator, Generator, discriminator_backward, generator_backward
 from ddlrepro.rank.models import build_model
 from ddlrepro.rank.workloads.throughput import synthetic_batch
 from ddlrepro.records import emit
@@ -58,50 +60,60 @@ class DefaultGroup:
 
 
 class ElasticTrainer:
-    """What a worker keeps in memory across resizes, and one data-parallel step over the current group."""
+    """What a worker keeps in memory across resizes (its modules, their optimizers, the global sample offset and
+    step count) and one data-parallel step over the current group; subclasses train their model on a slice."""
 
-    def __init__(self, params: dict[str, Any], threads: int) -> None:
+    def __init__(self, params: dict[str, Any], threads: int, samples: int, samples_per_step: int) -> None:
         torch.set_num_threads(threads)
         self.seed = params.get("seed", 0)
         torch.manual_seed(self.seed)
-        self.batch_size = params["batch_size"]
-        self.model = build_model(params["model"])
-        self.optimizer = torch.optim.SGD(
-            self.model.parameters(), lr=params.get("learning_rate", 0.01), momentum=MOMENTUM
-        )
-        for parameter in self.model.parameters():
-            self.optimizer.state[parameter]["momentum_buffer"] = torch.zeros_like(parameter)
-        self.inputs, self.labels = synthetic_batch(
-            params["model"], params["dataset_size"], params.get("image_size"), torch.device("cpu"), seed=0
-        )
+        self.samples = samples
+        self.batch_size = samples_per_step  # per rank and step: what the ledger and the throughput count
         # Steps padded to at least this long: a tiny model's steps last milliseconds, too short for the host to act
         # "at a step" (kill or add a worker) before the run ends.
         self.min_step_s = float(params.get("min_step_s", 0.0))
+        self.modules: dict[str, torch.nn.Module] = {}
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self.offset = 0
         self.step = 0
 
+    def train_slice(self, index: torch.Tensor, group: Collectives) -> None:
+        """Train on the samples `index`, averaging every gradient over `group` before its optimizer steps."""
+        raise NotImplementedError
+
     def train_step(self, group: Collectives) -> float:
-        """Train this rank's slice of the next global batch, average gradients over the group; the step time."""
+        """Train this rank's slice of the next global batch over the group; the step time."""
         rank, size = group.rank, group.size
         started = time.perf_counter()
         start = self.offset + rank * self.batch_size
-        index = torch.arange(start, start + self.batch_size) % len(self.labels)
+        index = torch.arange(start, start + self.batch_size) % self.samples
         torch.manual_seed(slice_seed(self.seed, start))
-        self.optimizer.zero_grad(set_to_none=False)
-        F.cross_entropy(self.model(self.inputs[index]), self.labels[index]).backward()
+        # before the step's first all-reduce: see host/ledger.py
         emit("ledger", rank=rank, step=self.step, start=start, count=self.batch_size, size=size, version=group.version)
-        if size > 1:
-            _average_gradients(list(self.model.parameters()), group)
-        self.optimizer.step()
+        self.train_slice(index, group)
         self.offset += size * self.batch_size
         self.step += 1
         time.sleep(max(0.0, self.min_step_s - (time.perf_counter() - started)))
         return time.perf_counter() - started
 
+    def optimizer_state(self) -> list[torch.Tensor]:
+        """Every optimizer's per-parameter tensors (momentum, Adam's moments and step), in parameter order."""
+        return [
+            value
+            for optimizer in self.optimizers.values()
+            for group in optimizer.param_groups
+            for parameter in group["params"]
+            for _, value in sorted(optimizer.state[parameter].items())
+            if isinstance(value, torch.Tensor)
+        ]
+
     def state_tensors(self) -> list[torch.Tensor]:
-        """Everything a joiner must receive: parameters, buffers (BatchNorm statistics), momentum."""
-        momentum = [self.optimizer.state[parameter]["momentum_buffer"] for parameter in self.model.parameters()]
-        return [*self.model.parameters(), *self.model.buffers(), *momentum]
+        """Everything a joiner must receive: parameters, buffers (BatchNorm statistics), optimizer state."""
+        buffers = [buffer for module in self.modules.values() for buffer in module.buffers()]
+        return [*self.parameters(), *buffers, *self.optimizer_state()]
+
+    def parameters(self) -> list[torch.Tensor]:
+        return [parameter for module in self.modules.values() for parameter in module.parameters()]
 
     def broadcast_state(self, group: Collectives, source: int) -> None:
         """Make every rank's state, offset and step equal to `source`'s, one flat broadcast per dtype."""
@@ -118,8 +130,7 @@ class ElasticTrainer:
 
     def parameters_and_momentum(self) -> list[torch.Tensor]:
         """What data-parallel steps keep equal on every rank (BatchNorm buffers follow each rank's own slices)."""
-        momentum = [self.optimizer.state[parameter]["momentum_buffer"] for parameter in self.model.parameters()]
-        return [*self.model.parameters(), *momentum]
+        return [*self.parameters(), *self.optimizer_state()]
 
     def record_state(self, group: Collectives, state: str) -> None:
         """A ledger record of this rank's state digest: `synced` (everything, right after a resize's state sync) or
@@ -143,16 +154,86 @@ class ElasticTrainer:
 
     def checkpoint(self) -> dict[str, Any]:
         return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "modules": {name: module.state_dict() for name, module in self.modules.items()},
+            "optimizers": {name: optimizer.state_dict() for name, optimizer in self.optimizers.items()},
             "offset": self.offset,
             "step": self.step,
         }
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
-        self.model.load_state_dict(checkpoint["model"])
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        for name, module in self.modules.items():
+            module.load_state_dict(checkpoint["modules"][name])
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(checkpoint["optimizers"][name])
         self.offset, self.step = checkpoint["offset"], checkpoint["step"]
+
+
+class ClassifierTrainer(ElasticTrainer):
+    """An image or span model of rank/models.py on `dataset_size` synthetic samples, SGD with momentum."""
+
+    def __init__(self, params: dict[str, Any], threads: int) -> None:
+        super().__init__(params, threads, params["dataset_size"], params["batch_size"])
+        self.model = self.modules["model"] = build_model(params["model"])
+        self.optimizer = self.optimizers["model"] = torch.optim.SGD(
+            self.model.parameters(), lr=params.get("learning_rate", 0.01), momentum=MOMENTUM
+        )
+        # created now, not at the first step: a joiner receives them before it has stepped
+        for parameter in self.model.parameters():
+            self.optimizer.state[parameter]["momentum_buffer"] = torch.zeros_like(parameter)
+        self.inputs, self.labels = synthetic_batch(
+            params["model"], params["dataset_size"], params.get("image_size"), torch.device("cpu"), seed=0
+        )
+
+    def train_slice(self, index: torch.Tensor, group: Collectives) -> None:
+        self.optimizer.zero_grad(set_to_none=False)
+        F.cross_entropy(self.model(self.inputs[index]), self.labels[index]).backward()
+        average_gradients(self.model, group)
+        self.optimizer.step()
+
+
+class GanTrainer(ElasticTrainer):
+    """The BigGAN-style GAN of rank/gan_models.py (the biggan-profiles workload's networks, losses and Adam
+    settings) on the first `dataset_size` images of its dataset: per step, `d_steps` discriminator steps, each on
+    its own `batch_size` real images of the rank's slice, then one generator step; every gradient averaged over the
+    group before its optimizer steps, as DDP would."""
+
+    def __init__(self, params: dict[str, Any], threads: int) -> None:
+        from ddlrepro.rank.workloads.gan import load_images, shape_of
+
+        images, labels = load_images({**params, "dataset": "digits"})
+        self.images, self.labels = images[: params["dataset_size"]], labels[: params["dataset_size"]]
+        self.d_steps, self.real_batch = params["d_steps"], params["batch_size"]
+        super().__init__(params, threads, len(self.labels), self.real_batch * self.d_steps)
+        self.shape = shape_of(params, self.images.shape[1])
+        self.modules = {"generator": Generator(self.shape), "discriminator": Discriminator(self.shape)}
+        betas = tuple(params["betas"])
+        for name, rate in (("generator", params["lr_g"]), ("discriminator", params["lr_d"])):
+            optimizer = torch.optim.Adam(self.modules[name].parameters(), lr=rate, betas=betas)
+            # Adam's own initial state, created now: a joiner receives it before it has stepped
+            for parameter in self.modules[name].parameters():
+                zeros = torch.zeros_like(parameter)
+                optimizer.state[parameter] = {"step": torch.tensor(0.0), "exp_avg": zeros, "exp_avg_sq": zeros.clone()}
+            self.optimizers[name] = optimizer
+
+    def latents(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(self.real_batch, self.shape.z_dim), torch.randint(self.shape.classes, (self.real_batch,))
+
+    def train_slice(self, index: torch.Tensor, group: Collectives) -> None:
+        generator, discriminator = self.modules["generator"], self.modules["discriminator"]
+        for real in index.split(self.real_batch):
+            self.optimizers["discriminator"].zero_grad(set_to_none=False)
+            discriminator_backward(generator, discriminator, self.images[real], self.labels[real], *self.latents())
+            average_gradients(discriminator, group)
+            self.optimizers["discriminator"].step()
+        self.optimizers["generator"].zero_grad(set_to_none=False)
+        generator_backward(generator, discriminator, *self.latents())
+        average_gradients(generator, group)
+        self.optimizers["generator"].step()
+
+
+def build_trainer(params: dict[str, Any], threads: int) -> ElasticTrainer:
+    """The trainer of the point's `model`: the GAN for `biggan`, else a classifier of rank/models.py."""
+    return (GanTrainer if params["model"] == GAN_MODEL else ClassifierTrainer)(params, threads)
 
 
 def slice_seed(seed: int, start: int) -> int:
@@ -170,8 +251,11 @@ def digest(tensors: list[torch.Tensor]) -> str:
     return hasher.hexdigest()
 
 
-def _average_gradients(parameters: list[torch.Tensor], group: Collectives) -> None:
-    """One all-reduce of every gradient, flattened (Horovod's tensor fusion, as one bucket)."""
+def average_gradients(module: torch.nn.Module, group: Collectives) -> None:
+    """One all-reduce of every gradient of `module`, flattened (Horovod's tensor fusion, as one bucket)."""
+    if group.size == 1:
+        return
+    parameters = [parameter for parameter in module.parameters() if parameter.requires_grad]
     flat = torch.cat([parameter.grad.reshape(-1) for parameter in parameters])
     group.all_reduce(flat)
     flat.div_(group.size)

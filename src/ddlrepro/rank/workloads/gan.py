@@ -27,13 +27,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from ddlrepro.rank.datasets import check_image_folder
-from ddlrepro.rank.gan_models import (
-    Discriminator,
-    GanShape,
-    Generator,
-    discriminator_hinge_loss,
-    generator_hinge_loss,
-)
+from ddlrepro.rank.gan_models import Discriminator, GanShape, Generator, discriminator_backward, generator_backward
 from ddlrepro.rank.runtime import RankContext
 from ddlrepro.records import emit
 
@@ -91,27 +85,16 @@ class GanTrainer:
         return z, torch.randint(self.shape.classes, (batch,), generator=self.sampler).to(self.ctx.device)
 
     def discriminator_step(self) -> float:
-        images, labels = self.real_batch()
-        with torch.no_grad():
-            fake = self.generator(*self.latents())
-        _, fake_labels = self.latents()
         self.d_optimizer.zero_grad(set_to_none=True)
-        both = self.discriminator(torch.cat([images, fake]), torch.cat([labels, fake_labels]))
-        loss = discriminator_hinge_loss(*both.split(len(images)))
-        loss.backward()
+        loss = discriminator_backward(self.generator, self.discriminator, *self.real_batch(), *self.latents())
         self.d_optimizer.step()
-        return float(loss)
+        return loss
 
     def generator_step(self) -> float:
-        local_discriminator = self.discriminator.module
-        local_discriminator.requires_grad_(False)
         self.g_optimizer.zero_grad(set_to_none=True)
-        z, labels = self.latents()
-        loss = generator_hinge_loss(local_discriminator(self.generator(z, labels), labels))
-        loss.backward()
+        loss = generator_backward(self.generator, self.discriminator.module, *self.latents())
         self.g_optimizer.step()
-        local_discriminator.requires_grad_(True)
-        return float(loss)
+        return loss
 
     def step(self) -> tuple[float, float]:
         d_loss = sum(self.discriminator_step() for _ in range(self.params["d_steps"])) / self.params["d_steps"]
