@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import math
 from pathlib import Path
 
@@ -18,8 +19,10 @@ from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import biggan_elasticity, figure_points
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
+from ddlrepro.points import Point
 from ddlrepro.rank.elastic import GAN_MODEL
-from ddlrepro.rank.elastic.trainer import GanTrainer, build_trainer, digest
+from ddlrepro.rank.elastic.trainer import GanElasticTrainer, build_trainer, digest
+from ddlrepro.records import RECORD_PREFIX
 
 FIGURE = biggan_elasticity.ID
 TINY = {"steps": 32, "event_step": 6, "late_s": 3, "min_step_s": 0.25}
@@ -42,6 +45,8 @@ def smoke() -> dict:
         ({"late_s": 60}, r"figures\.biggan-elasticity\.late_s: 60 s is not below rendezvous_timeout_s \(60 s\)"),
         ({"event_step": 32}, r"figures\.biggan-elasticity\.event_step: 32 is not between 0 and steps \(32\)"),
         ({"min_step_s": -1}, r"figures\.biggan-elasticity\.min_step_s: -1 is less than the minimum of 0"),
+        ({"model": "vgg"}, r"figures\.biggan-elasticity\.model: 'vgg' is not valid; valid values: biggan, resnet50"),
+        ({"dataset_size": 5000}, r"figures\.biggan-elasticity\.dataset_size: 5000 images: the GAN trains on .* 1797"),
     ],
 )
 def test_bad_input_names_the_key(smoke: dict, change: dict, message: str) -> None:
@@ -147,24 +152,52 @@ def test_checks_fail_where_they_should(runtime: str, situation: str, column: str
 
 
 class OneRank:
-    """A group of one: a step's all-reduces have nobody to wait for."""
+    """A group of one: its all-reduces have nobody to wait for; a broadcast from this rank is recorded, and a
+    broadcast to it is served from `received` (another trainer's recorded ones), as an in-place joiner gets them."""
 
     rank, size, version = 0, 1, 0
+
+    def __init__(self, received: list[torch.Tensor] | None = None) -> None:
+        self.sent: list[torch.Tensor] = []
+        self.received = list(received or [])
 
     def all_reduce(self, tensor: torch.Tensor, op: object = None) -> None:
         pass
 
     def broadcast(self, tensor: torch.Tensor, source: int) -> None:
-        pass
+        if self.received:
+            tensor.copy_(self.received.pop(0))
+        else:
+            self.sent.append(tensor.clone())
 
 
-def test_the_gan_trains_both_networks_and_resumes_bit_for_bit(smoke: dict) -> None:
-    """What every runtime relies on: a step is 2 D steps and a G step on the rank's slice; a checkpoint (torchrun's
-    restart) or a broadcast of the state tensors (an in-place joiner) carries everything the next step depends on."""
+class DyingPeer(OneRank):
+    """Rank 0 of two whose peer dies after `all_reduces` more all-reduces: the next one raises, as gloo's does."""
+
+    size = 2
+
+    def __init__(self, all_reduces: int) -> None:
+        super().__init__()
+        self.all_reduces_left = all_reduces
+
+    def all_reduce(self, tensor: torch.Tensor, op: object = None) -> None:
+        if self.all_reduces_left == 0:
+            raise RuntimeError("Connection closed by peer")
+        self.all_reduces_left -= 1
+
+
+@pytest.fixture
+def gan(smoke: dict) -> Point:
     point = next(iter(figure_points(smoke)[FIGURE].values()))
     assert point.params["model"] == GAN_MODEL
-    trainer = build_trainer(point.params, threads=1)
-    assert isinstance(trainer, GanTrainer) and trainer.batch_size == 2 * point.params["batch_size"]
+    return point
+
+
+def test_the_gan_trains_both_networks_and_resumes_bit_for_bit(gan: Point) -> None:
+    """What every runtime relies on: a step is 2 D steps and a G step on the rank's slice; a checkpoint (torchrun's
+    restart) or the state broadcast to an in-place joiner carries everything the next step depends on."""
+    trainer = build_trainer(gan.params, threads=1)
+    assert isinstance(trainer, GanElasticTrainer) and trainer.batch_size == 2 * gan.params["batch_size"]
     initial = {name: [tensor.clone() for tensor in module.parameters()] for name, module in trainer.modules.items()}
     for _ in range(2):
         trainer.train_step(OneRank())
@@ -172,17 +205,33 @@ def test_the_gan_trains_both_networks_and_resumes_bit_for_bit(smoke: dict) -> No
     assert steps == {"generator": {2}, "discriminator": {4}}
     for name, module in trainer.modules.items():  # (not every tensor: softmax ignores a bias on attention's keys)
         assert any(not torch.equal(old, new) for old, new in zip(initial[name], module.parameters(), strict=True))
-    resumed = build_trainer(point.params, threads=1)
+    resumed = build_trainer(gan.params, threads=1)
     saved = io.BytesIO()  # through bytes, as torchrun's checkpoint file: loading a state dict in memory shares tensors
     torch.save(trainer.checkpoint(), saved)
     resumed.restore(torch.load(io.BytesIO(saved.getvalue()), weights_only=False))
-    joiner = build_trainer(point.params, threads=1)
-    for tensor, source in zip(joiner.state_tensors(), trainer.state_tensors(), strict=True):
-        tensor.data.copy_(source)
-    joiner.offset, joiner.step = trainer.offset, trainer.step
+    source = OneRank()
+    trainer.broadcast_state(source, 0)
+    joiner = build_trainer(gan.params, threads=1)
+    joiner.broadcast_state(OneRank(received=source.sent), 0)
+    assert (joiner.offset, joiner.step) == (trainer.offset, trainer.step) == (16, 2)
     for other in (trainer, resumed, joiner):
         other.train_step(OneRank())
     assert digest(trainer.state_tensors()) == digest(resumed.state_tensors()) == digest(joiner.state_tensors())
+
+
+def test_a_gan_step_lost_midway_updates_nothing(gan: Point, capsys: pytest.CaptureFixture[str]) -> None:
+    """A peer dying between the step's all-reduces (here at the second D step's) must not leave the first D step's
+    update behind: the step is trained again after the resize, so its samples would count twice."""
+    trainer = build_trainer(gan.params, threads=1)
+    trainer.train_step(OneRank())
+    kept = [tensor.clone() for tensor in trainer.parameters_and_momentum()]
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        trainer.train_step(DyingPeer(all_reduces=1))
+    assert all(torch.equal(old, new) for old, new in zip(kept, trainer.parameters_and_momentum(), strict=True))
+    assert (trainer.offset, trainer.step) == (8, 1)
+    trainer.train_step(OneRank())  # the same samples again, from the same state
+    records = [json.loads(line.removeprefix(RECORD_PREFIX)) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["step"], r["start"]) for r in records if r["kind"] == "ledger"] == [(0, 0), (1, 8), (1, 8)]
 
 
 @pytest.mark.slow

@@ -18,7 +18,6 @@ from ddlrepro.host.figures import FIGURES, figure_points
 from ddlrepro.host.launchers import check_points, configured_launcher, launcher_class, launcher_classes
 from ddlrepro.host.run import run_point
 from ddlrepro.points import Point
-from ddlrepro.rank.elastic import GAN_MODEL
 from ddlrepro.rank.models import MODELS
 
 IMAGE_MODELS = [name for name, info in MODELS.items() if info.tokens is None and info.channels == 3]
@@ -86,11 +85,10 @@ def model_enums(node: Any) -> list[list[str]]:
 
 def test_schema_model_names_match_the_package() -> None:
     """The shared list is the package's image models (what the synthetic-image workloads train); the figures that
-    train other models (and biggan-elasticity the GAN) list them in their own sections; every model is named
-    somewhere, none that is not one."""
+    train other models list them in their own sections; every model is named somewhere, none that is not one."""
     schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
     assert set(schema["$defs"]["model"]["enum"]) == set(IMAGE_MODELS)
-    assert {name for names in model_enums(schema) for name in names} == set(MODELS) | {GAN_MODEL}
+    assert {name for names in model_enums(schema) for name in names} == set(MODELS)
     assert set(schema["properties"]["figures"]["properties"]) == set(FIGURES)
 
 

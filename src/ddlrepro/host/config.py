@@ -21,7 +21,7 @@ SCHEMAS = Path(__file__).with_name("schemas")
 CONFIG_SCHEMA = SCHEMAS / "config.schema.yaml"
 
 
-def read_yaml(text: str) -> Any:
+def read_yaml(text: str | bytes) -> Any:
     """YAML's safe subset, parsed by libyaml where PyYAML has it (ten times faster: the references and the schema are
     read by every plot and check)."""
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -51,11 +51,24 @@ def describe(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
         allowed = sorted(_property_names(error.schema, schema))
         unknown = sorted(set(error.instance) - set(allowed))
         return f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}"
-    if error.validator == "enum":
-        return f"{where}: {error.instance!r} is not valid; valid values: {', '.join(map(str, error.validator_value))}"
+    values = error.validator_value if error.validator == "enum" else choices(error)
+    if values:
+        return f"{where}: {error.instance!r} is not valid; valid values: {', '.join(map(str, values))}"
     if error.validator == "oneOf":
         return f"{where}: {error.instance!r} is not valid: {error.schema.get('description', 'see the schema')}"
     return f"{where}: {error.message}"
+
+
+def choices(error: jsonschema.ValidationError) -> list[Any]:
+    """The values an anyOf/oneOf of constants and enums allows (empty when a branch is something else)."""
+    if error.validator not in ("anyOf", "oneOf") or not error.context:
+        return []
+    values: list[Any] = []
+    for branch in error.context:
+        if branch.validator not in ("const", "enum"):
+            return []
+        values += [branch.validator_value] if branch.validator == "const" else branch.validator_value
+    return values
 
 
 def holds_secrets(path: list[Any]) -> bool:

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm
+
+from ddlrepro.rank.datasets import check_image_folder
 
 BOTTOM_PX = 4
 
@@ -166,6 +171,40 @@ class Discriminator(nn.Module):
         return self.linear(pooled).squeeze(1) + (self.embedding(labels) * pooled).sum(dim=1)
 
 
+def load_images(params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dataset's images in [-1, 1] (N, C, R, R) and int64 labels: `digits` (scikit-learn's 8×8 digits upscaled to
+    `resolution`) or `folder` (`images.npy` and `labels.npy` in `data_dir`)."""
+    resolution = params["resolution"]
+    if params["dataset"] == "folder":
+        check_image_folder(params["data_dir"], resolution)
+        images = torch.from_numpy(np.load(Path(params["data_dir"]) / "images.npy")).float() / 127.5 - 1
+        return images, torch.from_numpy(np.load(Path(params["data_dir"]) / "labels.npy")).long()
+    from sklearn.datasets import load_digits  # only for digits: importing scikit-learn costs a rank ~2 s
+
+    pixels, labels = load_digits(return_X_y=True)
+    small = torch.from_numpy(pixels.reshape(-1, 1, 8, 8).astype(np.float32) / 8.0 - 1)
+    images = F.interpolate(small, size=resolution, mode="bilinear", align_corners=False)
+    return images, torch.from_numpy(labels).long()
+
+
+def shape_of(params: dict[str, Any], image_channels: int) -> GanShape:
+    """The networks' shape from a point's params (the `gan` keys of the config schema)."""
+    return GanShape(
+        resolution=params["resolution"],
+        classes=params.get("classes", 10),
+        channels=params["channels"],
+        z_dim=params["z_dim"],
+        attention_resolution=params["attention_resolution"],
+        image_channels=image_channels,
+    )
+
+
+def latents(batch: int, shape: GanShape, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of G's inputs: normal z and uniform class labels, from `generator` (torch's global one if None)."""
+    z = torch.randn(batch, shape.z_dim, generator=generator)
+    return z, torch.randint(shape.classes, (batch,), generator=generator)
+
+
 def discriminator_hinge_loss(real_scores: torch.Tensor, fake_scores: torch.Tensor) -> torch.Tensor:
     return F.relu(1 - real_scores).mean() + F.relu(1 + fake_scores).mean()
 
@@ -189,14 +228,16 @@ def discriminator_backward(
     scores = discriminator(torch.cat([images, fake]), torch.cat([labels, fake_labels]))
     loss = discriminator_hinge_loss(*scores.split(len(images)))
     loss.backward()
-    return float(loss)
+    return loss.item()
 
 
 def generator_backward(generator: nn.Module, discriminator: nn.Module, z: torch.Tensor, labels: torch.Tensor) -> float:
     """One G step's hinge loss, back-propagated into G through a frozen D (no D gradient for a step that does not
     update D); the loss."""
     discriminator.requires_grad_(False)
-    loss = generator_hinge_loss(discriminator(generator(z, labels), labels))
-    loss.backward()
-    discriminator.requires_grad_(True)
-    return float(loss)
+    try:
+        loss = generator_hinge_loss(discriminator(generator(z, labels), labels))
+        loss.backward()
+    finally:
+        discriminator.requires_grad_(True)
+    return loss.item()

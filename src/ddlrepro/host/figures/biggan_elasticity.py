@@ -6,7 +6,7 @@ Points: three runtimes × three situations, one run each. Runtimes: `ddp`, a sta
 the in-place elastic runtime (launchers/inplace.py). Situations (launchers/situations.py): `late-start` (the
 second worker starts `late_s` after the first is ready), `killed` (worker 1 gets SIGKILL at `event_step`),
 `joins` (a third worker starts at `event_step`). The model is the section's `model`: `biggan`, the GAN of
-biggan-profiles trained by every runtime alike (rank/elastic/trainer.py's GanTrainer), or one of the elastic
+biggan-profiles trained by every runtime alike (rank/elastic/trainer.py's GanElasticTrainer), or one of the elastic
 trainer's image models.
 
 From each run's records the figure tells what happened (`outcome`): failed (no step after the event), restarted
@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from ddlrepro.host.config import config_schema
 from ddlrepro.host.figures.common import require, threads_per_worker
 from ddlrepro.host.launchers.situations import EVENT_METRIC, SITUATIONS
 from ddlrepro.points import Point
-from ddlrepro.rank.elastic import GAN_MODEL
+from ddlrepro.rank.elastic import GAN_IMAGES, GAN_MODEL
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,7 +37,6 @@ TITLE = "BigGAN elasticity: what each runtime does when a worker is late, killed
 RUNTIMES = ("ddp", "torchrun", "inplace")
 WORKERS = 2
 SECTION_KEYS = ["model", "image_size", "batch_size", "dataset_size", "collective_timeout_s", "min_step_s"]
-GAN_KEYS = ["resolution", "channels", "z_dim", "attention_resolution", "d_steps", "lr_g", "lr_d", "betas"]
 OUTCOMES = ("failed", "restarted all workers", "waited for all workers", "ignored the joiner", "carried on in place")
 
 
@@ -59,6 +59,12 @@ def check_section(section: dict[str, Any]) -> None:
         "the static world would time out before the late worker comes",
     )
     require(
+        section["model"] != GAN_MODEL or section["dataset_size"] <= GAN_IMAGES,
+        ID,
+        "dataset_size",
+        f"{section['dataset_size']} images: the GAN trains on scikit-learn's {GAN_IMAGES} digits",
+    )
+    require(
         0 < section["event_step"] < section["steps"],
         ID,
         "event_step",
@@ -66,11 +72,16 @@ def check_section(section: dict[str, Any]) -> None:
     )
 
 
+def gan_keys() -> list[str]:
+    """The GAN's own settings (the schema's `$defs/gan`), passed to a point only when it trains the GAN."""
+    return list(config_schema()["$defs"]["gan"]["properties"])
+
+
 def cell_point(section: dict[str, Any], launcher: dict[str, Any], runtime: str, situation: str) -> Point:
     workers = WORKERS + (situation == "joins")
     params = {
         **{key: section[key] for key in SECTION_KEYS if key in section},
-        **({key: section[key] for key in GAN_KEYS} if section["model"] == GAN_MODEL else {}),
+        **({key: section[key] for key in gan_keys()} if section["model"] == GAN_MODEL else {}),
         "runtime": runtime,
         "elastic": runtime,
         "situation": situation,

@@ -17,4 +17,5 @@ The host side: the config server (`host/configserver.py`), the launchers that st
 (`host/launchers/inplace.py`, `host/launchers/torchrun.py`) and the ledger's verification (`host/ledger.py`).
 """
 
-GAN_MODEL = "biggan"  # the `model` whose trainer is the GAN (trainer.GanTrainer) instead of a classifier
+GAN_MODEL = "biggan"  # the `model` whose trainer is the GAN (trainer.GanElasticTrainer) instead of a classifier
+GAN_IMAGES = 1797  # what the GAN trains on, scikit-learn's digits: the most its `dataset_size` can be

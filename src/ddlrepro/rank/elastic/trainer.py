@@ -1,12 +1,14 @@
-"""Elastic training state: model, optimizer and the global sample offset, shared by the in-place workers
-(`inplace_worker.py`) and the torchrun baseline (`torchrun_worker.py`).
+"""Elastic training state (modules, optimizers, the global sample offset and the step count), shared by the in-place
+workers (`inplace_worker.py`), the torchrun baseline (`torchrun_worker.py`) and the static-world baseline
+(`ddp_worker.py`). Two trainers: a classifier of rank/models.py on `dataset_size` synthetic samples (images, or
+token ids with span labels for the encoders), SGD with momentum; and, for `model: biggan`, the GAN of
+rank/gan_models.py on the digits, Adam for each network.
 
-The data are `dataset_size` synthetic samples (images, or token ids with span labels for the encoders); global
-step k trains samples [offset, offset + size × batch), rank r the slice [offset + r·batch, offset + (r+1)·batch)
-(modulo the dataset). The offset continues across resizes, so
-no sample is skipped or repeated; every rank prints a `ledger` record of the samples each of its steps trained.
-With `record_state`, every rank also prints a digest of its state after each resize and at the stop (checked to
-be equal across ranks), and rank 0 saves its final state to `final_state.pt`.
+Global step k trains samples [offset, offset + size × batch), rank r the slice [offset + r·batch, offset +
+(r+1)·batch) (modulo the dataset). The offset continues across resizes, so no sample is skipped or repeated; every
+rank prints a `ledger` record of the samples each of its steps trained. With `record_state`, every rank also prints
+a digest of its state after each resize and at the stop (checked to be equal across ranks), and rank 0 saves its
+final state to `final_state.pt`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddlrepro.rank.elastic import GAN_MODEL
-from ddlrepro.rank.gan_models import Discriminator, Generator, discriminator_backward, generator_backward
+from ddlrepro.rank.gan_models import (
+    Discriminator,
+    Generator,
+    discriminator_backward,
+    generator_backward,
+    latents,
+    load_images,
+    shape_of,
+)
 from ddlrepro.rank.models import build_model
 from ddlrepro.rank.workloads.throughput import synthetic_batch
 from ddlrepro.records import emit
@@ -63,12 +73,13 @@ class ElasticTrainer:
     """What a worker keeps in memory across resizes (its modules, their optimizers, the global sample offset and
     step count) and one data-parallel step over the current group; subclasses train their model on a slice."""
 
-    def __init__(self, params: dict[str, Any], threads: int, samples: int, samples_per_step: int) -> None:
+    samples: int  # the dataset the offset walks through (modulo)
+    batch_size: int  # samples per rank and step: what the ledger and the throughput count
+
+    def __init__(self, params: dict[str, Any], threads: int) -> None:
         torch.set_num_threads(threads)
         self.seed = params.get("seed", 0)
         torch.manual_seed(self.seed)
-        self.samples = samples
-        self.batch_size = samples_per_step  # per rank and step: what the ledger and the throughput count
         # Steps padded to at least this long: a tiny model's steps last milliseconds, too short for the host to act
         # "at a step" (kill or add a worker) before the run ends.
         self.min_step_s = float(params.get("min_step_s", 0.0))
@@ -113,6 +124,7 @@ class ElasticTrainer:
         return [*self.parameters(), *buffers, *self.optimizer_state()]
 
     def parameters(self) -> list[torch.Tensor]:
+        """Every module's parameters, in the order of `modules`."""
         return [parameter for module in self.modules.values() for parameter in module.parameters()]
 
     def broadcast_state(self, group: Collectives, source: int) -> None:
@@ -129,12 +141,13 @@ class ElasticTrainer:
         self.offset, self.step = (int(value) for value in progress)
 
     def parameters_and_momentum(self) -> list[torch.Tensor]:
-        """What data-parallel steps keep equal on every rank (BatchNorm buffers follow each rank's own slices)."""
+        """Parameters and optimizer state (momentum, or Adam's): what data-parallel steps keep equal on every rank
+        (BatchNorm buffers follow each rank's own slices)."""
         return [*self.parameters(), *self.optimizer_state()]
 
     def record_state(self, group: Collectives, state: str) -> None:
         """A ledger record of this rank's state digest: `synced` (everything, right after a resize's state sync) or
-        `final` (parameters and momentum, at the stop)."""
+        `final` (parameters and optimizer state, at the stop)."""
         tensors = self.state_tensors() if state == "synced" else self.parameters_and_momentum()
         progress = torch.tensor([self.offset, self.step], dtype=torch.int64)
         emit(
@@ -172,7 +185,8 @@ class ClassifierTrainer(ElasticTrainer):
     """An image or span model of rank/models.py on `dataset_size` synthetic samples, SGD with momentum."""
 
     def __init__(self, params: dict[str, Any], threads: int) -> None:
-        super().__init__(params, threads, params["dataset_size"], params["batch_size"])
+        super().__init__(params, threads)
+        self.samples, self.batch_size = params["dataset_size"], params["batch_size"]
         self.model = self.modules["model"] = build_model(params["model"])
         self.optimizer = self.optimizers["model"] = torch.optim.SGD(
             self.model.parameters(), lr=params.get("learning_rate", 0.01), momentum=MOMENTUM
@@ -191,49 +205,58 @@ class ClassifierTrainer(ElasticTrainer):
         self.optimizer.step()
 
 
-class GanTrainer(ElasticTrainer):
-    """The BigGAN-style GAN of rank/gan_models.py (the biggan-profiles workload's networks, losses and Adam
-    settings) on the first `dataset_size` images of its dataset: per step, `d_steps` discriminator steps, each on
-    its own `batch_size` real images of the rank's slice, then one generator step; every gradient averaged over the
-    group before its optimizer steps, as DDP would."""
+class GanElasticTrainer(ElasticTrainer):
+    """The BigGAN-style GAN of rank/gan_models.py (the biggan-profiles workload's networks, losses and Adam settings)
+    on the first `dataset_size` digits: per step, `d_steps` discriminator steps, each on its own `batch_size` real
+    images of the rank's slice, then one generator step; every gradient averaged over the group before its optimizer
+    steps, as DDP would."""
 
     def __init__(self, params: dict[str, Any], threads: int) -> None:
-        from ddlrepro.rank.workloads.gan import load_images, shape_of
-
+        super().__init__(params, threads)
         images, labels = load_images({**params, "dataset": "digits"})
         self.images, self.labels = images[: params["dataset_size"]], labels[: params["dataset_size"]]
-        self.d_steps, self.real_batch = params["d_steps"], params["batch_size"]
-        super().__init__(params, threads, len(self.labels), self.real_batch * self.d_steps)
+        self.real_batch = params["batch_size"]
+        self.samples, self.batch_size = len(self.labels), self.real_batch * params["d_steps"]
         self.shape = shape_of(params, self.images.shape[1])
-        self.modules = {"generator": Generator(self.shape), "discriminator": Discriminator(self.shape)}
         betas = tuple(params["betas"])
-        for name, rate in (("generator", params["lr_g"]), ("discriminator", params["lr_d"])):
-            optimizer = torch.optim.Adam(self.modules[name].parameters(), lr=rate, betas=betas)
+        for name, network, rate in (("generator", Generator, "lr_g"), ("discriminator", Discriminator, "lr_d")):
+            module = self.modules[name] = network(self.shape)
+            optimizer = self.optimizers[name] = torch.optim.Adam(module.parameters(), lr=params[rate], betas=betas)
             # Adam's own initial state, created now: a joiner receives it before it has stepped
-            for parameter in self.modules[name].parameters():
+            for parameter in module.parameters():
                 zeros = torch.zeros_like(parameter)
                 optimizer.state[parameter] = {"step": torch.tensor(0.0), "exp_avg": zeros, "exp_avg_sq": zeros.clone()}
-            self.optimizers[name] = optimizer
-
-    def latents(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.randn(self.real_batch, self.shape.z_dim), torch.randint(self.shape.classes, (self.real_batch,))
 
     def train_slice(self, index: torch.Tensor, group: Collectives) -> None:
+        """The step, all or nothing: its d_steps + 1 all-reduces each precede an optimizer step, so a peer lost
+        midway (a collective raises) would leave some updated; they are undone, as the classifier's one all-reduce
+        leaves its parameters untouched, and the step is trained again after the resize."""
+        kept = [tensor.clone() for tensor in self.parameters_and_momentum()]
+        try:
+            self.train_networks(index, group)
+        except Exception:
+            with torch.no_grad():
+                for tensor, old in zip(self.parameters_and_momentum(), kept, strict=True):
+                    tensor.copy_(old)
+            raise
+
+    def train_networks(self, index: torch.Tensor, group: Collectives) -> None:
         generator, discriminator = self.modules["generator"], self.modules["discriminator"]
         for real in index.split(self.real_batch):
             self.optimizers["discriminator"].zero_grad(set_to_none=False)
-            discriminator_backward(generator, discriminator, self.images[real], self.labels[real], *self.latents())
+            fakes = latents(self.real_batch, self.shape)
+            discriminator_backward(generator, discriminator, self.images[real], self.labels[real], *fakes)
             average_gradients(discriminator, group)
             self.optimizers["discriminator"].step()
         self.optimizers["generator"].zero_grad(set_to_none=False)
-        generator_backward(generator, discriminator, *self.latents())
+        generator_backward(generator, discriminator, *latents(self.real_batch, self.shape))
         average_gradients(generator, group)
         self.optimizers["generator"].step()
 
 
 def build_trainer(params: dict[str, Any], threads: int) -> ElasticTrainer:
     """The trainer of the point's `model`: the GAN for `biggan`, else a classifier of rank/models.py."""
-    return (GanTrainer if params["model"] == GAN_MODEL else ClassifierTrainer)(params, threads)
+    return (GanElasticTrainer if params["model"] == GAN_MODEL else ClassifierTrainer)(params, threads)
 
 
 def slice_seed(seed: int, start: int) -> int:

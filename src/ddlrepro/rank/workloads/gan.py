@@ -18,44 +18,22 @@ Every rank records `step_time_s` per generator step (its D steps included) and r
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlrepro.rank.datasets import check_image_folder
-from ddlrepro.rank.gan_models import Discriminator, GanShape, Generator, discriminator_backward, generator_backward
+from ddlrepro.rank.gan_models import (
+    Discriminator,
+    Generator,
+    discriminator_backward,
+    generator_backward,
+    latents,
+    load_images,
+    shape_of,
+)
 from ddlrepro.rank.runtime import RankContext
 from ddlrepro.records import emit
-
-
-def load_images(params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images in [-1, 1] (N, C, R, R) and int64 labels."""
-    resolution = params["resolution"]
-    if params["dataset"] == "folder":
-        check_image_folder(params["data_dir"], resolution)
-        images = torch.from_numpy(np.load(Path(params["data_dir"]) / "images.npy")).float() / 127.5 - 1
-        return images, torch.from_numpy(np.load(Path(params["data_dir"]) / "labels.npy")).long()
-    from sklearn.datasets import load_digits
-
-    pixels, labels = load_digits(return_X_y=True)
-    small = torch.from_numpy(pixels.reshape(-1, 1, 8, 8).astype(np.float32) / 8.0 - 1)
-    images = F.interpolate(small, size=resolution, mode="bilinear", align_corners=False)
-    return images, torch.from_numpy(labels).long()
-
-
-def shape_of(params: dict[str, Any], image_channels: int) -> GanShape:
-    return GanShape(
-        resolution=params["resolution"],
-        classes=params.get("classes", 10),
-        channels=params["channels"],
-        z_dim=params["z_dim"],
-        attention_resolution=params["attention_resolution"],
-        image_channels=image_channels,
-    )
 
 
 class GanTrainer:
@@ -80,9 +58,8 @@ class GanTrainer:
         return self.images[index].to(self.ctx.device), self.labels[index].to(self.ctx.device)
 
     def latents(self) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = self.params["batch_size"]
-        z = torch.randn(batch, self.shape.z_dim, generator=self.sampler).to(self.ctx.device)
-        return z, torch.randint(self.shape.classes, (batch,), generator=self.sampler).to(self.ctx.device)
+        z, labels = latents(self.params["batch_size"], self.shape, self.sampler)
+        return z.to(self.ctx.device), labels.to(self.ctx.device)
 
     def discriminator_step(self) -> float:
         self.d_optimizer.zero_grad(set_to_none=True)
