@@ -24,16 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ddlrepro.rank import gan_models
 from ddlrepro.rank.elastic import GAN_MODEL
-from ddlrepro.rank.gan_models import (
-    Discriminator,
-    Generator,
-    discriminator_backward,
-    generator_backward,
-    latents,
-    load_images,
-    shape_of,
-)
 from ddlrepro.rank.models import build_model
 from ddlrepro.rank.workloads.throughput import synthetic_batch
 from ddlrepro.records import emit
@@ -213,13 +205,16 @@ class GanElasticTrainer(ElasticTrainer):
 
     def __init__(self, params: dict[str, Any], threads: int) -> None:
         super().__init__(params, threads)
-        images, labels = load_images({**params, "dataset": "digits"})
+        images, labels = gan_models.load_images({**params, "dataset": "digits"})
         self.images, self.labels = images[: params["dataset_size"]], labels[: params["dataset_size"]]
         self.real_batch = params["batch_size"]
         self.samples, self.batch_size = len(self.labels), self.real_batch * params["d_steps"]
-        self.shape = shape_of(params, self.images.shape[1])
+        self.shape = gan_models.shape_of(params, self.images.shape[1])
         betas = tuple(params["betas"])
-        for name, network, rate in (("generator", Generator, "lr_g"), ("discriminator", Discriminator, "lr_d")):
+        for name, network, rate in (
+            ("generator", gan_models.Generator, "lr_g"),
+            ("discriminator", gan_models.Discriminator, "lr_d"),
+        ):
             module = self.modules[name] = network(self.shape)
             optimizer = self.optimizers[name] = torch.optim.Adam(module.parameters(), lr=params[rate], betas=betas)
             # Adam's own initial state, created now: a joiner receives it before it has stepped
@@ -244,12 +239,12 @@ class GanElasticTrainer(ElasticTrainer):
         generator, discriminator = self.modules["generator"], self.modules["discriminator"]
         for real in index.split(self.real_batch):
             self.optimizers["discriminator"].zero_grad(set_to_none=False)
-            fakes = latents(self.real_batch, self.shape)
-            discriminator_backward(generator, discriminator, self.images[real], self.labels[real], *fakes)
+            fakes = gan_models.latents(self.real_batch, self.shape)
+            gan_models.discriminator_backward(generator, discriminator, self.images[real], self.labels[real], *fakes)
             average_gradients(discriminator, group)
             self.optimizers["discriminator"].step()
         self.optimizers["generator"].zero_grad(set_to_none=False)
-        generator_backward(generator, discriminator, *latents(self.real_batch, self.shape))
+        gan_models.generator_backward(generator, discriminator, *gan_models.latents(self.real_batch, self.shape))
         average_gradients(generator, group)
         self.optimizers["generator"].step()
 
