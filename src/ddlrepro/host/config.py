@@ -17,17 +17,14 @@ from ddlrepro.host.errors import UserError
 
 # Shipped with the package (package data), so an installed ddlrepro validates without a checkout.
 SCHEMAS = Path(__file__).with_name("schemas")
-
 CONFIG_SCHEMA = SCHEMAS / "config.schema.yaml"
+VARIABLE_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"  # the schema's pattern of an environment variable's name
 
 
 def read_yaml(text: str | bytes) -> Any:
     """YAML's safe subset, parsed by libyaml where PyYAML has it (ten times faster: the references and the schema are
     read by every plot and check)."""
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-
-
-VARIABLE_NAME = "^[A-Za-z_][A-Za-z0-9_]*$"  # the schema's pattern of an environment variable's name
 
 
 class ConfigError(UserError):

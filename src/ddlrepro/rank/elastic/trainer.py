@@ -273,7 +273,7 @@ def average_gradients(module: torch.nn.Module, group: Collectives) -> None:
     """One all-reduce of every gradient of `module`, flattened (Horovod's tensor fusion, as one bucket)."""
     if group.size == 1:
         return
-    parameters = [parameter for parameter in module.parameters() if parameter.requires_grad]
+    parameters = list(module.parameters())
     flat = torch.cat([parameter.grad.reshape(-1) for parameter in parameters])
     group.all_reduce(flat)
     flat.div_(group.size)
