@@ -8,8 +8,9 @@ proportional to the batch; labelled `synthetic`).
 
 Then, for real on this machine (device types emulated on CPU; leave out with --no-real; quiet machine only):
 
-1. Profiles: easyscale-fig14's profile runs, resnet20 at batch 8 per EST, one process of each type (fast, slow)
-   holding 1 and 2 ESTs; and each run's start-up cost: its wall time less its steps at the median step time.
+1. Profiles: easyscale-fig14's profile runs, resnet20 at batch 8 per EST, two processes of each type (fast, slow)
+   each holding 1 and 2 ESTs (the config's devices_per_profile: a profiled step includes the all-reduce and a busy
+   neighbour device); and each run's start-up cost: its wall time less its steps at the median step time.
 2. The throughput model: real consistent-training runs (D1, one process per device, the profiles' thread count) on
    six placements of two processes, none a profile run (so each error is the model's, not run-to-run noise), mixed
    types and 2 ESTs per device among them; samples/s predicted by `Profiles.throughput` from the profiles against
@@ -126,9 +127,10 @@ def strictly_increasing(values: dict[str, float]) -> bool:
 
 MODEL, BATCH, THREADS = "resnet20", 8, 1
 PROFILE_ESTS = [1, 2]
-# None a profile run (one process): each error below is the model's, not run-to-run noise.
+# None a profile run (devices_per_profile processes of one type, equal ESTs): each error below is the model's, not
+# run-to-run noise.
 FIDELITY_PLACEMENTS = [
-    [(1, "fast"), (1, "fast")],
+    [(2, "fast"), (1, "fast")],
     [(1, "fast"), (1, "slow")],
     [(1, "fast"), (2, "slow")],
     [(2, "fast"), (1, "slow")],
@@ -177,8 +179,8 @@ def measure_profiles(launcher: dict, section: dict, folder: Path) -> tuple[Profi
     startup = [
         walls[p.id]
         - p.params["steps"]
-        * step_s[(p.params["profile_type"], p.params["logical_workers"])]
-        * p.params["logical_workers"]
+        * step_s[(p.params["profile_type"], p.params["ests_per_device"])]
+        * p.params["ests_per_device"]
         for p in points
     ]
     return from_table(rows, "profile runs"), statistics.median(startup), quota
@@ -195,9 +197,10 @@ def model_placement(processes: list[tuple[int, str]]) -> Placement:
     )
 
 
-def throughput_fidelity(profiles: Profiles, launcher: dict, settings: dict, folder: Path) -> pd.DataFrame:
-    """Per placement: predicted and measured samples/s, and the relative error of the prediction."""
-    profiled = [[(ests, name)] for ests in PROFILE_ESTS for name in SLOTS]
+def throughput_fidelity(profiles: Profiles, devices: int, launcher: dict, settings: dict, folder: Path) -> pd.DataFrame:
+    """Per placement: predicted and measured samples/s, and the relative error of the prediction (the profiles'
+    runs: `devices` processes each)."""
+    profiled = [[(ests, name)] * devices for ests in PROFILE_ESTS for name in SLOTS]
     assert not any(placement in profiled for placement in FIDELITY_PLACEMENTS), "a placement is a profile run"
     points = [
         typed_point(MODEL, BATCH, placement, launcher, settings, steps=settings["steps"], run="throughput-fidelity")
@@ -247,7 +250,7 @@ def measure_real(args: argparse.Namespace, record: BenchmarkRecord, folder: Path
     )
     with ForeignLoadMeter() as meter:
         timing = {**settings, "steps": args.steps, "warmup_steps": args.warmup_steps}
-        fidelity = throughput_fidelity(profiles, launcher, timing, folder / "fidelity")
+        fidelity = throughput_fidelity(profiles, section["devices_per_profile"], launcher, timing, folder / "fidelity")
     print(fidelity.drop(columns="slug").to_string(index=False, float_format="%.3f"))
     for row in fidelity.itertuples():
         what = f"throughput model error on {row.placement} (predicted ÷ measured − 1)"

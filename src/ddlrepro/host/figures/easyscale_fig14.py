@@ -3,10 +3,10 @@ time (Fig 15), from one simulation of a trace (host/simulator): 68 generated job
 paper says 67), or a user's file.
 
 Points (profiles): one consistent-training (D1) run per model × device type (emulated on CPU) × per-EST batch × ESTs
-per device: one process of that type holding k ESTs (placement [[k, type]]), `steps` steps of which the first
-`warmup_steps` are not timed, and a timed checkpoint save + restore at the end. A profile value: seconds of one
-EST's step with k ESTs on the device = median step time ÷ k. With `profiles_dir` (the artifact's logs.json) no point
-runs and the cluster's types are the artifact's.
+per device: `devices_per_profile` processes of that type, each holding k ESTs (placement [[k, type], [k, type]]),
+`steps` steps of which the first `warmup_steps` are not timed, and a timed checkpoint save + restore at the end. A
+profile value: seconds of one EST's step with k ESTs on the device = median step time (of the slowest process) ÷ k.
+With `profiles_dir` (the artifact's logs.json) no point runs and the cluster's types are the artifact's.
 
 The simulation is its own workflow job (`simulate_table`): from the points' tidy table to the simulation's tidy
 table (`kind` profile, job or allocation rows, every row labelled with the profiles' host, the cluster, the trace,
@@ -48,21 +48,28 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
         for type_name in section["device_types"]:
             for batch in section["batches_per_est"]:
                 for ests in section["ests_per_device"]:
-                    result.append(
-                        device_types.typed_point(
-                            ID,
-                            {**section, "model": model, "batch_size": batch},
-                            launcher,
-                            [type_name],
-                            logical_workers=ests,
-                            placement=[ests],
-                            mode="D1",
-                            steps=section["steps"],
-                            profile_type=type_name,
-                            checkpoint_timing=True,
-                        )
-                    )
+                    result.append(profile_point(section, launcher, model, type_name, batch, ests))
     return result
+
+
+def profile_point(
+    section: dict[str, Any], launcher: dict[str, Any], model: str, type_name: str, batch: int, ests: int
+) -> Point:
+    """The profile run of `model` on `type_name`: devices_per_profile processes of it, each holding `ests` ESTs."""
+    devices = section["devices_per_profile"]
+    return device_types.typed_point(
+        ID,
+        {**section, "model": model, "batch_size": batch},
+        launcher,
+        [type_name] * devices,
+        logical_workers=ests * devices,
+        placement=[ests] * devices,
+        mode="D1",
+        steps=section["steps"],
+        profile_type=type_name,
+        ests_per_device=ests,
+        checkpoint_timing=True,
+    )
 
 
 def check_section(section: dict[str, Any], launcher: dict[str, Any]) -> None:
@@ -139,8 +146,8 @@ def profile_values(table: pd.DataFrame) -> pd.DataFrame:
     step = median_step_time(timed_steps(table, warmup), by="point_id").set_index("point_id")["step_time_s"]
     checkpoint = table[table["metric"] == "checkpoint_restore_s"].groupby("point_id")["value"].median()
     runs = table.drop_duplicates("point_id").set_index("point_id")
-    values = runs[["model", "profile_type", "batch_size", "logical_workers", *HOST_LOAD_COLUMNS]].copy()
-    values["step_time_s"] = step / values["logical_workers"]
+    values = runs[["model", "profile_type", "batch_size", "ests_per_device", *HOST_LOAD_COLUMNS]].copy()
+    values["step_time_s"] = step / values["ests_per_device"]
     values["checkpoint_restore_s"] = checkpoint
     return values.reset_index()
 
@@ -156,7 +163,6 @@ def profile_table(table: pd.DataFrame, host: str) -> pd.DataFrame:
             "model": "application",
             "profile_type": "device_type",
             "batch_size": "batch_per_est",
-            "logical_workers": "ests_per_device",
         }
     )
     return values.assign(host=host)[[*TIDY_COLUMNS, "checkpoint_restore_s", *HOST_LOAD_COLUMNS, "point_id"]]
