@@ -10,7 +10,8 @@ Then, for real on this machine (device types emulated on CPU; leave out with --n
 
 1. Profiles: easyscale-fig14's profile runs, resnet20 at batch 8 per EST, two processes of each type (fast, slow)
    each holding 1 and 2 ESTs (the config's devices_per_profile: a profiled step includes the all-reduce and a busy
-   neighbour device); and each run's start-up cost: its wall time less its steps at the median step time.
+   neighbour device); and the start-up of a one-device run of each type (as every replayed stage is): its wall time
+   less its steps at its own median step time.
 2. The throughput model: real consistent-training runs (D1, one process per device, the profiles' thread count) on
    six placements of two processes, none a profile run (so each error is the model's, not run-to-run noise), mixed
    types and 2 ESTs per device among them; samples/s predicted by `Profiles.throughput` from the profiles against
@@ -160,9 +161,8 @@ def run_timed(points: list[Point], folder: Path) -> tuple[pd.DataFrame, dict[str
     return tidy_table([folder / point.id for point in points]), walls
 
 
-def measure_profiles(launcher: dict, section: dict, folder: Path) -> tuple[Profiles, float, str]:
-    """easyscale-fig14's profile runs of MODEL: the profiles, the median start-up cost of a run, the CPU quota's
-    status."""
+def measure_profiles(launcher: dict, section: dict, folder: Path) -> tuple[Profiles, str]:
+    """easyscale-fig14's profile runs of MODEL: the profiles and the CPU quota's status."""
     section = {
         **section,
         "models": [MODEL],
@@ -171,19 +171,22 @@ def measure_profiles(launcher: dict, section: dict, folder: Path) -> tuple[Profi
         "device_types": list(SLOTS),
         "threads_per_worker": THREADS,
     }
-    points = easyscale_fig14.points(section, launcher)
-    table, walls = run_timed(points, folder)
+    table, _ = run_timed(easyscale_fig14.points(section, launcher), folder)
     quota = device_types.quota_status(table)
     rows = easyscale_fig14.profile_table(table, f"this machine; {easyscale_fig14.EMULATED}, CPU quota {quota}")
-    step_s = rows.set_index(["device_type", "ests_per_device"])["step_time_s"]
-    startup = [
-        walls[p.id]
-        - p.params["steps"]
-        * step_s[(p.params["profile_type"], p.params["ests_per_device"])]
-        * p.params["ests_per_device"]
-        for p in points
+    return from_table(rows, "profile runs"), quota
+
+
+def one_device_startup(launcher: dict, settings: dict, folder: Path) -> float:
+    """The median start-up of a one-device run of each type, as every replayed stage is: its wall time less its
+    steps at its own median step time."""
+    points = [
+        typed_point(MODEL, BATCH, [(1, name)], launcher, settings, steps=settings["steps"], run="startup")
+        for name in SLOTS
     ]
-    return from_table(rows, "profile runs"), statistics.median(startup), quota
+    table, walls = run_timed(points, folder)
+    step_s = median_step_time(timed_steps(table, settings["warmup_steps"]), by="point_id").set_index("point_id")
+    return statistics.median(walls[p.id] - p.params["steps"] * step_s.loc[p.id, "step_time_s"] for p in points)
 
 
 def model_placement(processes: list[tuple[int, str]]) -> Placement:
@@ -241,15 +244,15 @@ def measure_real(args: argparse.Namespace, record: BenchmarkRecord, folder: Path
     config = load_config(REPO / "config" / "config.yaml")
     launcher, section = config["launcher"], config["figures"]["easyscale-fig14"]
     settings = {"learning_rate": section["learning_rate"], "threads_per_worker": THREADS}
+    timing = {**settings, "steps": args.steps, "warmup_steps": args.warmup_steps}
     with ForeignLoadMeter() as meter:
         section = {**section, "steps": args.steps, "warmup_steps": args.warmup_steps}
-        profiles, startup_s, quota = measure_profiles(launcher, section, folder / "profiles")
-    print(f"profiles ({MODEL}, batch {BATCH}; CPU quota {quota}): start-up of a run {startup_s:.2f} s")
-    record.add(
-        "run-startup", "start-up of a consistent-training run (wall − steps × median step)", startup_s, "s", meter.load
-    )
+        profiles, quota = measure_profiles(launcher, section, folder / "profiles")
+        startup_s = one_device_startup(launcher, timing, folder / "startup")
+    print(f"profiles ({MODEL}, batch {BATCH}; CPU quota {quota}): start-up of a one-device run {startup_s:.2f} s")
+    what = "start-up of a one-device consistent-training run (wall − steps × its median step)"
+    record.add("run-startup", what, startup_s, "s", meter.load)
     with ForeignLoadMeter() as meter:
-        timing = {**settings, "steps": args.steps, "warmup_steps": args.warmup_steps}
         fidelity = throughput_fidelity(profiles, section["devices_per_profile"], launcher, timing, folder / "fidelity")
     print(fidelity.drop(columns="slug").to_string(index=False, float_format="%.3f"))
     for row in fidelity.itertuples():
