@@ -139,6 +139,19 @@ def test_bad_settings_name_their_key(change: dict, message: str) -> None:
         figure_points(config)
 
 
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_a_profile_run_holds_devices_per_profile_processes_of_its_type(devices: int) -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    config["figures"]["easyscale-fig14"]["devices_per_profile"] = devices
+    points = list(figure_points(config)["easyscale-fig14"].values())
+    for point in points:
+        ests = point.params["ests_per_device"]
+        assert point.workers == devices and point.params["placement"] == [ests] * devices
+        assert point.params["logical_workers"] == ests * devices
+    slow = [point for point in points if point.params["profile_type"] == "slow"]  # the default type needs no params
+    assert slow and all([spec["name"] for spec in p.params["device_types"]] == ["slow"] * devices for p in slow)
+
+
 def test_a_cluster_type_without_devices_needs_no_profile() -> None:
     """Config files merge key by key: the artifact's cluster beside the emulated types set to 0 devices."""
     config = load_config(REPO / "config" / "config.yaml")
