@@ -22,7 +22,7 @@ Then, for real on this machine (device types emulated on CPU; leave out with --n
    simulated waiting, which the replay keeps) and busy time (its stages' run times: what the model predicts), real
    against simulated; the jobs reallocated (≥ 1, or the checkpoint path went untested); and the pairs of jobs whose
    last stages overlap and wait for neither other, whose finishing order is the runs' to decide (≥ 1), and how many
-   of them finish in the other order than simulated. A benchmark, not a figure: it takes about a minute of real
+   of them finish in the other order than simulated. A benchmark, not a figure: it takes a few minutes of real
    time, more than `make reproduce` has to spare.
 
     python benchmarks/simulator_fidelity.py [--seed 0] [--steps 24] [--no-real]
@@ -128,8 +128,9 @@ def strictly_increasing(values: dict[str, float]) -> bool:
 
 MODEL, BATCH, THREADS = "resnet20", 8, 1
 PROFILE_ESTS = [1, 2]
-# None a profile run (devices_per_profile processes of one type, equal ESTs): each error below is the model's, not
-# run-to-run noise.
+# None a profile run (devices_per_profile processes of one type, equal ESTs), so no error below is a profile read
+# back: each is the model's plus run-to-run noise. [2, fast] + [1, fast] is predicted by the fast type's 2-EST profile
+# alone: its error is what a neighbour that idles part of each step changes.
 FIDELITY_PLACEMENTS = [
     [(2, "fast"), (1, "fast")],
     [(1, "fast"), (1, "slow")],
@@ -140,9 +141,10 @@ FIDELITY_PLACEMENTS = [
 ]
 SLOTS = {"fast": 1, "slow": 1}
 REPLAY_POLICY, REPLAY_ROUND_S = "easyscale-heter", 10.0
-# (id, submit s, ESTs, global steps, preferred type): j1 holds the fast device; j2 starts on the slow one and is
-# reallocated to fast when j1 finishes; then j3 (slow) and j4 (fast) start at once, neither waiting for the other,
-# so which finishes first is up to the runs (on this machine's profiles: j4, some 6 s earlier).
+# (id, submit s, ESTs, global steps, preferred type): j1 holds the fast device; j2 starts on the slow one at the
+# first round after its submission and stays there; j3 takes the fast device when j1 finishes; j4 starts on the slow
+# one when j2 finishes and is reallocated to fast when j3 finishes. j2's last stage overlaps j1's and j3's, waiting
+# for neither: which of each pair finishes first is up to the runs (simulated: j1, then j3).
 REPLAY_JOBS = [
     ("j1", 0, 2, 300, "fast"),
     ("j2", 5, 1, 150, "fast"),
@@ -178,8 +180,8 @@ def measure_profiles(launcher: dict, section: dict, folder: Path) -> tuple[Profi
 
 
 def one_device_startup(launcher: dict, settings: dict, folder: Path) -> float:
-    """The median start-up of a one-device run of each type, as every replayed stage is: its wall time less its
-    steps at its own median step time."""
+    """The start-up of a one-device run, as every replayed stage is: one median over a run of each type, of its wall
+    time less its steps at its own median step time."""
     points = [
         typed_point(MODEL, BATCH, [(1, name)], launcher, settings, steps=settings["steps"], run="startup")
         for name in SLOTS

@@ -66,7 +66,7 @@ def test_a_bad_profile_run_is_named_by_its_point_id() -> None:
 def test_the_recorded_simulation_is_what_the_engine_makes_of_its_profiles_today() -> None:
     """The recorded table's own profile rows, simulated again with the smoke config's settings, give its jobs and
     allocations bit for bit, and its labels: engine or config drift shows here. (After an intended change,
-    re-record: run the smoke config's fig14 and copy results/tables/easyscale-fig14.simulated.csv here.)"""
+    re-record: run the smoke config's fig14 and copy results/tables/easyscale-fig14.simulated.csv to RECORDED.)"""
     recorded = read_table(RECORDED)
     profile_rows = recorded[recorded["kind"] == "profile"].dropna(axis=1, how="all")
     section = load_config(REPO / "config" / "config.yaml")["figures"]["easyscale-fig14"]
@@ -141,6 +141,7 @@ def test_bad_settings_name_their_key(change: dict, message: str) -> None:
 
 @pytest.mark.parametrize("devices", [1, 2, 3])
 def test_a_profile_run_holds_devices_per_profile_processes_of_its_type(devices: int) -> None:
+    """Each profile run: `devices` processes of one type, each holding the profiled ESTs."""
     config = load_config(REPO / "config" / "config.yaml")
     config["figures"]["easyscale-fig14"]["devices_per_profile"] = devices
     points = list(figure_points(config)["easyscale-fig14"].values())

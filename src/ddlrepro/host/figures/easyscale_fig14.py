@@ -3,7 +3,7 @@ time (Fig 15), from one simulation of a trace (host/simulator): 68 generated job
 paper says 67), or a user's file.
 
 Points (profiles): one consistent-training (D1) run per model × device type (emulated on CPU) × per-EST batch × ESTs
-per device: `devices_per_profile` processes of that type, each holding k ESTs (placement [[k, type], [k, type]]),
+per device: `devices_per_profile` processes of that type, each holding k ESTs (placement [k] × devices_per_profile),
 `steps` steps of which the first `warmup_steps` are not timed, and a timed checkpoint save + restore at the end. A
 profile value: seconds of one EST's step with k ESTs on the device = median step time (of the slowest process) ÷ k.
 With `profiles_dir` (the artifact's logs.json) no point runs and the cluster's types are the artifact's.
@@ -137,8 +137,8 @@ def with_inputs_in(section: dict[str, Any], folder: Path) -> dict[str, Any]:
 
 
 def profile_values(table: pd.DataFrame) -> pd.DataFrame:
-    """Per profile run (point_id): model, type, batch, ESTs per device, one EST's step (median step ÷ k), checkpoint +
-    restore."""
+    """Per profile run (point_id): model, type, batch, ESTs per device, one EST's step (the slowest process's median
+    step ÷ k), checkpoint + restore."""
     from ddlrepro.host.figures.step_timing import median_step_time, timed_steps
     from ddlrepro.host.tables import HOST_LOAD_COLUMNS
 

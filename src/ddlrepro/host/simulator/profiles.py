@@ -3,7 +3,9 @@
 A profile point: (application, device type, per-EST batch, ESTs per device) → seconds of one EST's step when that
 many ESTs share the device. The throughput model is the artifact's (simulator/simulator.py `Job.pred_throughput`,
 applications.py `get_comp_time`): samples/s = batch × ESTs ÷ max over the device types used of (step time × ESTs
-per device on that type); it leaves out gradient synchronisation, as the artifact does. One difference: the
+per device on that type); it has no term for gradient synchronisation, as the artifact has not. Profiles measured
+here (easyscale-fig14, `devices_per_profile` devices of a type per run) hold a multi-device job's all-reduce and
+busy neighbours in their step time, so a one-device job is charged for them too. One difference: the
 artifact's `get_comp_time` takes that max over all three of its types' thread counts, so a type the placement does
 not use can still count when its threads are non-zero; ours takes it over the types the placement uses.
 
