@@ -13,7 +13,7 @@ Then, for real on this machine (device types emulated on CPU; leave out with --n
    neighbour device); and the start-up of a one-device run of each type (as every replayed stage is): its wall time
    less its steps at its own median step time.
 2. The throughput model: real consistent-training runs (D1, one process per device, the profiles' thread count) on
-   six placements of two processes, none a profile run (so each error is the model's, not run-to-run noise), mixed
+   six placements of two processes, none a profile run (so each error is the model's, plus run-to-run noise), mixed
    types and 2 ESTs per device among them; samples/s predicted by `Profiles.throughput` from the profiles against
    measured (batch × ESTs ÷ the median over steps of the slowest process's step time).
 3. The real replay (`ddlrepro.host.replay`): 4 small jobs on one fast and one slow device, easyscale-heter's
@@ -163,6 +163,14 @@ def run_timed(points: list[Point], folder: Path) -> tuple[pd.DataFrame, dict[str
     return tidy_table([folder / point.id for point in points]), walls
 
 
+def run_step_times(points: list[Point], folder: Path, warmup_steps: int) -> tuple[pd.Series, dict[str, float]]:
+    """Run the points one after another: each one's median step time after the warm-up (its slowest process's) by
+    point id, and each run's wall time."""
+    table, walls = run_timed(points, folder)
+    steps = median_step_time(timed_steps(table, warmup_steps), by="point_id").set_index("point_id")["step_time_s"]
+    return steps, walls
+
+
 def measure_profiles(launcher: dict, section: dict, folder: Path) -> tuple[Profiles, str]:
     """easyscale-fig14's profile runs of MODEL: the profiles and the CPU quota's status."""
     section = {
@@ -186,9 +194,8 @@ def one_device_startup(launcher: dict, settings: dict, folder: Path) -> float:
         typed_point(MODEL, BATCH, [(1, name)], launcher, settings, steps=settings["steps"], run="startup")
         for name in SLOTS
     ]
-    table, walls = run_timed(points, folder)
-    step_s = median_step_time(timed_steps(table, settings["warmup_steps"]), by="point_id").set_index("point_id")
-    return statistics.median(walls[p.id] - p.params["steps"] * step_s.loc[p.id, "step_time_s"] for p in points)
+    step_s, walls = run_step_times(points, folder, settings["warmup_steps"])
+    return statistics.median(walls[p.id] - p.params["steps"] * step_s[p.id] for p in points)
 
 
 def model_placement(processes: list[tuple[int, str]]) -> Placement:
@@ -211,13 +218,12 @@ def throughput_fidelity(profiles: Profiles, devices: int, launcher: dict, settin
         typed_point(MODEL, BATCH, placement, launcher, settings, steps=settings["steps"], run="throughput-fidelity")
         for placement in FIDELITY_PLACEMENTS
     ]
-    table, _ = run_timed(points, folder)
-    steps = median_step_time(timed_steps(table, settings["warmup_steps"]), by="point_id").set_index("point_id")
+    steps, _ = run_step_times(points, folder, settings["warmup_steps"])
     rows = []
     for placement, point in zip(FIDELITY_PLACEMENTS, points, strict=True):
         ests = sum(k for k, _ in placement)
         predicted = profiles.throughput(MODEL, BATCH, ests, model_placement(placement))
-        measured = BATCH * ests / float(steps.loc[point.id, "step_time_s"])
+        measured = BATCH * ests / float(steps[point.id])
         label = " + ".join(f"[{k}, {name}]" for k, name in placement)
         slug = "-".join(f"{k}{name}" for k, name in placement)
         rows.append((label, slug, ests, predicted, measured, predicted / measured - 1))
