@@ -16,8 +16,15 @@ ONE_POINT = "figures:\n  dlaas-scaling:\n    workers: [1]\n" + checks_excluding(
 TARGET = ["--configfile", "tests/configs/tiny.yaml", "one.yaml", "--", "dlaas_scaling"]
 
 
-def interrupt_when_result_deleted(workdir: Path, result: Path, timeout_s: float = 120) -> None:
-    """Run a forced rerun and press Ctrl-C (SIGINT to its process group) once its run has deleted `result`."""
+def under_way(run_dir: Path) -> bool:
+    """The run's new attempt has begun: the earlier one's job spec moved aside, its own written."""
+    return any(run_dir.glob("attempts/*/jobspec.json")) and (run_dir / "jobspec.json").exists()
+
+
+def interrupt_when_run_started(workdir: Path, run_dir: Path, timeout_s: float = 120) -> None:
+    """Run a forced rerun and press Ctrl-C (SIGINT to its process group) once its run is under way: the earlier
+    attempt set aside and the new one's job spec written. (Ctrl-C before Snakemake has started the job's process
+    lets that job run to the end: Snakemake waits for the jobs it has begun.)"""
     forced = subprocess.Popen(
         [SNAKEMAKE, "--cores", "2", "--forceall", *TARGET],
         cwd=workdir,
@@ -28,9 +35,9 @@ def interrupt_when_result_deleted(workdir: Path, result: Path, timeout_s: float 
     )
     deadline = time.monotonic() + timeout_s
     try:
-        while result.exists() and forced.poll() is None and time.monotonic() < deadline:
+        while not under_way(run_dir) and forced.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not result.exists(), "the forced rerun never started its run"
+        assert under_way(run_dir), "the forced rerun never started its run"
         os.killpg(forced.pid, signal.SIGINT)
         forced.wait(timeout=60)
     finally:
@@ -47,7 +54,7 @@ def test_a_killed_forced_rerun_is_redone_by_the_next_run(workflow_copy: Path) ->
     (result,) = (workflow_copy / "results/runs/dlaas-scaling").glob("*/result.json")
     table = workflow_copy / "results/tables/dlaas-scaling.csv"
 
-    interrupt_when_result_deleted(workflow_copy, result)
+    interrupt_when_run_started(workflow_copy, result.parent)
     assert table.exists() and not result.exists()
 
     plan = snakemake(workflow_copy, "-n", *TARGET, timeout=120)
