@@ -9,6 +9,7 @@ import os
 import random
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -16,6 +17,7 @@ from conftest import REPO, snakemake, spawn_gloo
 
 from ddlrepro.host.config import ConfigError, load_config, validate_config
 from ddlrepro.host.figures import figure_points
+from ddlrepro.rank import datasets
 from ddlrepro.rank.policies.batch import AdaptiveBatchPolicy, learning_rate
 
 TINY = ["--configfile", "tests/configs/tiny.yaml"]
@@ -183,6 +185,15 @@ def test_cifar10_files_are_checked_never_downloaded(section: tuple[dict, dict], 
     assert f"figures.kungfu-fig4.data_dir: {tmp_path / 'test_batch'}: missing" in refused(copy.deepcopy(config))
     (tmp_path / "test_batch").write_bytes(b"\0" * 1000)
     assert "1000 bytes, too small for 10,000 CIFAR-10 images" in refused(config)
+
+
+def test_digits_are_read_as_scikit_learn_loads_them() -> None:
+    from sklearn.datasets import load_digits
+
+    pixels, labels = load_digits(return_X_y=True)
+    read_pixels, read_labels = datasets.digit_pixels()
+    assert np.array_equal(read_pixels, pixels) and np.array_equal(read_labels, labels)
+    assert read_labels.dtype == np.int64 and read_pixels.shape == (datasets.DIGITS_SAMPLES, 64)
 
 
 @pytest.mark.slow

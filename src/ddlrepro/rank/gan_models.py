@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import spectral_norm
 
-from ddlrepro.rank.datasets import check_image_folder
+from ddlrepro.rank.datasets import check_image_folder, digit_pixels
 
 BOTTOM_PX = 4
 
@@ -179,9 +179,7 @@ def load_images(params: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         check_image_folder(params["data_dir"], resolution)
         images = torch.from_numpy(np.load(Path(params["data_dir"]) / "images.npy")).float() / 127.5 - 1
         return images, torch.from_numpy(np.load(Path(params["data_dir"]) / "labels.npy")).long()
-    from sklearn.datasets import load_digits  # only for digits: importing scikit-learn costs a rank ~2 s
-
-    pixels, labels = load_digits(return_X_y=True)
+    pixels, labels = digit_pixels()
     small = torch.from_numpy(pixels.reshape(-1, 1, 8, 8).astype(np.float32) / 8.0 - 1)
     images = F.interpolate(small, size=resolution, mode="bilinear", align_corners=False)
     return images, torch.from_numpy(labels).long()
