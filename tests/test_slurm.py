@@ -91,8 +91,8 @@ def test_render_takes_the_rendezvous_from_the_allocation(tmp_path: Path) -> None
         "--kill-on-bad-exit=1",
         "--overlap",
         "--label",
-        "--gpus-per-task=1",
-    ]
+        sys.executable,
+    ]  # no --gpus-per-task: each task sees the node's GPUs (the job's gres) and takes device LOCAL_RANK
     assert step.command[-3:-1] == ["-m", "ddlrepro.rank.slurm_task"]
     assert "MASTER_ADDR" not in step.env  # each task takes the first node of its step
     assert step.env["MASTER_PORT"] == str(15000 + 123456 % 275 * 64)

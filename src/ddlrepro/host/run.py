@@ -54,10 +54,19 @@ def unmet_requirement(point: Point, launcher: str = "local", in_image: bool = Fa
     if reason:
         return f"skipped: {reason}"
     if point.params.get("backend") == "nccl":
-        import torch
+        return nccl_unmet_requirement(point, launcher)
+    return None
 
-        if not torch.cuda.is_available():
-            return "skipped: needs CUDA"
+
+def nccl_unmet_requirement(point: Point, launcher: str) -> str | None:
+    """NCCL needs CUDA, and a GPU for each rank on a host: the local launcher puts every rank on this one."""
+    from ddlrepro.rank.runtime import cuda_device_count
+
+    gpus = cuda_device_count()
+    if gpus == 0:
+        return "skipped: needs CUDA"
+    if launcher == "local" and point.workers > gpus:
+        return f"skipped: needs a GPU per NCCL rank, {point.workers} ranks on this host, which has {gpus} GPU(s)"
     return None
 
 

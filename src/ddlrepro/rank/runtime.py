@@ -47,18 +47,25 @@ class RankContext:
 
     @classmethod
     def from_environment(cls, threads: int, backend: str = "auto", device: str = "backend") -> RankContext:
-        """`device`: `backend` (CUDA with NCCL, else CPU), `auto` (CUDA wherever present, whatever the backend)
-        or `cpu`."""
+        """`backend`: `auto` is NCCL where this host has a GPU for each of its ranks, else gloo. `device`: `backend`
+        (CUDA with NCCL, else CPU), `auto` (CUDA wherever present, whatever the backend: gloo ranks may share a
+        GPU) or `cpu`."""
         rank = _env_int("RANK", "OMPI_COMM_WORLD_RANK")
         world_size = _env_int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE")
         local_rank = _env_int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
         local_world_size = _env_int("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", default=1)
+        gpus = cuda_device_count()
         if backend == "auto":
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            backend = "nccl" if 0 < local_world_size <= gpus else "gloo"
         if backend == "mpi" and not dist.is_mpi_available():
             backend = "gloo"  # PyPI's torch has no MPI backend: MPI workloads use mpi4py beside a gloo group
-        on_cuda = backend == "nccl" or (device == "auto" and torch.cuda.is_available())
-        place = torch.device("cuda", local_rank) if on_cuda else torch.device("cpu")
+        if backend == "nccl" and local_rank >= gpus:  # NCCL refuses two ranks on one GPU
+            raise RuntimeError(
+                f"NCCL needs a GPU per rank: local rank {local_rank} of {local_world_size} on {socket.gethostname()},"
+                f" which has {gpus} GPU(s)"
+            )
+        on_cuda = backend == "nccl" or (device == "auto" and gpus > 0)
+        place = torch.device("cuda", local_rank % gpus) if on_cuda else torch.device("cpu")
         return cls(rank, world_size, local_rank, local_world_size, threads, backend, place)
 
     def synchronize(self) -> None:
@@ -95,16 +102,24 @@ def describe_worker(ctx: RankContext) -> dict[str, Any]:
     }
 
 
+def cuda_device_count() -> int:
+    """The GPUs this process may use (CUDA_VISIBLE_DEVICES applied); 0 without CUDA."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 class GpuProbe:
     """GPU utilisation and device memory (used, and as % of the device's) from NVML, which sees every process's
-    use of the device; torch's `memory_allocated` is only this process's tensors, not what the device holds."""
+    use of the device; torch's `memory_allocated` is only this process's tensors, not what the device holds.
+
+    The device is found by its UUID: NVML numbers every GPU of the node and ignores CUDA_VISIBLE_DEVICES (which
+    Slurm and container runtimes set), so CUDA's device 0 need not be NVML's."""
 
     def __init__(self, device: torch.device) -> None:
         import pynvml
 
         pynvml.nvmlInit()
         self.nvml = pynvml
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        self.handle = pynvml.nvmlDeviceGetHandleByUUID(device_uuid(device))
 
     def sample(self) -> dict[str, float]:
         utilisation = self.nvml.nvmlDeviceGetUtilizationRates(self.handle)
@@ -114,6 +129,11 @@ class GpuProbe:
             "gpu_memory_bytes": float(memory.used),
             "gpu_memory_percent": 100.0 * memory.used / memory.total,
         }
+
+
+def device_uuid(device: torch.device) -> str:
+    """A CUDA device's UUID as NVML writes it (`GPU-…`)."""
+    return f"GPU-{torch.cuda.get_device_properties(device).uuid}"
 
 
 def gpu_probe(device: torch.device) -> GpuProbe | None:

@@ -278,7 +278,9 @@ def srun_command(
     point: Point, shape: tuple[int, int], with_gpus: bool, container: str | None, mpi: str | None
 ) -> list[str]:
     """One srun step with a task per worker on (nodes, tasks per node), ranks in block order, each line labelled
-    with its rank (`mpi`: Slurm's MPI plugin)."""
+    with its rank (`mpi`: Slurm's MPI plugin). The step gets all of the job's GPUs (srun's default; no
+    --gpus-per-task, whose binding would show each task one GPU as device 0): a node's ranks share its GPUs, rank
+    i takes device i, as under the local launcher."""
     inside = (
         ["apptainer", "exec", *(["--nv"] if with_gpus else []), container, "python"] if container else [sys.executable]
     )
@@ -293,7 +295,6 @@ def srun_command(
         "--overlap",
         "--label",  # srun hands on whole lines, each labelled (--unbuffered would cut lines apart)
         *([f"--mpi={mpi}"] if mpi else []),
-        *(["--gpus-per-task=1"] if with_gpus else []),
         *inside,
         "-m",
         "ddlrepro.rank.slurm_task",
