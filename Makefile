@@ -76,6 +76,7 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/parameter_server.py
 	$(BIN)/python benchmarks/resource_sampler.py
 	$(BIN)/python benchmarks/biggan_elasticity.py
+	$(BIN)/python benchmarks/gan_gpu.py
 	$(BIN)/python benchmarks/report.py
 	$(BIN)/python benchmarks/readme_table.py
 
