@@ -23,6 +23,7 @@ CONFIDENCE_Z = 1.96
 REFERENCE_STYLE = {"color": "black", "marker": "*", "markersize": 11, "linestyle": "none", "zorder": 5}
 PALETTE = "colorblind"  # seaborn's colour-blind-safe palette (Okabe–Ito-like)
 FOOTER_POINTS = 8
+NOTE_WIDTH = 40  # characters per line of a skipped-points note
 # Disturbed values (runs that shared the host with foreign CPU load): hatched bars, ringed points; by shape, not
 # colour, so that they read in grey and to colour-blind readers.
 DISTURBED_HATCH = "xx"
@@ -81,17 +82,26 @@ def drawn_references(references: list[dict[str, Any]], column: str, key: str, sc
 
 
 def new_figure(
-    panels: int, title: str, panel_size: tuple[float, float] = (5.2, 4.2)
+    panels: int, title: str, panel_size: tuple[float, float] = (5.2, 4.2), table_below: bool = False
 ) -> tuple[plt.Figure, list[plt.Axes]]:
     """A figure of `panels` panels side by side in the shared style: constrained layout, colour-blind-safe palette,
-    panels lettered (a), (b), ... in their top left corner (`panel_title` adds a title after the letter)."""
+    panels lettered (a), (b), ... in their top left corner (`panel_title` adds a title after the letter).
+    `table_below`: the last panel gets a row of its own under the others, as wide as the figure (for a table)."""
     sns.set_theme(style="whitegrid", context="notebook", palette=PALETTE)
     width, height = panel_size
-    figure, axes = plt.subplots(1, panels, figsize=(width * panels, height), squeeze=False, layout="constrained")
+    if table_below:
+        top = [str(index) for index in range(panels - 1)]
+        size = (width * len(top), height * 1.6)
+        mosaic = [top, ["table"] * len(top)]
+        figure, named = plt.subplot_mosaic(mosaic, figsize=size, height_ratios=[1, 0.6], layout="constrained")
+        axes = [named[name] for name in [*top, "table"]]
+    else:
+        figure, grid = plt.subplots(1, panels, figsize=(width * panels, height), squeeze=False, layout="constrained")
+        axes = list(grid[0])
     figure.suptitle(title, fontsize="large")
-    for letter, axis in zip(ascii_lowercase, axes[0], strict=False):
+    for letter, axis in zip(ascii_lowercase, axes, strict=False):
         axis.set_title(f"({letter})", loc="left", fontweight="bold")
-    return figure, list(axes[0])
+    return figure, axes
 
 
 def panel_title(axis: plt.Axes, title: str) -> None:
@@ -181,10 +191,11 @@ def note_skipped(axis: plt.Axes, skipped: pd.DataFrame, by: list[str]) -> None:
     if skipped.empty:
         return
     lines = [" / ".join(str(row[key]) for key in by) + f": {row['reason']}" for _, row in skipped.iterrows()]
+    wrapped = [textwrap.fill(line, NOTE_WIDTH, subsequent_indent="  ") for line in lines]  # within one panel
     axis.text(
         0.02,
         0.98,
-        "\n".join(lines),
+        "\n".join(wrapped),
         transform=axis.transAxes,
         va="top",
         fontsize="small",

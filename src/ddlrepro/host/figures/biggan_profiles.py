@@ -210,7 +210,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     from ddlrepro.host.tables import as_flags
 
     summary = summarize(table)
-    figure, axes = plotting.new_figure(4, TITLE, panel_size=(6.0, 4.6))
+    figure, axes = plotting.new_figure(4, TITLE, panel_size=(6.0, 4.6), table_below=True)
     cpu, memory, gpu, means = axes
     ran = table[table["metric"] != "skipped"]
     for _, point_rows in ran.groupby("point_id", sort=False):
@@ -268,10 +268,10 @@ def means_table(axis: Any, summary: pd.DataFrame) -> None:
     axis.set_yticks([])
     columns = ["node CPU %", "node mem. %", "GPU util. %", "GPU mem. %"]
     cells = [[label, *row] for label, row in zip(labels, rows, strict=True)]
-    widths = [0.36, 0.16, 0.16, 0.16, 0.16]
-    drawn = axis.table(cellText=cells, colLabels=["environment", *columns], colWidths=widths, bbox=[0, 0, 1, 0.8])
+    widths = [0.28, 0.18, 0.18, 0.18, 0.18]
+    drawn = axis.table(cellText=cells, colLabels=["environment", *columns], colWidths=widths, bbox=[0, 0, 1, 0.9])
     drawn.auto_set_font_size(False)
-    drawn.set_fontsize(7)
+    drawn.set_fontsize(9)
     plotting.panel_title(axis, "mean [p5–p95]; seed")
 
 
