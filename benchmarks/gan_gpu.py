@@ -5,7 +5,7 @@ biggan-profiles: 128 px, 64 channels, z 120, attention at 64 px, batch 64 per ra
 - GPU utilisation (NVML) over the steps after the first `--warmup-steps`: mean, p5, p95 (biggan-profiles'
   hpc-gpu-busy check asks ≥ 90 % at paper scale); here the images are random stand-ins, not the seed's data;
 - the median step time, and the device memory NVML shows against torch's own allocation;
-- one sample() with NVML, and its share of time at `--rate`.
+- one sample() with NVML (resource_sampler.py's measure on the GPU), and its share of time at `--rate`.
 
 Without CUDA it records nothing and says so.
 
@@ -18,12 +18,12 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from _common import REPO, BenchmarkRecord
+from resource_sampler import sample_cost
 
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import biggan_profiles
@@ -31,7 +31,6 @@ from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.points import Point
-from ddlrepro.rank.runtime import RankContext, ResourceSampler
 
 STAND_IN_IMAGES = 1024
 
@@ -76,18 +75,6 @@ def trained(point: Point, folder: Path, warmup_steps: int) -> dict[str, list[flo
     }
 
 
-def nvml_sample_cost(repetitions: int) -> float:
-    """Median seconds of one sample() on CUDA's device 0, NVML included."""
-    sampler = ResourceSampler(RankContext(0, 1, 0, 1, 1, "nccl", torch.device("cuda", 0)), 1.0)
-    sampler.sample()
-    seconds = []
-    for _ in range(repetitions):
-        started = time.perf_counter()
-        sampler.sample()
-        seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=1, help="GPUs to train on, one rank each")
@@ -115,7 +102,7 @@ def main() -> None:
         record.add("device-memory", "device memory used (NVML), largest", device / 2**30, "GiB", meter.load)
         record.add("torch-allocated", "torch's own allocation, largest", allocated / 2**30, "GiB", meter.load)
         with ForeignLoadMeter() as meter:
-            cost = nvml_sample_cost(args.repetitions)
+            cost = sample_cost(args.repetitions, torch.device("cuda", 0))
         record.add("sample-cost", "one sample() with NVML (median)", cost * 1000, "ms", meter.load)
         share = 100 * cost * args.rate
         record.add("sampler-share", f"sampling at {args.rate:g}/s: share of time", share, "%", meter.load)

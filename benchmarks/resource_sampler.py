@@ -44,10 +44,13 @@ GAN = {
 }
 
 
-def sample_cost(repetitions: int) -> float:
-    """Median seconds of one sample() in a process holding the GAN."""
-    models = [Generator(GanShape()), Discriminator(GanShape())]  # noqa: F841  # held: the process a rank would be
-    sampler = ResourceSampler(RankContext(0, 1, 0, 1, 1, "gloo", torch.device("cpu")), 1.0)
+def sample_cost(repetitions: int, device: torch.device | None = None) -> float:
+    """Median seconds of one sample() in a process holding the GAN on `device` (CPU by default; on CUDA the sample
+    reads NVML too)."""
+    device = device or torch.device("cpu")
+    models = [Generator(GanShape()).to(device), Discriminator(GanShape()).to(device)]  # noqa: F841  # held: a rank's
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    sampler = ResourceSampler(RankContext(0, 1, 0, 1, 1, backend, device), 1.0)
     sampler.sample()
     seconds = []
     for _ in range(repetitions):
