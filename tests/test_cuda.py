@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, tiny_point
+from conftest import REPO, run_metrics, tiny_point
 
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import biggan_profiles
@@ -68,10 +68,6 @@ def test_a_local_nccl_point_of_more_ranks_than_gpus_is_skipped_before_it_starts(
     assert unmet_requirement(point, "slurm") == "skipped: needs CUDA"
 
 
-def rank_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def finished(run_dir: Path) -> dict:
     result = json.loads((run_dir / "result.json").read_text())
     assert result["status"] == "ok", (run_dir / "log.txt").read_text()[-3000:]
@@ -100,7 +96,7 @@ def test_a_nccl_point_trains_on_its_gpu_and_samples_it(tmp_path: Path) -> None:
     (worker,) = finished(run_dir)["workers"]
     assert (worker["backend"], worker["device"]) == ("nccl", "cuda:0")
     assert worker["gpu"] == torch.cuda.get_device_name(0) and worker["cuda"] == torch.version.cuda
-    assert_nvml_samples(rank_metrics(run_dir), 1)
+    assert_nvml_samples(run_metrics(run_dir), 1)
 
 
 @cuda
@@ -125,7 +121,7 @@ def test_ranks_beyond_the_gpus_train_on_the_cpu_with_auto_and_share_a_gpu_with_g
     run_point(tiny_point(workers=ranks, backend="gloo", device="auto"), shared, local_launcher(300))
     devices = [w["device"] for w in sorted(finished(shared)["workers"], key=lambda w: w["rank"])]
     assert devices == [f"cuda:{rank % (ranks - 1)}" for rank in range(ranks)]
-    assert_nvml_samples(rank_metrics(shared), ranks)
+    assert_nvml_samples(run_metrics(shared), ranks)
 
 
 @cuda
@@ -151,7 +147,7 @@ def test_the_gan_trains_on_the_gpu(tmp_path: Path) -> None:
     run_point(point, run_dir, local_launcher(300))
     (worker,) = finished(run_dir)["workers"]
     assert (worker["backend"], worker["device"]) == ("nccl", "cuda:0")
-    metrics = rank_metrics(run_dir)
+    metrics = run_metrics(run_dir)
     assert len([row for row in metrics if row["metric"] == "step_time_s"]) == point.params["steps"]
     assert_nvml_samples(metrics, 1)
     figure, summary = biggan_profiles.plot(tidy_table([run_dir]), "smoke", [])

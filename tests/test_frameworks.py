@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import tiny_point
+from conftest import run_metrics, tiny_point
 
 from ddlrepro.host.launchers import local, local_launcher
 from ddlrepro.host.run import run_point
@@ -24,10 +24,6 @@ FRAMEWORK_POINTS = {
 }
 
 
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 # TensorFlow's start-up alone takes ~10 s here: a slow case (make test-fast leaves it out).
 FRAMEWORK_MARKS = {"tensorflow": pytest.mark.slow}
 
@@ -39,7 +35,7 @@ def test_framework_runs_the_protocol_on_two_processes(tmp_path: Path, name: str)
     params = FRAMEWORK_POINTS[name]
     record = run_point(tiny_point(workers=2, iterations=2, **params), tmp_path, local_launcher(300))
     assert record["status"] == "ok"
-    records = metrics(tmp_path)
+    records = run_metrics(tmp_path)
     rates = [m for m in records if m["metric"] == "img_per_sec"]
     assert sorted((m["rank"], m["iteration"]) for m in rates) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(m["value"] > 0 for m in rates)
@@ -90,6 +86,6 @@ def test_mpi_allreduce_runs_under_mpirun(tmp_path: Path) -> None:
     params |= {"repetitions": 2, "target_bytes": 8192, "max_ops": 4, "sample_interval_s": 1.0}
     record = run_point(Point("kungfu-allreduce", "allreduce", 2, 1, params), tmp_path, local_launcher(120))
     assert record["status"] == "ok"
-    times = [m for m in metrics(tmp_path) if m["metric"] == "allreduce_time_s"]
+    times = [m for m in run_metrics(tmp_path) if m["metric"] == "allreduce_time_s"]
     assert sorted({m["size_bytes"] for m in times}) == [1024, 2048, 4096, 8192]
     assert {m["rank"] for m in times} == {0, 1}
