@@ -14,7 +14,8 @@ import pytest
 from conftest import run_metrics, tiny_point
 
 from ddlrepro.host.launchers import local_launcher
-from ddlrepro.host.launchers.base import RunFailed
+from ddlrepro.host.launchers.base import JobSpec, RunFailed, WorkerSpec
+from ddlrepro.host.launchers.local import LocalRequest
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import OutputCollector
 
@@ -199,3 +200,19 @@ def test_only_a_ps_point_with_checkpoints_gets_resume_inputs(tmp_path: Path) -> 
     torchrun = Point("biggan-elasticity", "elastic", 2, 1, {"checkpoint_interval": 1, "runtime": "torchrun"})
     assert resume_inputs(torchrun, tmp_path, earlier) == {}
     assert resume_inputs(Point("wikimedia-ps", "ps", 4, 1, {}), tmp_path, earlier) == {}
+
+
+def test_workers_temporary_files_go_with_the_run(tmp_path: Path) -> None:
+    """Ranks get a TMPDIR of their own, removed with what they left there (torchrun and TensorFlow leave files)."""
+    leave_a_folder = "import sys, tempfile; print('LEFT', tempfile.mkdtemp(prefix='left-'))"
+    env = {"DDLREPRO_RUN_DIR": str(tmp_path / "run")}
+    workers = [WorkerSpec(rank, [sys.executable, "-c", leave_a_folder], env) for rank in range(2)]
+    request = LocalRequest(mode="ranks", ranks=2, workers=workers, master_addr="127.0.0.1", master_port=0)
+    with OutputCollector(tmp_path) as output:
+        local_launcher(60).execute(JobSpec("local", 60, request), output)
+    lines = (tmp_path / "log.txt").read_text().splitlines()
+    left = [Path(line.split("LEFT ")[1]) for line in lines if "LEFT " in line]
+    assert len(left) == 2
+    assert all(folder.parent.name.startswith("ddlrepro-run-") for folder in left)
+    assert not any(folder.parent.exists() for folder in left)
+    assert os.environ.get("TMPDIR") != str(left[0].parent)

@@ -139,9 +139,10 @@ def volume_count(total_bytes: int) -> int:
 
 def seaweedfs_command(folder: Path, ports: dict[str, int], s3_config: Path, total_bytes: int) -> list[str]:
     """`weed server` with master, volume, filer and S3 on free ports (`ports`), all on 127.0.0.1 only, its data
-    and the local sockets weed has flags for in `folder`."""
+    and the local sockets weed has flags for in `folder`; its log to stderr (weed.log there), not files in /tmp."""
     return [
         weed_binary(),
+        "-logtostderr",
         "server",
         f"-dir={folder / 'data'}",
         "-ip=127.0.0.1",

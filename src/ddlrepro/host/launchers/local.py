@@ -41,6 +41,7 @@ from ddlrepro.host.launchers.processes import (
     describe_exit,
     drain,
     free_loopback_port,
+    private_temporary_folder,
     run_to_completion,
     start,
     stop,
@@ -215,13 +216,15 @@ class LocalLauncher:
         )
 
     def execute(self, spec: JobSpec[Any], output: OutputCollector) -> None:
-        """Run every worker to completion; raise RunFailed naming the first rank that failed."""
-        if hosting.is_elastic(spec):
-            hosting.execute_elastic(spec, output)
-        elif spec.request.mode == "mpirun":
-            _execute_mpirun(spec, output)
-        else:
-            _execute_ranks(spec, output)
+        """Run every worker to completion, with a temporary folder of their own; raise RunFailed naming the first
+        rank that failed."""
+        with private_temporary_folder():
+            if hosting.is_elastic(spec):
+                hosting.execute_elastic(spec, output)
+            elif spec.request.mode == "mpirun":
+                _execute_mpirun(spec, output)
+            else:
+                _execute_ranks(spec, output)
 
     def check_fits(self, point: Point) -> None:
         check_fits_machine(point, self.options.oversubscription)

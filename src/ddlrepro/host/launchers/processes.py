@@ -7,10 +7,12 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from ddlrepro.host.launchers.base import WorkerSpec
 
@@ -91,6 +93,22 @@ def stop(started: list[Started]) -> None:
         live = [one for one in live if one.process.poll() is None]
         if not live:
             return
+
+
+@contextlib.contextmanager
+def private_temporary_folder() -> Iterator[Path]:
+    """A fresh TMPDIR for the processes started while this lasts, removed after with whatever they left there
+    (torchrun's log folders, TensorFlow's autograph sources, Open MPI's session folder): runs leave nothing in /tmp."""
+    before = os.environ.get("TMPDIR")
+    with tempfile.TemporaryDirectory(prefix="ddlrepro-run-") as folder:
+        os.environ["TMPDIR"] = folder
+        try:
+            yield Path(folder)
+        finally:
+            if before is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = before
 
 
 def describe_exit(code: int) -> str:
