@@ -19,8 +19,8 @@ class Point:
     params: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, str] = field(default_factory=dict)
     """Where the run's inputs lie on this machine (a user's data folder): handed to the workload beside `params`,
-    but outside the id and the tables (the run's point.json and provenance keep them, as config-used.yaml keeps the
-    config); what they hold belongs in `params` (e.g. a digest of the files)."""
+    but outside the id and the tables (the run's jobspec.json and provenance.json keep them, as config-used.yaml
+    keeps the config); what they hold belongs in `params` (e.g. a digest of the files)."""
 
     def __post_init__(self) -> None:
         clash = sorted(set(self.params) & set(self.inputs))

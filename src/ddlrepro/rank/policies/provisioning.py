@@ -107,7 +107,7 @@ class ScriptedThroughput:
 def throughput_source(params: dict[str, Any]) -> ThroughputSource:
     """The measured throughput, or the point's `scripted_throughput` ({size: per-worker samples/s} for every size
     1..max_workers). Only a point built in Python carries that key (tests, benchmarks): the config schema has no
-    such key, so no configured run is scripted, and a scripted run's point.json says it was."""
+    such key, so no configured run is scripted, and a scripted run's provenance.json says it was."""
     scripted = params.get("scripted_throughput")
     if scripted is None:
         return measured_throughput
