@@ -26,7 +26,7 @@ from ddlrepro.host.checks import BENCHMARK_TARGETS_SCHEMA, COLUMNS, evaluate, lo
 from ddlrepro.host.config import schema_default
 from ddlrepro.host.hostload import HostLoad
 from ddlrepro.host.provenance import git_state, host_inventory
-from ddlrepro.host.rundir import write_json_atomic
+from ddlrepro.host.rundir import metric_records, write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results" / "benchmarks"
@@ -167,6 +167,15 @@ class BenchmarkRecord:
             "figures": self.figures,
             "targets": targets,
         }
+
+
+def allreduce_times(run_dir: Path) -> dict[int, list[float]]:
+    """{size in bytes: every rank's and repetition's time of one all-reduce}, sizes ascending, from a run's metrics."""
+    times: dict[int, list[float]] = {}
+    for record in metric_records(run_dir):
+        if record["metric"] == "allreduce_time_s":
+            times.setdefault(record["size_bytes"], []).append(record["value"])
+    return dict(sorted(times.items()))
 
 
 def utc_now() -> str:

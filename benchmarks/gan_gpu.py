@@ -30,6 +30,7 @@ from ddlrepro.host.figures import biggan_profiles
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
+from ddlrepro.host.rundir import metric_records
 from ddlrepro.points import Point
 
 STAND_IN_IMAGES = 1024
@@ -66,7 +67,7 @@ def trained(point: Point, folder: Path, warmup_steps: int) -> dict[str, list[flo
     result = json.loads((folder / "run" / "result.json").read_text())
     if result["status"] != "ok":
         raise RuntimeError(f"the GAN run did not finish: {result}")
-    rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = metric_records(folder / "run")
     steps = sorted((row["time"], row["value"]) for row in rows if row["metric"] == "step_time_s" and row["rank"] == 0)
     since = steps[warmup_steps][0]
     measured = ("gpu_utilization_percent", "gpu_memory_percent", "gpu_memory_bytes", "torch_allocated_bytes")

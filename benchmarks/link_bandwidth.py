@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import REPO, BenchmarkRecord
+from _common import REPO, BenchmarkRecord, allreduce_times
 
 from ddlrepro.host.config import validate_config
 from ddlrepro.host.figures import kungfu_allreduce
@@ -91,13 +91,9 @@ def run_point(point: Point, config: dict, run_dir: Path) -> None:
 
 def busbw_ratios(run_dir: Path, hosts: int, rate_bps: int) -> dict[int, float]:
     """{size in bytes: busbw ÷ link rate}, from the median time per operation over ranks and repetitions."""
-    times: dict[int, list[float]] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record["metric"] == "allreduce_time_s":
-            times.setdefault(record["size_bytes"], []).append(record["value"])
+    times = allreduce_times(run_dir)
     factor = 2 * (hosts - 1) / hosts
-    return {size: size * 8 / statistics.median(values) * factor / rate_bps for size, values in sorted(times.items())}
+    return {size: size * 8 / statistics.median(values) * factor / rate_bps for size, values in times.items()}
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import BenchmarkRecord, testbed_unavailable
+from _common import BenchmarkRecord, allreduce_times, testbed_unavailable
 
 from ddlrepro.host.config import validate_config
 from ddlrepro.host.figures import kungfu_allreduce
@@ -84,13 +84,9 @@ def busbw_by_size(point: Point, run_dir: Path) -> dict[int, float]:
     done = subprocess.run([*command, "--config-json", settings], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"the all-reduce over {point.params['network']} failed:\n{done.stderr[-3000:]}")
-    times: dict[int, list[float]] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if record["metric"] == "allreduce_time_s":
-            times.setdefault(record["size_bytes"], []).append(record["value"])
+    times = allreduce_times(run_dir)
     factor = 2 * (point.workers - 1) / point.workers
-    return {size: size * 8 / statistics.median(values) * factor for size, values in sorted(times.items())}
+    return {size: size * 8 / statistics.median(values) * factor for size, values in times.items()}
 
 
 def main() -> None:

@@ -10,7 +10,6 @@ dominate). As root (network namespaces); otherwise it says why and records nothi
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from dataclasses import replace
@@ -23,6 +22,7 @@ from ddlrepro.host.figures import figure_points
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
+from ddlrepro.host.rundir import metric_records
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = {"ps_workers": 2, "ps": 1, "evaluators": 0}
@@ -35,7 +35,7 @@ def ready_seconds(run_dir: Path) -> tuple[float, float]:
     point = next(iter(figure_points(config)["wikimedia-ps"].values()))
     params = {**point.params, **ROLES, "epochs": 1, "probe_steps": 1, "testbed_hosts": 4}
     run_point(replace(point, workers=4, params=params), run_dir, local_launcher(300))
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = metric_records(run_dir)
     values = {record["metric"]: record["value"] for record in records if record.get("metric", "").startswith("cluster")}
     return values["cluster_ready_s"], values["cluster_ready_after_imports_s"]
 

@@ -12,7 +12,6 @@ the sampler at `--rate`; per sample tick, the spread of the ranks' record times;
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -24,6 +23,7 @@ from _common import BenchmarkRecord
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
+from ddlrepro.host.rundir import metric_records
 from ddlrepro.points import Point
 from ddlrepro.rank.gan_models import Discriminator, GanShape, Generator
 from ddlrepro.rank.runtime import RankContext, ResourceSampler
@@ -65,8 +65,7 @@ def aligned_run(rate: float, steps: int) -> tuple[float, float, int]:
     point = Point("benchmark", "gan", 2, 1, {**GAN, "steps": steps, "sample_interval_s": 1 / rate})
     with tempfile.TemporaryDirectory() as folder:
         run_point(point, Path(folder) / "run", local_launcher(600))
-        lines = (Path(folder) / "run" / "metrics.jsonl").read_text().splitlines()
-    rows = [json.loads(line) for line in lines]
+        rows = metric_records(Path(folder) / "run")
     times: dict[float, list[float]] = {}
     for row in rows:
         if row["metric"] == "node_cpu_percent":

@@ -116,11 +116,6 @@ def tiny_point(workers: int = 2, figure: str = "kungfu-fig9", **params) -> Point
     return Point(figure, "throughput", workers, 1, {**defaults, **params})
 
 
-def run_metrics(run_dir: Path) -> list[dict]:
-    """A run folder's metric records (metrics.jsonl), in the order they were filed."""
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def copy_workflow(target: Path, commit: bool = False) -> Path:
     """A private copy of the workflow (optionally a git repository with one commit, as a user's clone is)."""
     for part in WORKFLOW_PARTS:

@@ -3,7 +3,6 @@ buffers and RNG) is bitwise identical for every placement and across checkpoints
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.figures import figure_points
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
+from ddlrepro.host.rundir import metric_records
 from ddlrepro.points import Point
 from ddlrepro.rank.easyscale import SyntheticImages, est_ranges, fold, load_checkpoint
 from ddlrepro.rank.models import build_model
@@ -30,7 +30,7 @@ def consistent(placement: list[int], mode: str = "D1", steps: int = STEPS, **ext
 
 
 def losses(run_dir: Path) -> list[float]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = metric_records(run_dir)
     return [r["value"] for r in sorted(records, key=lambda r: r.get("step") or 0) if r["metric"] == "loss"]
 
 

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_metrics, tiny_point
+from conftest import REPO, tiny_point
 
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import biggan_profiles
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point, unmet_requirement
+from ddlrepro.host.rundir import metric_records
 from ddlrepro.host.tables import tidy_table
 from ddlrepro.rank import runtime
 from ddlrepro.rank.runtime import GpuProbe, RankContext
@@ -96,7 +97,7 @@ def test_a_nccl_point_trains_on_its_gpu_and_samples_it(tmp_path: Path) -> None:
     (worker,) = finished(run_dir)["workers"]
     assert (worker["backend"], worker["device"]) == ("nccl", "cuda:0")
     assert worker["gpu"] == torch.cuda.get_device_name(0) and worker["cuda"] == torch.version.cuda
-    assert_nvml_samples(run_metrics(run_dir), 1)
+    assert_nvml_samples(metric_records(run_dir), 1)
 
 
 @cuda
@@ -121,7 +122,7 @@ def test_ranks_beyond_the_gpus_train_on_the_cpu_with_auto_and_share_a_gpu_with_g
     run_point(tiny_point(workers=ranks, backend="gloo", device="auto"), shared, local_launcher(300))
     devices = [w["device"] for w in sorted(finished(shared)["workers"], key=lambda w: w["rank"])]
     assert devices == [f"cuda:{rank % (ranks - 1)}" for rank in range(ranks)]
-    assert_nvml_samples(run_metrics(shared), ranks)
+    assert_nvml_samples(metric_records(shared), ranks)
 
 
 @cuda
@@ -147,7 +148,7 @@ def test_the_gan_trains_on_the_gpu(tmp_path: Path) -> None:
     run_point(point, run_dir, local_launcher(300))
     (worker,) = finished(run_dir)["workers"]
     assert (worker["backend"], worker["device"]) == ("nccl", "cuda:0")
-    metrics = run_metrics(run_dir)
+    metrics = metric_records(run_dir)
     assert len([row for row in metrics if row["metric"] == "step_time_s"]) == point.params["steps"]
     assert_nvml_samples(metrics, 1)
     figure, summary = biggan_profiles.plot(tidy_table([run_dir]), "smoke", [])

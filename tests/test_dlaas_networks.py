@@ -19,6 +19,7 @@ from ddlrepro.host.checks import check_figure, load_references
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.figures import dlaas_scaling
 from ddlrepro.host.run import unmet_requirement
+from ddlrepro.host.rundir import metric_records
 from ddlrepro.host.tables import tidy_table
 from ddlrepro.host.testbed import limits
 from ddlrepro.host.testbed import overlay as overlay_device
@@ -118,8 +119,7 @@ def run_point(point: Point, run_dir: Path) -> dict:
 def rank_interface_bytes(run_dir: Path) -> dict[str, int]:
     """Bytes each interface of rank 0's host sent during the run (its `node_tx_bytes` at the end minus the start)."""
     sent: dict[str, int] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in metric_records(run_dir):
         if record.get("metric") == "node_tx_bytes" and record.get("rank") == 0:
             sign = 1 if record["phase"] == "end" else -1
             sent[record["interface"]] = sent.get(record["interface"], 0) + sign * int(record["value"])

@@ -17,6 +17,7 @@ from ddlrepro.host.figures import figure_points
 from ddlrepro.host.figures.easyscale_fig13 import FIRST, LAST, summarise
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
+from ddlrepro.host.rundir import metric_records
 from ddlrepro.host.tables import read_table
 from ddlrepro.points import Point
 from ddlrepro.rank.easyscale import ConsistentTrainer, SyntheticTokens
@@ -33,8 +34,7 @@ UNTIMED_S = 0.005
 
 
 def records(run_dir: Path, metric: str) -> list[dict]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [record for record in map(json.loads, lines) if record["metric"] == metric]
+    return [record for record in metric_records(run_dir) if record["metric"] == metric]
 
 
 @pytest.fixture(scope="module")

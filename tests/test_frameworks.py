@@ -9,11 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import run_metrics, tiny_point
+from conftest import tiny_point
 
 from ddlrepro.host.launchers import local, local_launcher
 from ddlrepro.host.run import run_point
-from ddlrepro.host.rundir import OutputCollector
+from ddlrepro.host.rundir import OutputCollector, metric_records
 from ddlrepro.points import Point
 
 FRAMEWORK_POINTS = {
@@ -35,7 +35,7 @@ def test_framework_runs_the_protocol_on_two_processes(tmp_path: Path, name: str)
     params = FRAMEWORK_POINTS[name]
     record = run_point(tiny_point(workers=2, iterations=2, **params), tmp_path, local_launcher(300))
     assert record["status"] == "ok"
-    records = run_metrics(tmp_path)
+    records = metric_records(tmp_path)
     rates = [m for m in records if m["metric"] == "img_per_sec"]
     assert sorted((m["rank"], m["iteration"]) for m in rates) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(m["value"] > 0 for m in rates)
@@ -86,6 +86,6 @@ def test_mpi_allreduce_runs_under_mpirun(tmp_path: Path) -> None:
     params |= {"repetitions": 2, "target_bytes": 8192, "max_ops": 4, "sample_interval_s": 1.0}
     record = run_point(Point("kungfu-allreduce", "allreduce", 2, 1, params), tmp_path, local_launcher(120))
     assert record["status"] == "ok"
-    times = [m for m in run_metrics(tmp_path) if m["metric"] == "allreduce_time_s"]
+    times = [m for m in metric_records(tmp_path) if m["metric"] == "allreduce_time_s"]
     assert sorted({m["size_bytes"] for m in times}) == [1024, 2048, 4096, 8192]
     assert {m["rank"] for m in times} == {0, 1}

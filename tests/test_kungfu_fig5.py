@@ -18,6 +18,7 @@ from ddlrepro.host.figures import figure_points, kungfu_fig5
 from ddlrepro.host.launchers import check_points, configured_launcher, local_launcher
 from ddlrepro.host.launchers.base import RunFailed
 from ddlrepro.host.run import run_point, unmet_requirement
+from ddlrepro.host.rundir import metric_records
 from ddlrepro.host.testbed import remove_leftovers
 from ddlrepro.host.testbed.limits import unavailable_reason
 from ddlrepro.host.testbed.network import NETNS_RUN
@@ -136,7 +137,7 @@ def test_a_traffic_that_fails_to_start_fails_the_run_and_keeps_rank_0s_records(
     with pytest.raises(OSError, match="the flow peer could not start"):
         run_point(short, tmp_path / "run", local_launcher(120))
     assert not (tmp_path / "run" / "result.json").exists()
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = metric_records(tmp_path / "run")
     last_step = short.params["steps"] - 1
     assert any(r.get("rank") == 0 and r.get("step") == last_step and r["metric"] == "vote" for r in records)
     assert any(r.get("rank") == 0 and r["metric"] == "parameter_sum" for r in records)

@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_metrics, tiny_point
+from conftest import tiny_point
 
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.launchers.base import JobSpec, RunFailed, WorkerSpec
 from ddlrepro.host.launchers.local import LocalRequest
 from ddlrepro.host.run import run_point
-from ddlrepro.host.rundir import OutputCollector
+from ddlrepro.host.rundir import OutputCollector, metric_records
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_result_follows_the_benchmark_protocol(finished_run: Path) -> None:
     assert result["status"] == "ok"
     assert summary["img_per_sec_per_worker"] > 0
     assert summary["total"] == pytest.approx(2 * summary["img_per_sec_per_worker"])
-    metrics = run_metrics(finished_run)
+    metrics = metric_records(finished_run)
     rates = [m for m in metrics if m["metric"] == "img_per_sec"]
     assert sorted((m["rank"], m["iteration"]) for m in rates) == [(r, i) for r in (0, 1) for i in range(3)]
     rank0 = [m["value"] for m in rates if m["rank"] == 0]
@@ -50,7 +50,7 @@ def test_result_follows_the_benchmark_protocol(finished_run: Path) -> None:
 
 
 def test_every_rank_samples_its_resources(finished_run: Path) -> None:
-    metrics = run_metrics(finished_run)
+    metrics = metric_records(finished_run)
     for rank in (0, 1):
         sampled = {m["metric"] for m in metrics if m["rank"] == rank and m["iteration"] is None}
         assert {"cpu_percent", "rss_bytes"} <= sampled

@@ -13,6 +13,7 @@ import pytest
 from conftest import ONE_WORKER_COUNT_DLAAS, REPO, checks_excluding, copy_workflow, only
 from test_slurm import empty_config_homes, kill_one_worker_during, setup_profile, slurm_snakemake
 
+from ddlrepro.host.rundir import metric_records
 from ddlrepro.host.testbed.limits import unavailable_reason
 from ddlrepro.rank.interfaces import interface_bytes
 from ddlrepro.rank.workloads.allreduce import sizes
@@ -100,8 +101,7 @@ def node_of(rank: int) -> str:
 def cross_node_bytes(run_dir: Path) -> dict[str, dict[str, int]]:
     """{hostname: {rx_bytes, tx_bytes}} each node's eth0 moved between its local rank 0's start and end."""
     moved: dict[str, dict[str, int]] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in metric_records(run_dir):
         if record["metric"] in ("node_rx_bytes", "node_tx_bytes") and record["interface"] == "eth0":
             sign = 1 if record["phase"] == "end" else -1
             field = record["metric"].removeprefix("node_")

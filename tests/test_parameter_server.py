@@ -20,6 +20,7 @@ from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import figure_points, wikimedia_ps
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point, unmet_requirement
+from ddlrepro.host.rundir import metric_records
 from ddlrepro.host.tables import RECORD_COLUMNS
 from ddlrepro.host.testbed.limits import unavailable_reason
 
@@ -125,8 +126,7 @@ def free_port() -> int:
 
 def run_records(run_dir: Path, params: dict) -> pd.DataFrame:
     """The run's records with the point's params beside them, as the tidy table has them."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    records = pd.DataFrame([json.loads(line) for line in lines]).reindex(columns=RECORD_COLUMNS)
+    records = pd.DataFrame(metric_records(run_dir)).reindex(columns=RECORD_COLUMNS)
     return records.assign(**{key: params[key] for key in ("probe_steps", "probe_batch_size", "batch_size", "mode")})
 
 

@@ -25,8 +25,10 @@ from ddlrepro.host.objectstore import data_inputs, s3fs_unavailable_reason
 from ddlrepro.host.provenance import git_state, run_provenance
 from ddlrepro.host.rundir import (
     ATTEMPT,
+    METRICS,
     RESULT,
     OutputCollector,
+    metric_records,
     result_record,
     set_aside_previous_attempt,
     write_json_atomic,
@@ -191,15 +193,15 @@ def write_attempt(
         "finished": finished,
         "wall_s": finished - started,
         "error": error,
-        "steps_done": last_steps_done(run_dir / "metrics.jsonl"),
+        "steps_done": last_steps_done(run_dir),
         "code": code,
     }
     write_json_atomic(run_dir / ATTEMPT, attempt)
     return attempt
 
 
-def last_steps_done(metrics: Path) -> float | None:
-    """The last `steps_done` record in a metrics file (how far a workload that records it got), or None."""
-    lines = metrics.read_text().splitlines() if metrics.exists() else []
-    done = [record["value"] for record in map(json.loads, lines) if record.get("metric") == "steps_done"]
+def last_steps_done(run_dir: Path) -> float | None:
+    """The last `steps_done` record in a run folder's metrics (how far a workload that records it got), or None."""
+    records = metric_records(run_dir) if (run_dir / METRICS).exists() else []
+    done = [record["value"] for record in records if record.get("metric") == "steps_done"]
     return done[-1] if done else None

@@ -32,7 +32,13 @@ from ddlrepro.records import RECORD_PREFIX
 
 RESULT = "result.json"
 ATTEMPT = "attempt.json"
+METRICS = "metrics.jsonl"
 STDERR_TAIL_LINES = 20
+
+
+def metric_records(run_dir: Path) -> list[dict[str, Any]]:
+    """A run folder's metric records (metrics.jsonl), in the order they were filed."""
+    return [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines() if line]
 
 
 def write_json_atomic(path: Path, value: Any) -> None:
@@ -67,7 +73,7 @@ class OutputCollector:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.log = (run_dir / "log.txt").open("w")
-        self.metrics = (run_dir / "metrics.jsonl").open("w")
+        self.metrics = (run_dir / METRICS).open("w")
         self.ledger = None
         self.ledger_records: list[dict[str, Any]] = []
         self.workers: dict[int, dict[str, Any]] = {}

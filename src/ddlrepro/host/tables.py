@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from ddlrepro.host.config import schema_default
-from ddlrepro.host.rundir import RESULT
+from ddlrepro.host.rundir import RESULT, metric_records
 
 POINT_COLUMNS = ["figure", "point_id", "workload", "workers", "threads_per_worker"]
 # `phase` and `interface`: a node's interface bytes (node_rx_bytes, node_tx_bytes) at the run's start and end.
@@ -61,7 +61,7 @@ def run_rows(run_dir: Path, max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE
     if status == "skipped":
         records = [{"metric": SKIPPED_METRIC, "value": float("nan")}]
     else:
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+        records = metric_records(run_dir)
         records += attempt_records(result.get("attempts", []))
     rows = pd.DataFrame.from_records(records, columns=RECORD_COLUMNS)
     provenance = json.loads((run_dir / "provenance.json").read_text())
