@@ -72,7 +72,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     finally:  # also after a start that failed or was killed half-way
         stopped = cluster_command("stop", str(state))
         assert stopped.returncode == 0, stopped.stderr
-    assert not any(Path("/run/netns").glob("ddl-slurm-*"))
+    assert not cluster_namespaces()
+
+
+def cluster_namespaces() -> set[str]:
+    return {path.name for path in Path("/run/netns").glob("ddl-slurm-*")}
 
 
 @pytest.mark.slurm
@@ -83,10 +87,11 @@ def test_bad_node_counts_are_refused_before_anything_exists(tmp_path: Path, node
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)
+    before = cluster_namespaces()  # a killed earlier run's may be there: `start` removes them, a refusal does not
     refused = cluster_command("start", "--nodes", nodes, str(tmp_path / "state"))
     assert refused.returncode != 0 and message in refused.stderr
     assert not (tmp_path / "state").exists()
-    assert not any(Path("/run/netns").glob("ddl-slurm-*"))
+    assert cluster_namespaces() == before
 
 
 def two_per_node(workdir: Path) -> str:
