@@ -17,6 +17,7 @@ include: "workflow/rules/runs.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/scheduler.smk"
 
 
 # Only the distributed runs go to a cluster (images are built where Snakemake runs); tables, plots, checks, report and bundle run where Snakemake runs.

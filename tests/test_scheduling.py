@@ -1,0 +1,48 @@
+"""The workflow's Snakemake hooks (workflow/rules/scheduler.smk): a workflow that is done, whether it succeeded or
+failed, does not idle out its rate limiter's span (real Snakemake, two jobs that cannot run side by side)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, snakemake
+
+SPAN_S = 15
+# b waits while a holds both cores: each scheduling pass in that time leaves a re-evaluation timer of SPAN_S.
+TWO_JOBS_ONE_AT_A_TIME = """
+rule all:
+    input:
+        "a",
+        "b",
+
+
+rule one:
+    output:
+        "{name}",
+    wildcard_constraints:
+        name="a|b",
+    threads: 2
+    shell:
+        "sleep 1; touch {output}; test {wildcards.name} != {FAILING}"
+"""
+
+
+def seconds_to_finish(workdir: Path, hooks: bool, failing: str = "none") -> float:
+    workdir.mkdir()
+    include = f'include: "{REPO / "workflow" / "rules" / "scheduler.smk"}"\n\n\n' if hooks else ""
+    (workdir / "Snakefile").write_text(include + TWO_JOBS_ONE_AT_A_TIME.replace("{FAILING}", failing))
+    started = time.monotonic()
+    done = snakemake(workdir, "--max-jobs-per-timespan", f"1000/{SPAN_S}s", timeout=120)
+    assert (done.returncode == 0) == (failing == "none"), done.stderr
+    return time.monotonic() - started
+
+
+@pytest.mark.slow
+def test_a_finished_workflow_does_not_wait_out_its_rate_limit_span(tmp_path: Path) -> None:
+    waited = seconds_to_finish(tmp_path / "without-hooks", hooks=False)
+    succeeded = seconds_to_finish(tmp_path / "succeeded", hooks=True)
+    failed = seconds_to_finish(tmp_path / "failed", hooks=True, failing="b")
+    assert waited - succeeded > SPAN_S / 2, (waited, succeeded)  # without the hooks Snakemake waits for its timers
+    assert waited - failed > SPAN_S / 2, (waited, failed)
