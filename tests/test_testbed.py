@@ -16,6 +16,7 @@ import pytest
 from conftest import REPO
 
 from ddlrepro.host.run import unmet_requirement
+from ddlrepro.host.rundir import METRICS, metric_records
 from ddlrepro.host.testbed import Testbed, TestbedError, limits, traffic
 from ddlrepro.host.testbed import overlay as overlay_device
 from ddlrepro.host.testbed.counters import CounterSampler, metrics_file, node_counters
@@ -121,8 +122,7 @@ def test_set_rate_changes_the_rate_of_a_running_transfer(owner: str, tmp_path: P
 
 @needs_testbed
 def test_sampler_files_each_hosts_bytes_as_metrics(owner: str, tmp_path: Path) -> None:
-    metrics = tmp_path / "metrics.jsonl"
-    with Testbed.create(owner, 2) as testbed, CounterSampler(testbed, metrics_file(metrics), interval=0.1):
+    with Testbed.create(owner, 2) as testbed, CounterSampler(testbed, metrics_file(tmp_path / METRICS), interval=0.1):
         on_host(
             testbed,
             1,
@@ -130,7 +130,7 @@ def test_sampler_files_each_hosts_bytes_as_metrics(owner: str, tmp_path: Path) -
             f"socket.SOCK_DGRAM); [s.sendto(b'x' * 1000, ('198.18.0.2', 9)) for _ in range(100)]\"",
         )
         time.sleep(0.3)
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    records = metric_records(tmp_path)
     assert {record["metric"] for record in records} == {"interface_rx_bytes", "interface_tx_bytes"}
     last = {(r["host"], r["metric"]): r["value"] for r in records}
     assert last[(f"{owner}-h1", "interface_tx_bytes")] >= 100 * 1042  # payload + UDP, IP and Ethernet headers
