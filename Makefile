@@ -75,6 +75,7 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/simulator_fidelity.py
 	$(BIN)/python benchmarks/parameter_server.py
 	$(BIN)/python benchmarks/resource_sampler.py
+	$(BIN)/python benchmarks/process_exit.py
 	$(BIN)/python benchmarks/biggan_elasticity.py
 	$(BIN)/python benchmarks/gan_gpu.py
 	$(BIN)/python benchmarks/report.py

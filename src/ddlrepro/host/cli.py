@@ -14,6 +14,7 @@ from ddlrepro.host.errors import UserError
 from ddlrepro.host.launchers.base import RunFailed
 from ddlrepro.host.redaction import redact
 from ddlrepro.points import Point
+from ddlrepro.shutdown import skip_final_collection
 
 
 def _exit_on_sigterm() -> None:
@@ -328,3 +329,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+    skip_final_collection()

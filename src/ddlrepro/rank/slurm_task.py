@@ -23,6 +23,7 @@ import hostlist
 
 from ddlrepro.points import Point
 from ddlrepro.rank import devicetypes, taskenv
+from ddlrepro.shutdown import skip_final_collection
 
 RENDEZVOUS_WAIT_S = 300
 
@@ -112,3 +113,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    skip_final_collection()

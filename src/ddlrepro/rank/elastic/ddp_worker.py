@@ -20,6 +20,7 @@ from ddlrepro.points import Point
 from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import DefaultGroup, announce, build_trainer, emit_step
 from ddlrepro.records import emit
+from ddlrepro.shutdown import skip_final_collection
 
 
 def main(argv: list[str]) -> None:
@@ -42,3 +43,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    skip_final_collection()

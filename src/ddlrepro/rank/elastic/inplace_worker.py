@@ -35,6 +35,7 @@ from ddlrepro.rank.policies.provisioning import (
     throughput_source,
 )
 from ddlrepro.records import emit
+from ddlrepro.shutdown import skip_final_collection
 
 
 class InPlaceWorker:
@@ -264,3 +265,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    skip_final_collection()

@@ -30,6 +30,7 @@ from ddlrepro.rank.elastic.events import RESTART_PHASES, ResizeEvent
 from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import DefaultGroup, ElasticTrainer, announce, build_trainer, emit_step
 from ddlrepro.records import emit
+from ddlrepro.shutdown import skip_final_collection
 
 WAIT_POLL_S = 0.05
 NO_RESIZE = -1
@@ -156,3 +157,4 @@ def wait_for_restart(group: DefaultGroup) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    skip_final_collection()

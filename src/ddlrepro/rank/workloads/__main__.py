@@ -14,6 +14,7 @@ from ddlrepro.rank import devicetypes
 from ddlrepro.rank.interfaces import NodeInterfaceCounter
 from ddlrepro.rank.runtime import RankContext, ResourceSampler, init_distributed
 from ddlrepro.rank.workloads import WORKLOADS
+from ddlrepro.shutdown import skip_final_collection
 
 
 def main(argv: list[str]) -> None:
@@ -50,3 +51,4 @@ def ensure_device_environment(point: Point, argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+    skip_final_collection()
