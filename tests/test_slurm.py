@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -357,3 +358,40 @@ def test_failed_slurm_job_names_its_id_and_retries_recover(cluster: dict[str, st
     for attempt in attempts:
         assert not (attempt / "result.json").exists()
         assert "srun: error" in (attempt / "log.txt").read_text()
+
+
+ONE_SLURM_JOB = """
+rule all:
+    input:
+        "done",
+
+
+rule job:
+    output:
+        "done",
+    shell:
+        "touch {output}; exit {EXIT}"
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("exit_code", "last_line"), [(0, "Finished jobid: 0 (Rule: all)"), (1, "Error in rule job:")])
+def test_a_workflow_that_is_done_does_not_sit_out_the_status_check_interval(
+    cluster: dict[str, str], tmp_path: Path, exit_code: int, last_line: str
+) -> None:
+    """The profile's first status check (after 10 s) finds the job done, or failed; the Slurm executor would then
+    sleep out another interval before Snakemake exits, unless the workflow's scheduler.smk wakes it."""
+    include = f'include: "{REPO / "workflow" / "rules" / "scheduler.smk"}"\n\n'
+    (tmp_path / "Snakefile").write_text(include + ONE_SLURM_JOB.replace("{EXIT}", str(exit_code)))
+    command = ["timeout", "-s", "KILL", "120", SNAKEMAKE, "--profile", str(REPO / "profiles" / "slurm")]
+    workflow = subprocess.Popen(
+        command, cwd=tmp_path, env=workflow_environment(tmp_path, cluster), stderr=subprocess.PIPE, text=True
+    )
+    lines, seen = [], None
+    for line in workflow.stderr:
+        lines.append(line)
+        if line.startswith(last_line):
+            seen = time.monotonic()
+    workflow.wait()
+    assert (workflow.returncode == 0) == (exit_code == 0) and seen, "".join(lines[-40:])
+    assert time.monotonic() - seen < 4, "".join(lines[-20:])  # not the interval's 10 s

@@ -1,6 +1,12 @@
-# `make reproduce` spreads Snakemake's job rate limit over 10 s (profiles/local/config.yaml), so the scheduler's
-# re-evaluation timers wait up to 10 s: once the workflow is done, whether it succeeded or not, nothing needs them.
-from ddlrepro.host.scheduling import cancel_rescheduling_timers
+# Once the workflow is done, whether it succeeded or not, Snakemake waits for nothing of its own: not for its
+# scheduler's re-evaluation timers (`make reproduce` spreads the job rate limit over 10 s: profiles/local), nor for
+# a cluster executor's status-check sleep (up to 180 s with the Slurm plugin).
+from ddlrepro.host.scheduling import (
+    cancel_rescheduling_timers,
+    wake_remote_executors_at_shutdown,
+)
+
+wake_remote_executors_at_shutdown()
 
 
 onsuccess:
