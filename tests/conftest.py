@@ -188,7 +188,7 @@ def planned_jobs(dry_run_output: str) -> dict[str, int]:
 def spawn_gloo(function, world: int, tmp_path: Path, *args) -> list:
     """Run `function(rank, *args)` on `world` gloo processes; return what each rank returned."""
     import torch
-    import torch._dynamo  # noqa: F401  (DDP and the optimizers import it: once here, not in every forked rank)
+    import torch._dynamo  # DDP and the optimizers import it: once here, not in every forked rank
     import torch.multiprocessing as mp
 
     from ddlrepro.host.launchers.local import free_loopback_port
