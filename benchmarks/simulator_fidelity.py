@@ -16,9 +16,10 @@ Then, for real on this machine (device types emulated on CPU; leave out with --n
    six placements of two processes, none a profile run (so each error is the model's, plus run-to-run noise), mixed
    types and 2 ESTs per device among them; samples/s predicted by `Profiles.throughput` from the profiles against
    measured (batch × ESTs ÷ the median over steps of the slowest process's step time).
-3. The real replay (`ddlrepro.host.replay`): 4 small jobs on one fast and one slow device, easyscale-heter's
-   decisions from a simulation on those profiles (10 s rounds; every start and reallocation costs the measured
-   start-up), each job run as checkpoint-to-checkpoint stages in simulated-time order. Per job: JCT (mostly the
+3. The real replay (`ddlrepro.host.replay`): 4 small jobs (their work set in seconds, turned into steps on those
+   profiles) on one fast and one slow device, easyscale-heter's decisions from a simulation on those profiles (10 s
+   rounds; every start and reallocation costs the measured start-up), each job run as checkpoint-to-checkpoint
+   stages in simulated-time order. Per job: JCT (mostly the
    simulated waiting, which the replay keeps) and busy time (its stages' run times: what the model predicts), real
    against simulated; the jobs reallocated (≥ 1, or the checkpoint path went untested); and the pairs of jobs whose
    last stages overlap and wait for neither other, whose finishing order is the runs' to decide (≥ 1), and how many
@@ -141,15 +142,18 @@ FIDELITY_PLACEMENTS = [
 ]
 SLOTS = {"fast": 1, "slow": 1}
 REPLAY_POLICY, REPLAY_ROUND_S = "easyscale-heter", 10.0
-# (id, submit s, ESTs, global steps, preferred type): j1 holds the fast device; j2 starts on the slow one at the
-# first round after its submission and stays there; j3 takes the fast device when j1 finishes; j4 starts on the slow
-# one when j2 finishes and is reallocated to fast when j3 finishes. j2's last stage overlaps j1's and j3's, waiting
-# for neither: which of each pair finishes first is up to the runs (simulated: j1, then j3).
+# (id, submit s, ESTs, seconds of steps on one device of a type, that type, preferred type): j1 holds the fast
+# device; j2 starts on the slow one at the first round after its submission and stays there; j3 takes the fast device
+# when j1 finishes; j4 starts on the slow one when j2 finishes and is reallocated to fast when j3 finishes. j2's last
+# stage overlaps j1's and j3's, waiting for neither: which of each pair finishes first is up to the runs (simulated:
+# j1, then j3). The work is set in seconds on the device each job mostly runs on, turned into steps on the session's
+# profiles, so that the plan keeps this shape against the 10 s rounds on a faster or slower machine (as fixed steps,
+# the jobs lasted 35-68 s on 2026-11-24 and 7-20 s on the machine of 2026-11-27, and the plan lost its free pairs).
 REPLAY_JOBS = [
-    ("j1", 0, 2, 300, "fast"),
-    ("j2", 5, 1, 150, "fast"),
-    ("j3", 35, 1, 60, "slow"),
-    ("j4", 38, 1, 150, "fast"),
+    ("j1", 0, 2, 53.0, "fast", "fast"),
+    ("j2", 5, 1, 57.0, "slow", "fast"),
+    ("j3", 35, 1, 16.0, "fast", "slow"),
+    ("j4", 38, 1, 13.5, "fast", "fast"),
 ]
 
 
@@ -230,14 +234,20 @@ def throughput_fidelity(profiles: Profiles, devices: int, launcher: dict, settin
     return pd.DataFrame(rows, columns=["placement", "slug", "ests", "predicted_per_s", "measured_per_s", "error"])
 
 
+def replay_steps(profiles: Profiles, ests: int, seconds: float, device_type: str) -> int:
+    """The global steps that take `seconds` with all `ests` ESTs on one device of `device_type`, on `profiles`."""
+    step_s = profiles.global_step_s(MODEL, BATCH, ests, Placement((Share(device_type, 1, ests),)))
+    return max(1, round(seconds / step_s))
+
+
 def replay(
     profiles: Profiles, startup_s: float, launcher: dict, settings: dict, folder: Path
 ) -> tuple[pd.DataFrame, list[tuple[str, str]], int]:
     """REPLAY_JOBS under REPLAY_POLICY, simulated on the profiles and replayed for real: completion_times' table,
     the pairs of jobs whose finishing order the runs decide, and the number of jobs reallocated (≥ 2 stages)."""
     jobs = [
-        steps_job(name, submit, MODEL, ests, BATCH, steps, preferred, row)
-        for row, (name, submit, ests, steps, preferred) in enumerate(REPLAY_JOBS, start=1)
+        steps_job(name, submit, MODEL, ests, BATCH, replay_steps(profiles, ests, seconds, on), preferred, row)
+        for row, (name, submit, ests, seconds, on, preferred) in enumerate(REPLAY_JOBS, start=1)
     ]
     cluster = Cluster.of(SLOTS)
     simulation = simulate(jobs, cluster, profiles, REPLAY_POLICY, REPLAY_ROUND_S, "measured", startup_s)
