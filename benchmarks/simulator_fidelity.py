@@ -19,11 +19,11 @@ Then, for real on this machine (device types emulated on CPU; leave out with --n
 3. The real replay (`ddlrepro.host.replay`): 4 small jobs (their work set in seconds, turned into steps on those
    profiles) on one fast and one slow device, easyscale-heter's decisions from a simulation on those profiles (10 s
    rounds; every start and reallocation costs the measured start-up), each job run as checkpoint-to-checkpoint
-   stages in simulated-time order. Per job: JCT (mostly the
-   simulated waiting, which the replay keeps) and busy time (its stages' run times: what the model predicts), real
-   against simulated; the jobs reallocated (≥ 1, or the checkpoint path went untested); and the pairs of jobs whose
-   last stages overlap and wait for neither other, whose finishing order is the runs' to decide (≥ 1), and how many
-   of them finish in the other order than simulated. A benchmark, not a figure: it takes a few minutes of real
+   stages in simulated-time order. Per job: JCT (mostly the simulated waiting, which the replay keeps) and busy
+   time (its stages' run times: what the model predicts), real against simulated; the jobs reallocated (≥ 1, or
+   the checkpoint path went untested); and the pairs of jobs whose last stages overlap and wait for neither other,
+   whose finishing order is the runs' to decide (≥ 1), and how many of them finish in the other order than
+   simulated. A benchmark, not a figure: it takes a few minutes of real
    time, more than `make reproduce` has to spare.
 
     python benchmarks/simulator_fidelity.py [--seed 0] [--steps 24] [--no-real]
@@ -236,7 +236,7 @@ def throughput_fidelity(profiles: Profiles, devices: int, launcher: dict, settin
 
 def replay_steps(profiles: Profiles, ests: int, seconds: float, device_type: str) -> int:
     """The global steps that take `seconds` with all `ests` ESTs on one device of `device_type`, on `profiles`."""
-    step_s = profiles.global_step_s(MODEL, BATCH, ests, Placement((Share(device_type, 1, ests),)))
+    step_s = profiles.global_step_s(MODEL, BATCH, ests, model_placement([(ests, device_type)]))
     return max(1, round(seconds / step_s))
 
 
