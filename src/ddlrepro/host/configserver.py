@@ -104,6 +104,10 @@ class ClusterConfig:
                 return self._publish(members[:size], f"resize to {size}")
             return self._publish(members + self.new_workers(size - len(members), members), f"resize to {size}")
 
+    def stop(self) -> None:
+        """No members: every worker finishes after its current step (the host ends the job)."""
+        self.resize(0)
+
     def remove(self, worker: int) -> Cluster:
         with self.changed:
             members = self.versions[-1].members

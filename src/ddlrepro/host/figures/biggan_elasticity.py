@@ -5,7 +5,8 @@ Points: three runtimes × three situations, one run each. Runtimes: `ddp`, a sta
 `torchrun`, torchrun elastic with `--nnodes=1:MAX`, checkpointing every step (launchers/torchrun.py); `inplace`,
 the in-place elastic runtime (launchers/inplace.py). Situations (launchers/situations.py): `late-start` (the
 second worker starts `late_s` after the first is ready), `killed` (worker 1 gets SIGKILL at `event_step`),
-`joins` (a third worker starts at `event_step`). The model is the section's `model`: `biggan`, the GAN of
+`joins` (a third worker starts at `event_step`); once the event has played out, `steps_after_event` more steps and
+the host stops the run (`steps` bounds a run it never stops). The model is the section's `model`: `biggan`, the GAN of
 biggan-profiles trained by every runtime alike (rank/elastic/trainer.py's GanElasticTrainer), or one of the elastic
 trainer's image models.
 
@@ -70,6 +71,13 @@ def check_section(section: dict[str, Any]) -> None:
         "event_step",
         f"{section['event_step']} is not between 0 and steps ({section['steps']}), exclusive",
     )
+    require(
+        section["event_step"] + section["steps_after_event"] < section["steps"],
+        ID,
+        "steps_after_event",
+        f"event_step + steps_after_event ({section['event_step'] + section['steps_after_event']}) is not below "
+        f"steps ({section['steps']}), the most a run trains: it would end before the host stops it",
+    )
 
 
 def gan_keys() -> list[str]:
@@ -87,6 +95,7 @@ def cell_point(section: dict[str, Any], launcher: dict[str, Any], runtime: str, 
         "situation": situation,
         "late_s": section["late_s"],
         "event_step": section["event_step"],
+        "steps_after_event": section["steps_after_event"],
         "rendezvous_timeout_s": section["rendezvous_timeout_s"],
         "initial_workers": WORKERS,
         "max_workers": workers,

@@ -5,21 +5,27 @@ new one: what the job does when a worker is late, killed or added (launchers/sit
 
 A worker that fails is an outcome here, not a failed run: the run records it (`exit_code`, per rank) and ends
 when every member has exited. It fails only on a timeout.
+
+The harness's config server (no part of DDP) tells rank 0 when the host stops the job (situations.py); rank 0
+broadcasts it to the world after every step.
 """
 
 from __future__ import annotations
 
+import secrets
 import sys
 import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from ddlrepro.host.configserver import ClusterConfig, ConfigServer
 from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
 from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, free_loopback_port, start, stop
 from ddlrepro.host.launchers.situations import Director, Situation, record
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
+from ddlrepro.rank.elastic.cluster import SERVER_ENV, TOKEN_ENV
 
 WORKER_MODULE = "ddlrepro.rank.elastic.ddp_worker"
 
@@ -46,6 +52,7 @@ def request(point: Point, run_dir: Path) -> DdpRequest:
         "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_loopback_port()),
+        SERVER_ENV: f"127.0.0.1:{free_loopback_port()}",
     }
     command = [sys.executable, "-m", WORKER_MODULE, point.to_json()]
     return DdpRequest("ddp", WorkerSpec(None, command, env), point.params["initial_workers"], situation)
@@ -55,14 +62,16 @@ class StaticWorld:
     """The job's processes by rank; members are ranks below the world size, a joiner gets the next rank of a
     world one larger (the only way to start one more plain DDP process: the running world never counts it)."""
 
-    def __init__(self, job: DdpRequest, output: OutputCollector) -> None:
+    def __init__(self, job: DdpRequest, output: OutputCollector, token: str) -> None:
         self.job = job
         self.output = output
+        self.token = token
         self.processes: dict[int, Started] = {}
 
     def start(self, rank: int) -> None:
         world = max(self.job.world_size, rank + 1)
         env = {**self.job.worker.env, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0"}
+        env[TOKEN_ENV] = self.token
         spec = WorkerSpec(rank, self.job.worker.command, env)
         self.processes[rank] = start(spec, partial(self.output.add_line, rank))
 
@@ -76,19 +85,24 @@ class StaticWorld:
 
 def execute(job: DdpRequest, timeout_s: float, output: OutputCollector) -> None:
     """Run the world until every member has exited; raise RunFailed on a timeout."""
-    world = StaticWorld(job, output)
-    director = Director(job.situation, world.add, output)
+    token = secrets.token_urlsafe(24)
+    world = StaticWorld(job, output, token)
+    members = list(range(job.world_size))
+    config = ClusterConfig(members, lambda count, members: [], max_size=job.world_size)
+    director = Director(job.situation, world.add, output, config.stop)
+    host, _, port = job.worker.env[SERVER_ENV].rpartition(":")
     deadline = time.monotonic() + timeout_s
     try:
-        director.start(timeout_s)
-        for rank in range(job.situation.workers_at_start(job.world_size)):
-            world.start(rank)
-        while not world.members_exited():
+        with ConfigServer(config, token, host, int(port)):
+            director.start(timeout_s)
+            for rank in range(job.situation.workers_at_start(job.world_size)):
+                world.start(rank)
+            while not world.members_exited():
+                director.check()
+                if time.monotonic() > deadline:
+                    raise RunFailed(None, f"timed out after {timeout_s:g} s", output.stderr_tail(0))
+                time.sleep(POLL_INTERVAL_S)
             director.check()
-            if time.monotonic() > deadline:
-                raise RunFailed(None, f"timed out after {timeout_s:g} s", output.stderr_tail(0))
-            time.sleep(POLL_INTERVAL_S)
-        director.check()
     finally:
         director.stop()
         stop(list(world.processes.values()))

@@ -134,7 +134,7 @@ def execute(job: InplaceRequest, timeout_s: float, output: OutputCollector) -> N
     pool = WorkerPool(job, output, token)
     config = ClusterConfig(list(range(job.initial_workers)), pool.new_workers, max_size=job.max_size)
     server_host, _, server_port = job.config_server.rpartition(":")
-    director = job.situation and Director(job.situation, lambda: grow(config), output)
+    director = job.situation and Director(job.situation, lambda: grow(config), output, config.stop)
     try:
         with ConfigServer(config, token, server_host, int(server_port)):
             if director:

@@ -6,6 +6,11 @@ acted out by the host while the job runs, the same way under every runtime (ddp.
     killed      worker 1 is killed with SIGKILL once rank 0 has reported `event_step` steps
     joins       one more worker is started once rank 0 has reported `event_step` steps
 
+Once the event has played out (the kill; a late or joining worker's process announced itself, which under torchrun
+is the restart that takes it in), rank 0 trains `steps_after_event` more steps and the host stops the job through
+the runtime's config server: every cell trains as long as its story takes, on a slow machine as on a fast one, and
+no run ends while a worker is on its way (the schedule's `steps` bounds a run the host never stops).
+
 Each runtime says what starting a worker means for it (a rank of a static world, a torchrun agent, a resize of
 the in-place cluster). The host files what it did and saw as metric records (rank None): `job_start`, the event's
 time (`late_arrival`, `killed`, `joined`) and every worker process start (`worker_start`, by rank, value its pid),
@@ -34,6 +39,7 @@ class Situation:
     name: str
     late_s: float
     event_step: int
+    steps_after_event: int | None = None
 
     @classmethod
     def of(cls, params: dict[str, Any]) -> Situation | None:
@@ -42,7 +48,13 @@ class Situation:
             return None
         if params["situation"] not in SITUATIONS:
             raise ValueError(f"situation: {params['situation']!r} is not one of {', '.join(SITUATIONS)}")
-        return cls(params["situation"], float(params.get("late_s", 0)), int(params.get("event_step", 0)))
+        after = params.get("steps_after_event")
+        return cls(
+            params["situation"],
+            float(params.get("late_s", 0)),
+            int(params.get("event_step", 0)),
+            None if after is None else int(after),
+        )
 
     def workers_at_start(self, workers: int) -> int:
         """Workers the job starts with, of the `workers` it is made for (late-start: one comes later)."""
@@ -73,16 +85,24 @@ STOP_JOIN_S = 30.0  # a worker being started when the run ends: wait for it, so 
 
 class Director:
     """Acts `situation` out on a background thread, watching the records the ranks print; `add_worker` starts one
-    more worker the runtime's way."""
+    more worker the runtime's way, `stop_job` asks the runtime's workers to stop after their current step."""
 
-    def __init__(self, situation: Situation, add_worker: Callable[[], None], output: OutputCollector) -> None:
+    def __init__(
+        self,
+        situation: Situation,
+        add_worker: Callable[[], None],
+        output: OutputCollector,
+        stop_job: Callable[[], None],
+    ) -> None:
         self.situation = situation
         self.add_worker = add_worker
+        self.stop_job = stop_job
         self.output = output
         self.error: BaseException | None = None
         self.steps = 0
         self.pids: dict[int, int] = {}
         self.starts: list[dict[str, Any]] = []
+        self.announced_at_event = 0  # worker starts seen when the event added a worker
         self.seen = threading.Condition()
         self.stopping = threading.Event()
         output.watchers.append(self.watch)
@@ -111,31 +131,53 @@ class Director:
             self.error = error
 
     def act(self) -> None:
+        self.act_out_event()
+        if self.situation.steps_after_event is not None:
+            self.await_played_out()
+            with self.seen:
+                steps = self.steps + self.situation.steps_after_event
+            self.await_until(lambda: self.steps >= steps, f"{steps} steps of rank 0")
+            self.stop_job()
+
+    def act_out_event(self) -> None:
         situation = self.situation
         if situation.name == "late-start":
             self.await_step(0, 0)  # late with respect to the first worker being ready, however long that took
             if self.stopping.wait(situation.late_s):
                 raise Stopped
-            record(self.output, EVENT_METRIC[situation.name], time.time())
-            self.add_worker()
+            self.add_and_record()
         elif situation.name == "killed":
             self.await_step(situation.event_step, KILLED_WORKER)
             os.kill(self.pids[KILLED_WORKER], signal.SIGKILL)
             record(self.output, EVENT_METRIC[situation.name], time.time())
         else:
             self.await_step(situation.event_step, 0)
-            record(self.output, EVENT_METRIC[situation.name], time.time())
-            self.add_worker()
+            self.add_and_record()
+
+    def add_and_record(self) -> None:
+        with self.seen:
+            self.announced_at_event = len(self.starts)
+        record(self.output, EVENT_METRIC[self.situation.name], time.time())
+        self.add_worker()
+
+    def await_played_out(self) -> None:
+        """A worker added by the event has announced itself (under torchrun: the restart that takes it in)."""
+        if self.situation.name != "killed":
+            self.await_until(lambda: len(self.starts) > self.announced_at_event, "the added worker's start")
 
     def await_step(self, step: int, worker: int) -> None:
         """Wait until rank 0 has reported `step` steps and `worker` has announced itself."""
+        self.await_until(lambda: self.steps >= step and worker in self.pids, f"step {step} with worker {worker}")
+
+    def await_until(self, reached: Callable[[], bool], what: str) -> None:
+        """Wait until `reached()` (called holding the lock) or the run ends (Stopped) or times out."""
         with self.seen:
-            while self.steps < step or worker not in self.pids:
+            while not reached():
                 if self.stopping.is_set():
                     raise Stopped
                 remaining = self.deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(f"situation {self.situation.name}: step {step} not reached with worker {worker}")
+                    raise TimeoutError(f"situation {self.situation.name}: {what} not reached")
                 self.seen.wait(remaining)
 
     def check(self) -> None:

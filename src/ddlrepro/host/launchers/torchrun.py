@@ -170,7 +170,7 @@ def execute(job: TorchrunRequest, timeout_s: float, output: OutputCollector) -> 
     config = ClusterConfig(list(range(job.initial_workers)), agents.new_agents, agents.follow, max_size=job.max_size)
     host, _, port = job.config_server.rpartition(":")
     deadline = time.monotonic() + timeout_s
-    director = job.situation and Director(job.situation, lambda: agents.start(len(agents.running)), output)
+    director = job.situation and Director(job.situation, lambda: agents.start(len(agents.running)), output, config.stop)
     try:
         with ConfigServer(config, token, host, int(port)):
             if director:

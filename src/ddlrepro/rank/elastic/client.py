@@ -24,6 +24,10 @@ class ConfigClient:
     def latest(self) -> Cluster:
         return Cluster.from_dict(self.request("GET", "/config"))
 
+    def stopped(self) -> bool:
+        """Whether the job is to stop: its latest version has no members."""
+        return not self.latest().members
+
     def version(self, number: int) -> Cluster:
         return Cluster.from_dict(self.request("GET", f"/config?version={number}"))
 

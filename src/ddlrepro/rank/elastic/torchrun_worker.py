@@ -60,6 +60,7 @@ def main(argv: list[str]) -> None:
     schedule = {entry.step: entry.size for entry in parse_schedule(point.params["schedule"])}
     client = ConfigClient(os.environ[SERVER_ENV], os.environ.get(TOKEN_ENV))
     interval = int(point.params.get("checkpoint_interval", 0))
+    host_stops = "situation" in point.params  # launchers/situations.py: the host ends the run after the event
     while True:
         step_time = trainer.train_step(group)
         if group.rank == 0:
@@ -70,10 +71,18 @@ def main(argv: list[str]) -> None:
                 event.mark("first_step")
                 event.emit(group.size)
                 event = None
-        size = torch.tensor([schedule.get(trainer.step, NO_RESIZE) if group.rank == 0 else 0])
+        size = torch.tensor([next_size(schedule, trainer.step, client, host_stops) if group.rank == 0 else 0])
         group.broadcast(size, 0)
         if int(size) != NO_RESIZE:
             resize(trainer, group, client, int(size))
+
+
+def next_size(schedule: dict[int, int], step: int, client: ConfigClient, host_stops: bool) -> int:
+    """Rank 0's resize after `step` steps: the schedule's, else 0 (the stop) once the host has stopped the job."""
+    scheduled = schedule.get(step, NO_RESIZE)
+    if scheduled == NO_RESIZE and host_stops and client.stopped():
+        return 0
+    return scheduled
 
 
 def resume(trainer: ElasticTrainer, rank: int) -> ResizeEvent | None:
