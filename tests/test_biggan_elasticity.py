@@ -7,6 +7,8 @@ import copy
 import io
 import json
 import math
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -17,7 +19,9 @@ from conftest import REPO, assert_refused
 from ddlrepro.host.checks import check_figure, load_references
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import biggan_elasticity, figure_points
+from ddlrepro.host.launchers.situations import Director, Situation
 from ddlrepro.host.run import run_point
+from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.host.tables import tidy_table
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic import GAN_MODEL
@@ -136,6 +140,48 @@ def good_summary() -> pd.DataFrame:
 def statuses(summary: pd.DataFrame) -> dict[str, str]:
     references = load_references(REPO / "config" / "references.yaml")[FIGURE]
     return dict(check_figure(FIGURE, summary, references, "smoke")[["check", "status"]].to_numpy())
+
+
+def file_step(output: OutputCollector) -> None:
+    output.add_record({"kind": "metric", "time": time.time(), "rank": 0, "step": None, "metric": "cluster_size"})
+
+
+def file_start(output: OutputCollector, rank: int) -> None:
+    output.add_record({"kind": "worker", "time": time.time(), "rank": rank, "pid": 100 + rank})
+
+
+def settle(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Whether `condition` holds within `timeout_s` (the director acts on its own thread)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_the_host_stops_a_run_only_once_its_joiner_came_and_trained(tmp_path: Path) -> None:
+    """An old group that trains on while the joiner starts (torchrun's, until its restart) is not stopped: the stop
+    comes `steps_after_event` steps after the added worker's process announced itself."""
+    added: list[int] = []
+    stopped_at: list[int] = []
+    with OutputCollector(tmp_path) as output:
+        situation = Situation("joins", late_s=0.0, event_step=2, steps_after_event=3)
+        director = Director(situation, lambda: added.append(1), output, lambda: stopped_at.append(director.steps))
+        director.start(timeout_s=30)
+        file_start(output, 0)
+        file_start(output, 1)
+        for _ in range(2):
+            file_step(output)
+        assert settle(lambda: added == [1])
+        for _ in range(10):
+            file_step(output)
+        file_start(output, 2)
+        for _ in range(2):
+            file_step(output)
+        assert not settle(lambda: bool(stopped_at), timeout_s=0.3)
+        file_step(output)
+        assert settle(lambda: bool(stopped_at))
+        director.finish()
+    assert stopped_at == [15]
 
 
 @pytest.mark.parametrize(

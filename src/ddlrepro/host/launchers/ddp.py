@@ -87,8 +87,8 @@ def execute(job: DdpRequest, timeout_s: float, output: OutputCollector) -> None:
     """Run the world until every member has exited; raise RunFailed on a timeout."""
     token = secrets.token_urlsafe(24)
     world = StaticWorld(job, output, token)
-    members = list(range(job.world_size))
-    config = ClusterConfig(members, lambda count, members: [], max_size=job.world_size)
+    # Only the host's stop goes through it: nothing grows a static world.
+    config = ClusterConfig(list(range(job.world_size)), lambda _count, _members: [], max_size=job.world_size)
     director = Director(job.situation, world.add, output, config.stop)
     host, _, port = job.worker.env[SERVER_ENV].rpartition(":")
     deadline = time.monotonic() + timeout_s

@@ -102,7 +102,9 @@ class Director:
         self.steps = 0
         self.pids: dict[int, int] = {}
         self.starts: list[dict[str, Any]] = []
-        self.announced_at_event = 0  # worker starts seen when the event added a worker
+        self.steps_at_starts: list[int] = []  # rank 0's step count when each worker announced itself
+        self.starts_at_event = 0
+        self.steps_at_event = 0
         self.seen = threading.Condition()
         self.stopping = threading.Event()
         output.watchers.append(self.watch)
@@ -113,6 +115,7 @@ class Director:
             if kind == "worker":
                 self.pids[record["rank"]] = record["pid"]
                 self.starts.append(record)
+                self.steps_at_starts.append(self.steps)
             elif kind == "metric" and record.get("metric") == "cluster_size":
                 self.steps += 1
             self.seen.notify_all()
@@ -133,9 +136,7 @@ class Director:
     def act(self) -> None:
         self.act_out_event()
         if self.situation.steps_after_event is not None:
-            self.await_played_out()
-            with self.seen:
-                steps = self.steps + self.situation.steps_after_event
+            steps = self.await_played_out() + self.situation.steps_after_event
             self.await_until(lambda: self.steps >= steps, f"{steps} steps of rank 0")
             self.stop_job()
 
@@ -149,21 +150,27 @@ class Director:
         elif situation.name == "killed":
             self.await_step(situation.event_step, KILLED_WORKER)
             os.kill(self.pids[KILLED_WORKER], signal.SIGKILL)
-            record(self.output, EVENT_METRIC[situation.name], time.time())
+            self.mark_event()
         else:
             self.await_step(situation.event_step, 0)
             self.add_and_record()
 
     def add_and_record(self) -> None:
-        with self.seen:
-            self.announced_at_event = len(self.starts)
-        record(self.output, EVENT_METRIC[self.situation.name], time.time())
+        self.mark_event()
         self.add_worker()
 
-    def await_played_out(self) -> None:
-        """A worker added by the event has announced itself (under torchrun: the restart that takes it in)."""
-        if self.situation.name != "killed":
-            self.await_until(lambda: len(self.starts) > self.announced_at_event, "the added worker's start")
+    def mark_event(self) -> None:
+        with self.seen:
+            self.starts_at_event, self.steps_at_event = len(self.starts), self.steps
+        record(self.output, EVENT_METRIC[self.situation.name], time.time())
+
+    def await_played_out(self) -> int:
+        """Rank 0's step count once the event has played out: at a kill, else when the first worker started after
+        the event (the added one; under torchrun, the restart that takes it in) announced itself."""
+        if self.situation.name == "killed":
+            return self.steps_at_event
+        self.await_until(lambda: len(self.starts) > self.starts_at_event, "the added worker's start")
+        return self.steps_at_starts[self.starts_at_event]
 
     def await_step(self, step: int, worker: int) -> None:
         """Wait until rank 0 has reported `step` steps and `worker` has announced itself."""
