@@ -29,7 +29,7 @@ from ddlrepro.rank.elastic.trainer import GanElasticTrainer, build_trainer, dige
 from ddlrepro.records import RECORD_PREFIX
 
 FIGURE = biggan_elasticity.ID
-TINY = {"steps": 120, "event_step": 3, "steps_after_event": 3, "late_s": 1, "min_step_s": 0.1}
+TINY = {"steps": 400, "event_step": 3, "steps_after_event": 3, "late_s": 1, "min_step_s": 0.1}
 START = 1000.0
 
 
@@ -47,11 +47,11 @@ def smoke() -> dict:
         ),
         ({"situations": ["preempted"]}, r"figures\.biggan-elasticity\.situations\[0\]: 'preempted' is not valid"),
         ({"late_s": 60}, r"figures\.biggan-elasticity\.late_s: 60 s is not below rendezvous_timeout_s \(60 s\)"),
-        ({"event_step": 120}, r"figures\.biggan-elasticity\.event_step: 120 is not between 0 and steps \(120\)"),
+        ({"event_step": 400}, r"figures\.biggan-elasticity\.event_step: 400 is not between 0 and steps \(400\)"),
         (
-            {"steps_after_event": 117},
-            r"figures\.biggan-elasticity\.steps_after_event: event_step \+ steps_after_event \(120\) is not below "
-            r"steps \(120\), the most a run trains",
+            {"steps_after_event": 397},
+            r"figures\.biggan-elasticity\.steps_after_event: event_step \+ steps_after_event \(400\) is not below "
+            r"steps \(400\), the most a run trains",
         ),
         ({"steps_after_event": 0}, r"figures\.biggan-elasticity\.steps_after_event: 0 is less than the minimum of 1"),
         ({"min_step_s": -1}, r"figures\.biggan-elasticity\.min_step_s: -1 is less than the minimum of 0"),
@@ -303,7 +303,10 @@ def test_nine_cells_for_real(smoke: dict, tmp_path: Path) -> None:
     assert {outcomes[("inplace", s)] for s in ("late-start", "killed", "joins")} == {"carried on in place"}
     assert outcomes[("torchrun", "killed")] == outcomes[("torchrun", "joins")] == "restarted all workers"
     assert summary["next_step_s"].drop(("ddp", "killed")).notna().all()
-    # the host stopped every run that went on a few steps after its event played out, far below the bound
+    # the host stopped every run that went on, steps_after_event steps after its event played out (after a kill: a
+    # step or two more while the stop reaches rank 0), never the bound
     assert (summary["steps_after"].drop(("ddp", "killed")) >= TINY["steps_after_event"]).all()
-    assert (summary["steps_before"] + summary["steps_after"]).max() < TINY["steps"] / 2
+    survivors = summary.loc[[("inplace", "killed"), ("torchrun", "killed")], "steps_after"]
+    assert (survivors <= TINY["steps_after_event"] + 2).all()
+    assert (summary["steps_before"] + summary["steps_after"]).max() < TINY["steps"]
     assert set(statuses(summary.reset_index()).values()) == {"pass"}
