@@ -21,12 +21,12 @@ from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.redaction import forget_registered
 from ddlrepro.points import Point
 
-REPO = Path(__file__).resolve().parents[1]
-
 # A suite started in the background of a shell without job control (`make test &`, a CI step) inherits SIGINT
 # ignored, and so would every process a test starts; the tests that press Ctrl-C need it as a terminal leaves it.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 SNAKEMAKE = str(BIN / "snakemake")
 LEAKY_SITE = REPO / "tests" / "leaky"  # a sitecustomize that prints credentials from inside the ranks

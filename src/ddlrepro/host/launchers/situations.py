@@ -39,7 +39,7 @@ class Situation:
     name: str
     late_s: float
     event_step: int
-    steps_after_event: int | None = None
+    steps_after_event: int
 
     @classmethod
     def of(cls, params: dict[str, Any]) -> Situation | None:
@@ -48,12 +48,11 @@ class Situation:
             return None
         if params["situation"] not in SITUATIONS:
             raise ValueError(f"situation: {params['situation']!r} is not one of {', '.join(SITUATIONS)}")
-        after = params.get("steps_after_event")
         return cls(
             params["situation"],
             float(params.get("late_s", 0)),
             int(params.get("event_step", 0)),
-            None if after is None else int(after),
+            int(params["steps_after_event"]),
         )
 
     def workers_at_start(self, workers: int) -> int:
@@ -135,10 +134,9 @@ class Director:
 
     def act(self) -> None:
         self.act_out_event()
-        if self.situation.steps_after_event is not None:
-            steps = self.await_played_out() + self.situation.steps_after_event
-            self.await_until(lambda: self.steps >= steps, f"{steps} steps of rank 0")
-            self.stop_job()
+        steps = self.await_played_out() + self.situation.steps_after_event
+        self.await_until(lambda: self.steps >= steps, f"{steps} steps of rank 0")
+        self.stop_job()
 
     def act_out_event(self) -> None:
         situation = self.situation
