@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+from dataclasses import replace
 from itertools import accumulate
 from pathlib import Path
 
@@ -12,10 +13,17 @@ import pytest
 import yaml
 from conftest import REPO, copy_workflow, snakemake
 
-from ddlrepro.host.checks import ReferenceError, check_exclude, check_figure, evaluate, load_references
+from ddlrepro.host.checks import (
+    ReferenceError,
+    check_exclude,
+    check_figure,
+    evaluate,
+    load_references,
+    timing_figures,
+)
 from ddlrepro.host.cli import main
 from ddlrepro.host.config import ConfigError, load_config
-from ddlrepro.host.figures import FIGURES, figure_module, is_simulated
+from ddlrepro.host.figures import FIGURES, draw_figure, figure_module, is_simulated, replicate_summaries
 
 SUMMARY = pd.DataFrame(
     {
@@ -138,18 +146,24 @@ LOADED = SUMMARY.assign(foreign_share=[0.02, 0.6, 0.01], steal_share=[0.0, 0.0, 
 
 
 def test_a_timing_check_behind_a_disturbed_run_is_disturbed_not_judged() -> None:
+    """A replicate behind which a run saw foreign load is left out, named in the reason; with every replicate
+    disturbed the check is `disturbed`; a deterministic check ignores the load."""
     variance_vs_none = reference(
         timing=True,
         measured={"column": "per_worker", "where": {"setting": "variance@8"}},
         compare=">=",
         against={"column": "per_worker", "where": {"setting": "variance@1"}},
+        effect={"relative": 0.05},
     )
     row = evaluate(variance_vs_none, LOADED, "smoke", "kungfu-fig8")
-    assert row["status"] == "disturbed" and row["measured"] == 97.0
+    assert row["status"] == "disturbed" and row["n"] == 0
     assert "foreign CPU load up to 0.60" in row["reason"]
     quiet = LOADED.assign(disturbed=False, foreign_share=0.02)
-    assert evaluate(variance_vs_none, quiet, "smoke", "kungfu-fig8")["status"] == "pass"
-    untimed = {key: value for key, value in variance_vs_none.items() if key != "timing"}
+    replicates = pd.concat([LOADED.assign(replicate=0), *(quiet.assign(replicate=r) for r in (1, 2, 3))])
+    judged = evaluate(variance_vs_none, replicates, "smoke", "kungfu-fig8")
+    assert (judged["status"], judged["n"]) == ("pass", 3)
+    assert "replicate(s) [0] left out, disturbed" in judged["reason"]
+    untimed = {key: value for key, value in variance_vs_none.items() if key not in ("timing", "effect")}
     assert evaluate(untimed, LOADED, "smoke", "kungfu-fig8")["status"] == "pass"
     with pytest.raises(ReferenceError, match="timing check but the summary has no"):
         evaluate(variance_vs_none, SUMMARY, "smoke", "kungfu-fig8")
@@ -414,6 +428,7 @@ def synthetic_tidy_table(figure: str, points) -> pd.DataFrame:
             "workload": point.workload,
             "workers": point.workers,
             "threads_per_worker": point.threads_per_worker,
+            "replicate": point.replicate,
             **{key: scalar(value) for key, value in point.params.items()},
             "backend_used": "gloo",
             "status": "skipped" if skipped else "ok",
@@ -428,23 +443,30 @@ def synthetic_tidy_table(figure: str, points) -> pd.DataFrame:
 
 @pytest.mark.parametrize("figure", sorted(FIGURES))
 def test_every_scale_any_check_of_every_smoke_figure_is_evaluated(figure: str) -> None:
-    """The smoke config's points of each figure, with made-up measurements, through the figure's own summary code:
-    every `scale: any` reference selects real rows and columns and is judged (pass or fail); only NCCL's declared
-    "needs CUDA" may skip here. A reference that selects nothing raises, so this fails on it."""
+    """The smoke config's points of each figure, three replicates with made-up measurements, through the figure's
+    own summary code per replicate: every `scale: any` reference selects real rows and columns of every replicate
+    and is judged (a deterministic one pass or fail, a timing one with an interval over 3 replicates); only NCCL's
+    declared "needs CUDA" may skip here. A reference that selects nothing raises, so this fails on it."""
     import matplotlib.pyplot as plt
 
     config = load_config(REPO / "config" / "config.yaml")
     assert config["figures"][figure]["enabled"] and not config.get("checks", {}).get("exclude")
     points = figure_module(figure).points(config["figures"][figure], config["launcher"])
-    table = synthetic_tidy_table(figure, points)
+    references = load_references(REPO / "config" / "references.yaml")
+    copies = 3 if figure in timing_figures(references, "smoke") else 1  # as the workflow replicates them
+    table = synthetic_tidy_table(figure, [replace(point, replicate=r) for r in range(copies) for point in points])
     if is_simulated(figure):  # it plots the simulation of its runs' table
         table = figure_module(figure).simulate_table(table, config["figures"][figure], "synthetic runs")
-    drawing, summary = figure_module(figure).plot(table, "smoke", [])
+    drawing, pooled = draw_figure(figure, table, "smoke", [], "synthetic runs")
     plt.close(drawing)
-    references = load_references(REPO / "config" / "references.yaml").get(figure, [])
-    checks = check_figure(figure, pd.read_csv(io.StringIO(summary.to_csv(index=False))), references, "smoke")
+    summary = replicate_summaries(figure, table, "smoke", [], pooled)
+    summary = pd.read_csv(io.StringIO(summary.to_csv(index=False)))
+    checks = check_figure(figure, summary, references.get(figure, []), "smoke")
     scale_free = checks[checks["scale"] == "any"]
-    unjudged = scale_free[~scale_free["status"].isin(["pass", "fail"])]
+    judged = scale_free["status"].isin(["pass", "fail"]) | (scale_free["tier"] == "timing") & (
+        scale_free["n"] == copies
+    )
+    unjudged = scale_free[~judged]
     assert (unjudged["reason"] == "skipped: needs CUDA").all(), unjudged[["check", "status", "reason"]]
     paper = checks[checks["scale"] == "paper"]
     assert (paper["status"] == "skipped").all()

@@ -127,7 +127,7 @@ def test_killed_worker_fails_the_run_fast_and_cleanly(tmp_path: Path) -> None:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 
-    record = run_point(tiny_point(workers=2), run_dir, local_launcher(300))
+    record = run_point(tiny_point(workers=2), run_dir, local_launcher(300), attempt=2)  # Snakemake's retry
     assert record["status"] == "ok"
     attempts = list((run_dir / "attempts").iterdir())
     assert len(attempts) == 1
@@ -181,7 +181,29 @@ def test_a_failed_attempt_of_other_code_ends_the_series(tmp_path: Path) -> None:
         folder = tmp_path / "attempts" / name
         folder.mkdir(parents=True)
         (folder / "attempt.json").write_text(json.dumps({"attempt": 1, "outcome": "failed", "code": code}))
-    assert [attempt["folder"] for attempt in earlier_attempts(tmp_path, git_state())] == ["attempts/20260101T000100"]
+    assert [attempt["folder"] for attempt in earlier_attempts(tmp_path, git_state(), 2)] == ["attempts/20260101T000100"]
+
+
+@pytest.mark.parametrize(
+    ("leftover", "attempt"),
+    [
+        ({"attempt": 1, "outcome": "ok"}, 1),  # a forced rerun: Snakemake removed result.json, run.py set it aside
+        ({"attempt": 1, "outcome": "ok"}, 2),  # ... and that rerun's own first attempt died before its attempt.json
+        ({"attempt": 1, "outcome": "failed"}, 1),  # a killed workflow's attempt, run again by a new invocation
+        ({"attempt": 2, "outcome": "failed"}, 2),  # numbered as no attempt of this series before attempt 2
+    ],
+)
+def test_leftovers_of_earlier_runs_are_no_earlier_attempt(tmp_path: Path, leftover: dict, attempt: int) -> None:
+    """The attempt number is Snakemake's; what earlier runs left under attempts/ never makes a run a retry (a
+    forced rerun once counted a completed run as a failed attempt, so the faults injected on attempt 1 never
+    happened)."""
+    from ddlrepro.host.provenance import git_state
+    from ddlrepro.host.run import earlier_attempts
+
+    folder = tmp_path / "attempts" / "20260101T000000"
+    folder.mkdir(parents=True)
+    (folder / "attempt.json").write_text(json.dumps(leftover | {"code": git_state()}))
+    assert earlier_attempts(tmp_path, git_state(), attempt) == []
 
 
 def test_only_a_ps_point_with_checkpoints_gets_resume_inputs(tmp_path: Path) -> None:

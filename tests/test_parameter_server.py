@@ -161,7 +161,9 @@ def test_two_workers_one_ps_on_testbed_hosts(smoke: dict, tmp_path: Path) -> Non
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_snakemake_wikimedia_ps(workflow_copy: Path) -> None:
     """Both placements and the one process in a few steps; the scale-free checks hold, the paper's speed-up is
-    skipped below paper scale."""
+    skipped below paper scale. Every run forced again (`--forcerun run_point`) is the same experiment: the faults
+    are injected again (the forced runs are attempt 1, whatever the first runs left) and every verdict is the
+    same."""
     tiny = workflow_copy / "tiny-ps.yaml"
     short = {key: TINY[key] for key in ("epochs", "probe_steps")}  # the smoke's trunk: see step-bytes-match-...
     tiny.write_text(yaml.safe_dump({"figures": {FIGURE: short}}))
@@ -173,6 +175,13 @@ def test_snakemake_wikimedia_ps(workflow_copy: Path) -> None:
     assert (checks.loc[relations + faults, "status"] == "pass").all(), checks.loc[relations + faults]
     assert checks.loc["cluster-faster", "status"] == "skipped"
     assert_killed_ps_was_retried(workflow_copy, done.stderr)
+    again = snakemake(
+        workflow_copy, "wikimedia_ps", "--configfile", "config/config.yaml", str(tiny), "--forcerun", "run_point"
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    rerun = pd.read_csv(workflow_copy / "results" / "checks" / f"{FIGURE}.tsv", sep="\t").set_index("check")
+    pd.testing.assert_series_equal(rerun["status"], checks["status"])
+    assert_killed_ps_was_retried(workflow_copy, again.stderr)
 
 
 def assert_killed_ps_was_retried(workdir: Path, stderr: str) -> None:

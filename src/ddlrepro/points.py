@@ -21,6 +21,10 @@ class Point:
     """Where the run's inputs lie on this machine (a user's data folder): handed to the workload beside `params`,
     but outside the id and the tables (the run's jobspec.json and provenance.json keep them, as config-used.yaml
     keeps the config); what they hold belongs in `params` (e.g. a digest of the files)."""
+    replicate: int = 0
+    """Which fresh-process repetition of the same run this is (timing claims are judged over replicates, checks.py).
+    The workload never sees it; it is part of the id from replicate 1 on, so replicate 0 keeps the id the point had
+    before replicates existed and raising `checks.replicates` adds runs without redoing any."""
 
     def __post_init__(self) -> None:
         clash = sorted(set(self.params) & set(self.inputs))
@@ -37,15 +41,20 @@ class Point:
 
     def identity(self) -> dict[str, Any]:
         """What defines the run (the figure it belongs to is only where it is filed)."""
-        return {
+        identity = {
             "workload": self.workload,
             "workers": self.workers,
             "threads_per_worker": self.threads_per_worker,
             "params": self.params,
         }
+        return identity | ({"replicate": self.replicate} if self.replicate else {})
 
     def to_json(self) -> str:
-        return canonical_json(asdict(self))
+        """The point as JSON; replicate 0 left out, so a run's command reads as before replicates existed."""
+        fields = asdict(self)
+        if not self.replicate:
+            del fields["replicate"]
+        return canonical_json(fields)
 
     @classmethod
     def from_json(cls, text: str) -> Point:

@@ -7,7 +7,7 @@ from importlib.resources import files as package_files
 
 from snakemake.exceptions import WorkflowError
 
-from ddlrepro.host.checks import check_exclude, load_references
+from ddlrepro.host.checks import check_exclude, load_references, timing_figures
 from ddlrepro.host.config import validate_config
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.bundle import bundle_name, digest_file
@@ -17,6 +17,7 @@ from ddlrepro.host.figures import (
     figure_module,
     figure_points,
     figure_source,
+    previous_replicate,
     is_simulated,
     simulated_table_name,
     simulation_inputs,
@@ -39,12 +40,11 @@ try:
     config["launcher"]["name"] = resolved_launcher_name(
         config["launcher"]["name"], lambda: snakemake_executor(sys.argv[1:])
     )
-    check_exclude(
-        config["checks"]["exclude"],
-        load_references(Path(config["references"])),
-        config["references"],
+    REFERENCES = load_references(Path(config["references"]))
+    check_exclude(config["checks"]["exclude"], REFERENCES, config["references"])
+    POINTS = figure_points(
+        config, timing_figures(REFERENCES, config["scale"], config["checks"]["exclude"])
     )
-    POINTS = figure_points(config)
     # The configured launcher, as the workflow sees it: what each run may use and asks for (the image is known
     # only once built: each run builds its own from the same sections, `run-point --config-json`).
     LAUNCHER = configured_launcher(config)
@@ -160,6 +160,15 @@ def resumed_point_result(wildcards):
     """A run that continues another run's checkpoint (an elastic stage) waits for that run."""
     resumed = lookup_point(wildcards).params.get("resume_from")
     return [f"results/runs/{wildcards.figure}/{resumed}/result.json"] if resumed else []
+
+
+def previous_replicate_results(wildcards):
+    """A replicate starts once the replicate before it of every point of its figure has run (A B, then A B)."""
+    points = POINTS[wildcards.figure]
+    return [
+        f"results/runs/{wildcards.figure}/{point.id}/result.json"
+        for point in previous_replicate(points, lookup_point(wildcards))
+    ]
 
 
 def point_software(wildcards):

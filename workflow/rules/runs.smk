@@ -1,11 +1,15 @@
 # One distributed run per point. The point (JSON) is a param: a changed parameter gives a new point id anyway.
 # The resources are what the launcher asks a batch scheduler for (Slurm: the point's allocation, launchers/slurm.py).
 # With images.build set, every run depends on the built image's digest: a changed image reruns the runs.
+# `attempt` is Snakemake's attempt number (a resource, the one place a job sees it): a retry resumes its own failed
+# attempt, and any other run, forced or after a killed workflow, is attempt 1 whatever earlier runs left behind.
+# A replicate waits for the replicate before it of its figure (replicate_order): replicates interleave A B, A B.
 
 
 rule run_point:
     input:
         resumed_point_result,
+        previous_replicate_results,
         image_file(),
         point_software,
         point_data,
@@ -19,11 +23,13 @@ rule run_point:
     threads: run_threads
     resources:
         **run_resources(),
+        attempt=lambda wildcards, attempt: attempt,
     params:
         point=lambda wildcards: shlex.quote(lookup_point(wildcards).to_json()),
         options=launcher_options(),
     shell:
         "python -m ddlrepro run-point --point {params.point} --run-dir $(dirname {output}) {params.options}"
+        " --attempt {resources.attempt}"
         " > {log} 2>&1"
 
 

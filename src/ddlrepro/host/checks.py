@@ -16,19 +16,41 @@ import copy
 import math
 import operator
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+import scipy.stats
 
 from ddlrepro.host.config import SCHEMAS, read_yaml, validate_against, validate_config
 from ddlrepro.host.errors import UserError
-from ddlrepro.host.tables import HOST_LOAD_COLUMNS, as_flags
+from ddlrepro.host.tables import HOST_LOAD_COLUMNS, as_flags, by_replicate
 
 REFERENCES_SCHEMA = SCHEMAS / "references.schema.yaml"
 BENCHMARK_TARGETS_SCHEMA = SCHEMAS / "benchmark-targets.schema.yaml"  # its entries: references
 COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
-COLUMNS = ["figure", "check", "status", "measured", "reference", "unit", "scale", "reason", "claim", "source"]
+COLUMNS = [
+    "figure",
+    "check",
+    "tier",
+    "status",
+    "measured",
+    "low",
+    "high",
+    "n",
+    "reference",
+    "unit",
+    "scale",
+    "reason",
+    "claim",
+    "source",
+]
+CONFIDENCE = 0.95  # each of a timing claim's bounds is one-sided at this level
+BOOTSTRAP_RESAMPLES = 9999
+BOOTSTRAP_SEED = 20231112  # fixed: the same replicates give the same bounds on every machine and every run
+MAX_SUGGESTED_REPLICATES = 50  # the schema's maximum of checks.replicates
 
 
 class ReferenceError(UserError):
@@ -127,16 +149,35 @@ def selector_load(summary: pd.DataFrame, selector: dict[str, Any], name: str) ->
     return rows[list(own)].rename(columns=own) if set(own) <= set(rows.columns) else rows[HOST_LOAD_COLUMNS]
 
 
+def applies(reference: dict[str, Any], scale: str) -> bool:
+    """Whether a reference is judged at `scale` (a paper-scale number only at paper scale)."""
+    return reference["scale"] == "any" or scale == "paper"
+
+
+def timing_figures(references: dict[str, list[dict[str, Any]]], scale: str, exclude: Collection[str] = ()) -> set[str]:
+    """The figures with a timing claim judged at `scale`: their points run `checks.replicates` times."""
+    return {
+        figure
+        for figure, entries in references.items()
+        for reference in entries
+        if reference.get("timing") and applies(reference, scale) and f"{figure}/{reference['id']}" not in exclude
+    }
+
+
 def evaluate(
-    reference: dict[str, Any], summary: pd.DataFrame, scale: str, figure: str = "", excluded: bool = False
+    reference: dict[str, Any],
+    summary: pd.DataFrame,
+    scale: str,
+    figure: str = "",
+    excluded: bool = False,
+    rerun: str = "",
 ) -> dict[str, Any]:
-    """One row of checks.tsv for one reference."""
+    """One row of checks.tsv for one reference; `rerun`, the command that runs the figure again (its options)."""
     name = f"{figure}/{reference['id']}" if figure else reference["id"]
-    row = {
+    row = dict.fromkeys(COLUMNS[1:]) | {
         "check": reference["id"],
+        "tier": "timing" if reference.get("timing") else "deterministic",
         "status": "skipped",
-        "measured": None,
-        "reference": None,
         "unit": reference.get("unit", ""),
         "scale": reference["scale"],
         "reason": "",
@@ -145,20 +186,151 @@ def evaluate(
     }
     if excluded:
         return row | {"reason": "excluded by the config (checks.exclude)"}
-    if reference["scale"] == "paper" and scale != "paper":
+    if not applies(reference, scale):
         return row | {"reason": f"paper-scale number, this run is at {scale} scale"}
+    replicates = by_replicate(summary)
     try:
-        measured = select(summary, reference["measured"], name)
-        passed, expected = compare_value(reference, measured, summary, name)
+        if reference.get("timing"):
+            return row | judge_timing(reference, replicates, name, rerun)
+        return row | judge_deterministic(reference, replicates, name)
     except DeclaredSkip as skip:
         return row | {"reason": str(skip)}
-    row |= {"status": "pass" if passed else "fail", "measured": measured, "reference": expected}
-    if "noise" in reference:
-        row |= inconclusive(reference, measured, summary, name)
-    if reference.get("timing"):
-        disturbed, load = host_load(summary, reference, name)
-        row |= {"status": "disturbed", "reason": f"{load}: rerun on a quiet machine"} if disturbed else {}
-    return row
+
+
+def judge_deterministic(reference: dict[str, Any], replicates: dict[int, pd.DataFrame], name: str) -> dict[str, Any]:
+    """A deterministic claim holds on one run; with replicates it must hold on every one (a flip is a finding)."""
+    outcomes = {}
+    for replicate, summary in replicates.items():
+        measured = select(summary, reference["measured"], name)
+        outcomes[replicate] = (measured, *compare_value(reference, measured, summary, name))
+    failed = [replicate for replicate, (_, passed, _) in outcomes.items() if not passed]
+    measured, _, expected = outcomes[failed[0] if failed else min(outcomes)]
+    status = {"status": "fail" if failed else "pass", "measured": measured, "reference": expected, "n": len(outcomes)}
+    if failed and len(outcomes) > 1:
+        status["reason"] = f"fails in replicate(s) {failed} of {len(outcomes)} (measured: replicate {failed[0]}'s)"
+    return status
+
+
+def judge_timing(
+    reference: dict[str, Any], replicates: dict[int, pd.DataFrame], name: str, rerun: str
+) -> dict[str, Any]:
+    """A timing claim judged over its undisturbed replicates: pass or fail only when a one-sided 95 % bound of the
+    replicates' mean clears the band the claim's line and effect (or tolerance) make, else inconclusive."""
+    values, disturbed, load = [], [], ""
+    for replicate, summary in replicates.items():
+        statistic = replicate_statistic(reference, summary, name)
+        is_disturbed, load = host_load(summary, reference, name)
+        (disturbed if is_disturbed else values).append(replicate if is_disturbed else statistic)
+    band = claim_band(reference)
+    left_out = f"; replicate(s) {disturbed} left out, disturbed ({load})" if disturbed else ""
+    if not values:
+        return {"status": "disturbed", "reference": band.text, "n": 0, "reason": f"{load}: rerun on a quiet machine"}
+    interval = Interval.of(values)
+    status = band.verdict(interval)
+    judged = {"status": status, "measured": interval.mean, "low": interval.low, "high": interval.high}
+    judged |= {"n": interval.n, "reference": band.text}
+    if status == "inconclusive":
+        return judged | {"reason": band.undecided(interval, rerun) + left_out}
+    return judged | {"reason": left_out.removeprefix("; ")}
+
+
+def replicate_statistic(reference: dict[str, Any], summary: pd.DataFrame, name: str) -> float:
+    """What a timing claim is judged on in one replicate: the measured value, or for a relation with another
+    measured value the ratio measured ÷ against (both from the same replicate: paired)."""
+    measured = select(summary, reference["measured"], name)
+    against = reference.get("against")
+    return measured / select(summary, against, name) if isinstance(against, dict) else measured
+
+
+@dataclass(frozen=True)
+class Interval:
+    """The replicates' mean and its one-sided 95 % bounds (percentile bootstrap, a fixed seed: the same values give
+    the same bounds everywhere). With one replicate there is no bound: low and high are NaN."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    spread: float  # the replicates' standard deviation (NaN for one)
+
+    @classmethod
+    def of(cls, values: list[float]) -> Interval:
+        data = np.asarray(values, dtype=float)
+        mean = float(data.mean())
+        if len(data) < 2:
+            return cls(mean, math.nan, math.nan, len(data), math.nan)
+        if np.ptp(data) == 0:
+            return cls(mean, mean, mean, len(data), 0.0)
+        result = scipy.stats.bootstrap(
+            (data,),
+            np.mean,
+            confidence_level=1 - 2 * (1 - CONFIDENCE),  # two one-sided 95 % bounds = a two-sided 90 % interval
+            method="percentile",
+            n_resamples=BOOTSTRAP_RESAMPLES,
+            rng=np.random.default_rng(BOOTSTRAP_SEED),
+        )
+        low, high = result.confidence_interval
+        return cls(mean, float(low), float(high), len(data), float(data.std(ddof=1)))
+
+
+@dataclass(frozen=True)
+class Band:
+    """Where a timing claim holds: above `lower` and/or below `upper` (the line moved by the stated effect)."""
+
+    lower: float
+    upper: float
+    text: str
+
+    def verdict(self, interval: Interval) -> str:
+        if interval.n < 2:
+            return "inconclusive"
+        if self.lower <= interval.low and interval.high <= self.upper:
+            return "pass"
+        if interval.high < self.lower or interval.low > self.upper:
+            return "fail"
+        return "inconclusive"
+
+    def undecided(self, interval: Interval, rerun: str) -> str:
+        """Why an interval decides nothing, and how many replicates would (n ≈ ((1.645 + 0.84)·σ / m)², m the
+        distance of the mean from the band's edge nearest it: one-sided 95 %, 80 % power), with the command."""
+        if interval.n < 2:
+            return f"{interval.n} replicate: no interval (set checks.replicates ≥ 3)"
+        bounds = f"n={interval.n}: 95 % bounds [{interval.low:.4g}, {interval.high:.4g}] reach the line ({self.text})"
+        margin = min(abs(interval.mean - edge) for edge in (self.lower, self.upper) if math.isfinite(edge))
+        needed = math.ceil(((1.645 + 0.84) * interval.spread / margin) ** 2) if margin > 0 else math.inf
+        if needed > MAX_SUGGESTED_REPLICATES:
+            return f"{bounds}; the mean is too near the line for {MAX_SUGGESTED_REPLICATES} replicates to settle it"
+        needed = max(needed, interval.n + 1)
+        command = f": {rerun.format(replicates=needed)}" if rerun else ""
+        return f"{bounds}; about {needed} replicates would settle it{command}"
+
+
+def claim_band(reference: dict[str, Any]) -> Band:
+    """A timing claim's band: for a value reference its tolerance or bounds; for a relation its line moved by the
+    effect, towards the claim for a strict one (it claims a difference), away from it for a non-strict one."""
+    if "compare" not in reference:
+        lower, upper = value_band(reference)
+        return Band(lower, upper, f"{lower:.4g} to {upper:.4g} ({reference['value']:g} from the paper)")
+    compare, against, effect = reference["compare"], reference["against"], reference["effect"]
+    line = 1.0 if isinstance(against, dict) else float(against)
+    shift = effect.get("relative", 0.0) * abs(line) + effect.get("absolute", 0.0)
+    edge = line + (shift if compare in (">", "<=") else -shift)  # > and <= move up, >= and < down
+    side = "measured ÷ against" if isinstance(against, dict) else "measured"
+    above = compare in (">", ">=")
+    text = f"{side} {compare} {line:.4g}, effect {shift:.3g}: {'above' if above else 'below'} {edge:.4g}"
+    if above:
+        return Band(edge, math.inf, text)
+    return Band(-math.inf, edge, text)
+
+
+def value_band(reference: dict[str, Any]) -> tuple[float, float]:
+    """A value reference's accepted range: its bounds, or value ± max(relative·|value|, absolute)."""
+    value = reference["value"]
+    if "bounds" in reference:
+        return reference["bounds"].get("lower", -math.inf), reference["bounds"].get("upper", math.inf)
+    tolerance = reference["tolerance"]
+    allowed = max(tolerance.get("relative", 0.0) * abs(value), tolerance.get("absolute", 0.0))
+    return value - allowed, value + allowed
 
 
 def threshold(reference: dict[str, Any], summary: pd.DataFrame, name: str) -> float:
@@ -167,31 +339,15 @@ def threshold(reference: dict[str, Any], summary: pd.DataFrame, name: str) -> fl
     return against if isinstance(against, int | float) else select(summary, against, name)
 
 
-def inconclusive(reference: dict[str, Any], measured: float, summary: pd.DataFrame, name: str) -> dict[str, Any]:
-    """The row's `inconclusive` status and reason when the measured value's noise reaches the threshold, else {}."""
-    noise, other = select(summary, reference["noise"], name), threshold(reference, summary, name)
-    margin = abs(measured - other)
-    if noise < margin:
-        return {}
-    return {
-        "status": "inconclusive",
-        "reason": f"noise ±{noise:.3g} reaches the threshold {other:.4g}, {margin:.3g} away: measure longer",
-    }
-
-
 def compare_value(reference: dict[str, Any], measured: float, summary: pd.DataFrame, name: str) -> tuple[bool, str]:
     """Whether `measured` satisfies the reference, and the reference written out for the table."""
     if "compare" in reference:
         other = threshold(reference, summary, name)
         return COMPARE[reference["compare"]](measured, other), f"{reference['compare']} {other:.4g}"
-    value = reference["value"]
+    value, (lower, upper) = reference["value"], value_band(reference)
     if "bounds" in reference:
-        lower = reference["bounds"].get("lower", float("-inf"))
-        upper = reference["bounds"].get("upper", float("inf"))
         return lower <= measured <= upper, f"{value:g} in [{lower:g}, {upper:g}]"
-    tolerance = reference["tolerance"]
-    allowed = max(tolerance.get("relative", 0.0) * abs(value), tolerance.get("absolute", 0.0))
-    return abs(measured - value) <= allowed, f"{value:g} ± {allowed:.3g}"
+    return lower <= measured <= upper, f"{value:g} ± {upper - value:.3g}"
 
 
 def check_figure(
@@ -200,8 +356,10 @@ def check_figure(
     references: list[dict[str, Any]],
     scale: str,
     exclude: Collection[str] = (),
+    rerun_options: str = "",
 ) -> pd.DataFrame:
-    """Every reference of `figure` evaluated; `exclude` holds '<figure>/<id>' names the config excludes."""
+    """Every reference of `figure` evaluated; `exclude` holds '<figure>/<id>' names the config excludes;
+    `rerun_options`: the profile and config files the figure was built with (what its rerun command repeats)."""
     unknown = sorted(
         name
         for name in exclude
@@ -209,14 +367,42 @@ def check_figure(
     )
     if unknown:
         raise ReferenceError(f"checks.exclude names {unknown}, which {figure} has no reference for")
+    rerun = rerun_command(figure, rerun_options)
     rows = [
-        {"figure": figure, **evaluate(reference, summary, scale, figure, f"{figure}/{reference['id']}" in exclude)}
+        {
+            "figure": figure,
+            **evaluate(reference, summary, scale, figure, f"{figure}/{reference['id']}" in exclude, rerun),
+        }
         for reference in references
     ]
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def rerun_command(figure: str, options: str) -> str:
+    """The command that runs all of `figure`'s points again, fresh, with `{replicates}` replicates each."""
+    words = ["snakemake", figure.replace("-", "_"), *options.split(), "--forcerun", "run_point"]
+    return " ".join([*words, "--config", "'checks={{replicates: {replicates}}}'"])
 
 
 def collect_checks(paths: list[Path]) -> pd.DataFrame:
     """Every figure's checks TSV in one table (results/checks.tsv), cells kept as written."""
     tables = [pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False) for path in paths]
     return pd.concat(tables, ignore_index=True)
+
+
+def headline(checks: pd.DataFrame) -> str:
+    """The answer in one line: "N deterministic checks pass; M timing claims pass, K inconclusive, F fail"."""
+    counts = checks.groupby(["tier", "status"]).size()
+
+    def count(tier: str, status: str) -> int:
+        return int(counts.get((tier, status), 0))
+
+    deterministic = f"{count('deterministic', 'pass')} deterministic checks pass"
+    deterministic += f", {count('deterministic', 'fail')} fail" if count("deterministic", "fail") else ""
+    timing = ", ".join(
+        f"{count('timing', status)} {status}"
+        for status in ("inconclusive", "fail", "disturbed")
+        if status != "disturbed" or count("timing", status)
+    )
+    skipped = int((checks["status"] == "skipped").sum())
+    return f"{deterministic}; {count('timing', 'pass')} timing claims pass, {timing} ({skipped} skipped)"

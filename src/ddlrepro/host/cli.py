@@ -32,7 +32,7 @@ def cmd_run_point(args: argparse.Namespace) -> None:
     image = read_image(Path(args.image_file)) if args.image_file else None
     launcher = configured_launcher(json.loads(args.config_json), image)
     try:
-        record = run_point(point, Path(args.run_dir), launcher, image)
+        record = run_point(point, Path(args.run_dir), launcher, image, args.attempt)
     except RunFailed as failure:
         sys.exit(redact(f"run {point.figure}/{point.id} failed: {failure}\nlogs kept in {args.run_dir}"))
     outcome = record.get("reason") or record["summary"]
@@ -91,15 +91,18 @@ def cmd_check(args: argparse.Namespace) -> None:
     from ddlrepro.host.checks import check_figure, load_references
 
     references = load_references(Path(args.references)).get(args.figure, [])
-    checks = check_figure(args.figure, pd.read_csv(args.summary), references, args.scale, args.exclude)
+    summary = pd.read_csv(args.summary)
+    checks = check_figure(args.figure, summary, references, args.scale, args.exclude, args.rerun_options)
     checks.to_csv(args.out, sep="\t", index=False)
     print(f"{args.figure}: " + ", ".join(f"{n} {s}" for s, n in checks["status"].value_counts().items()))
 
 
 def cmd_collect_checks(args: argparse.Namespace) -> None:
-    from ddlrepro.host.checks import collect_checks
+    from ddlrepro.host.checks import collect_checks, headline
 
-    collect_checks([Path(path) for path in args.checks]).to_csv(args.out, sep="\t", index=False)
+    checks = collect_checks([Path(path) for path in args.checks])
+    checks.to_csv(args.out, sep="\t", index=False)
+    print(headline(checks))
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -198,6 +201,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", required=True)
     run.add_argument("--config-json", default="{}", help=config_help)
     run.add_argument("--image-file", help="the built image's digest file (or .sif.sha256), recorded in provenance")
+    run.add_argument(
+        "--attempt", type=int, default=1, help="Snakemake's attempt number of this job (2 on its first retry)"
+    )
     run.set_defaults(handler=cmd_run_point)
 
     render = commands.add_parser("render", help="print the job a launcher would start, without starting it")
@@ -262,6 +268,9 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--scale", required=True)
     check.add_argument("--out", required=True, help="TSV of the figure's checks")
     check.add_argument("--exclude", nargs="*", default=[], help="'<figure>/<id>' references not evaluated (config)")
+    check.add_argument(
+        "--rerun-options", default="", help="the profile and config files the figure was built with (rerun advice)"
+    )
     check.set_defaults(handler=cmd_check)
 
     collect = commands.add_parser("collect-checks", help="concatenate per-figure check tables")

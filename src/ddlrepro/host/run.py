@@ -3,10 +3,13 @@ write `result.json` last. A failed run keeps its logs and never gets a `result.j
 cannot run (NCCL without CUDA) is not started: its `result.json` says `skipped` and why.
 
 Every attempt writes `attempt.json` (its number, outcome, wall time, error, the last `steps_done` its ranks
-recorded). A retry (Snakemake's `retries:`) finds the failed attempts before it under `attempts/` and records them
-in its `result.json` (`attempts`, which the tidy table turns into rows: tables.py); a point whose workload can
-resume (the `ps` workload with `checkpoint_interval`) gets its attempt number and the last failed attempt's
-`checkpoint/` folder as inputs (`attempt`, `resume_checkpoint`)."""
+recorded). The attempt number is Snakemake's (`--attempt`: 1, then 2 on its first retry), never guessed from the
+folder: a forced rerun, or a rerun after a killed workflow, is attempt 1 again whatever earlier runs left, so it
+injects its faults as the first run did. A retry finds its own failed attempts under `attempts/` (the newest
+`attempt - 1` folders, each a failed attempt of this code numbered in turn) and records them in its `result.json`
+(`attempts`, which the tidy table turns into rows: tables.py); a point whose workload can resume (the `ps`
+workload with `checkpoint_interval`) gets its attempt number and the last failed attempt's `checkpoint/` folder as
+inputs (`attempt`, `resume_checkpoint`)."""
 
 from __future__ import annotations
 
@@ -101,11 +104,15 @@ def skip_point(point: Point, run_dir: Path, reason: str) -> dict:
 
 
 def run_point(
-    point: Point, run_dir: Path, launcher: Launcher | None = None, image: dict[str, Any] | None = None
+    point: Point,
+    run_dir: Path,
+    launcher: Launcher | None = None,
+    image: dict[str, Any] | None = None,
+    attempt: int = 1,
 ) -> dict:
     """Run `point` into `run_dir` with `launcher` (default: the local launcher as the schema configures it) and
     return its result record; raise RunFailed if any rank fails. `image`: the built image's reference and digest,
-    recorded in the provenance."""
+    recorded in the provenance; `attempt`: Snakemake's attempt number of this job."""
     launcher = launcher or configured_launcher()
     run_dir.mkdir(parents=True, exist_ok=True)
     set_aside_previous_attempt(run_dir)
@@ -114,14 +121,14 @@ def run_point(
     if reason:
         return skip_point(point, run_dir, reason)
     code = git_state()  # once per run: the series an attempt continues is this code's
-    earlier = earlier_attempts(run_dir, code)
+    earlier = earlier_attempts(run_dir, code, attempt)
     started = time.time()
     try:
         record = run_attempt(point, run_dir, launcher, image, earlier)
     except BaseException as error:
-        write_attempt(run_dir, len(earlier) + 1, started, "failed", str(error), code)
+        write_attempt(run_dir, attempt, started, "failed", str(error), code)
         raise
-    this = write_attempt(run_dir, len(earlier) + 1, started, "ok", "", code)
+    this = write_attempt(run_dir, attempt, started, "ok", "", code)
     record |= {"attempts": [*earlier, this]}
     write_json_atomic(run_dir / RESULT, record)
     return record
@@ -154,19 +161,19 @@ def run_attempt(
     return result_record(point, output.result, started, time.time(), measured_host_load(meter, source))
 
 
-def earlier_attempts(run_dir: Path, code: dict[str, Any]) -> list[dict[str, Any]]:
-    """The failed attempts right before this one, oldest first (their attempt.json, set aside under attempts/);
-    an attempt that completed, was skipped, predates attempt.json or ran other code ends the series (a checkpoint
-    of other code is not resumed; `code`: this one's git_state)."""
+def earlier_attempts(run_dir: Path, code: dict[str, Any], attempt: int) -> list[dict[str, Any]]:
+    """This job's failed attempts before attempt number `attempt`, oldest first: the newest `attempt - 1` folders
+    under attempts/, as long as each holds a failed attempt of this code (`code`: its git_state) with the number
+    its place gives it. Anything else there (a completed run a forced rerun set aside, a killed workflow's
+    leftovers, another code's attempt) belongs to another run and is never counted or resumed."""
     folders = sorted((run_dir / "attempts").iterdir()) if (run_dir / "attempts").is_dir() else []
     failed: list[dict[str, Any]] = []
-    for folder in reversed(folders):
-        if (folder / RESULT).exists() or not (folder / ATTEMPT).exists():
+    for number, folder in zip(range(attempt - 1, 0, -1), reversed(folders), strict=False):
+        record = json.loads((folder / ATTEMPT).read_text()) if (folder / ATTEMPT).exists() else {}
+        own = record.get("outcome") == "failed" and record.get("attempt") == number and record.get("code") == code
+        if not own or (folder / RESULT).exists():
             break
-        attempt = json.loads((folder / ATTEMPT).read_text())
-        if attempt.get("code") != code:
-            break
-        failed.insert(0, attempt | {"folder": str(folder.relative_to(run_dir))})
+        failed.insert(0, record | {"folder": str(folder.relative_to(run_dir))})
     return failed
 
 
@@ -174,7 +181,7 @@ def resume_inputs(point: Point, run_dir: Path, earlier: list[dict[str, Any]]) ->
     """A resumable point's attempt number and the last failed attempt's checkpoint folder (if it left one)."""
     if point.workload not in RESUMABLE_WORKLOADS or not point.params.get("checkpoint_interval"):
         return {}
-    inputs = {"attempt": str(len(earlier) + 1)}
+    inputs = {"attempt": str(earlier[-1]["attempt"] + 1 if earlier else 1)}
     checkpoint = run_dir / earlier[-1]["folder"] / CHECKPOINT_DIR if earlier else None
     if checkpoint and checkpoint.is_dir():
         inputs["resume_checkpoint"] = str(checkpoint)

@@ -11,7 +11,7 @@ import pandas as pd
 from ddlrepro.host.config import schema_default
 from ddlrepro.host.rundir import RESULT, metric_records
 
-POINT_COLUMNS = ["figure", "point_id", "workload", "workers", "threads_per_worker"]
+POINT_COLUMNS = ["figure", "point_id", "workload", "workers", "threads_per_worker", "replicate"]
 # `phase` and `interface`: a node's interface bytes (node_rx_bytes, node_tx_bytes) at the run's start and end.
 # `est` and `phase`: a consistent-training step's piece (est_time_s): its EST and which piece (easyscale.StepLaps).
 # `device_type`: the rank's emulated device type (rank/devicetypes.py); `detail`: a note on the value (e.g. why a
@@ -71,6 +71,7 @@ def run_rows(run_dir: Path, max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE
         "workload": point["workload"],
         "workers": point["workers"],
         "threads_per_worker": point["threads_per_worker"],
+        "replicate": point.get("replicate", 0),  # absent from runs made before replicates existed
         **{key: scalar(value) for key, value in point["params"].items()},
         "backend_used": provenance["torch"]["backend"],
         "status": status,
@@ -112,3 +113,10 @@ def tidy_table(run_dirs: list[Path], max_foreign_share: float = DEFAULT_MAX_FORE
 
 def read_table(path: Path) -> pd.DataFrame:
     return pd.read_csv(path, dtype=dict.fromkeys(INTEGER_COLUMNS, "Int64"))
+
+
+def by_replicate(table: pd.DataFrame) -> dict[int, pd.DataFrame]:
+    """A table's rows per replicate (a table from before replicates existed is replicate 0 alone)."""
+    if "replicate" not in table or table.empty:
+        return {0: table}
+    return {int(replicate): rows for replicate, rows in table.groupby("replicate", sort=True)}

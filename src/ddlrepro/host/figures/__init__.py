@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Collection
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from ddlrepro.host.errors import UserError
 from ddlrepro.points import Point
 
 if TYPE_CHECKING:
@@ -49,13 +52,23 @@ def enabled_figures(config: dict[str, Any]) -> list[str]:
     return [figure for figure in FIGURES if config["figures"][figure]["enabled"]]
 
 
-def figure_points(config: dict[str, Any]) -> dict[str, dict[str, Point]]:
-    """Every enabled figure's points by id (ids are unique within a figure)."""
+def figure_points(config: dict[str, Any], replicated: Collection[str] = ()) -> dict[str, dict[str, Point]]:
+    """Every enabled figure's points by id (ids are unique within a figure); a figure in `replicated` (one with
+    timing claims, checks.timing_figures) has each point `checks.replicates` times, replicates 0, 1, ..."""
     expanded = {}
     for figure in enabled_figures(config):
         points = figure_module(figure).points(config["figures"][figure], config["launcher"])
-        expanded[figure] = {point.id: point for point in points}
+        copies = config["checks"]["replicates"] if figure in replicated else 1
+        if copies > 1 and any(point.params.get("resume_from") for point in points):
+            raise UserError(f"{figure}: points that resume another point's checkpoint cannot be replicated")
+        replicas = [replace(point, replicate=replicate) for replicate in range(copies) for point in points]
+        expanded[figure] = {point.id: point for point in replicas}
     return expanded
+
+
+def previous_replicate(points: dict[str, Point], point: Point) -> list[Point]:
+    """The points a replicate waits for: every point of the replicate before it (none for replicate 0)."""
+    return [other for other in points.values() if other.replicate == point.replicate - 1]
 
 
 def is_simulated(figure: str) -> bool:
@@ -102,9 +115,19 @@ def draw_figure(
 ) -> tuple[Figure, pd.DataFrame]:
     """A figure in the shared style (footer: scale and machine) and its summary table."""
     from ddlrepro.host import plotting
+    from ddlrepro.host.tables import by_replicate
 
-    drawing, summary = figure_module(figure).plot(table, scale, references)
-    plotting.finish(drawing, scale, machine)
+    module, replicates = figure_module(figure), by_replicate(table)
+    shown = table
+    if len(replicates) > 1 and getattr(module, "PLOTS_ONE_REPLICATE", False):
+        shown = replicates[min(replicates)].reset_index(drop=True)
+    drawing, summary = module.plot(shown, scale, references)
+    drawn = (
+        ""
+        if len(replicates) == 1
+        else f" · {'replicate 0' if shown is not table else 'all'} of {len(replicates)} replicates drawn"
+    )
+    plotting.finish(drawing, scale, machine + drawn)
     return drawing, summary
 
 
@@ -129,6 +152,28 @@ def render_figure(
     from ddlrepro.host.tables import read_table
 
     png, pdf, summary = outputs
-    drawing, summary_table = draw_figure(figure, read_table(table), scale, references, runs_machine(runs))
+    runs_table = read_table(table)
+    drawing, summary_table = draw_figure(figure, runs_table, scale, references, runs_machine(runs))
     plotting.save(drawing, str(png), str(pdf))
-    summary_table.to_csv(summary, index=False)
+    replicate_summaries(figure, runs_table, scale, references, summary_table).to_csv(summary, index=False)
+
+
+def replicate_summaries(
+    figure: str, table: pd.DataFrame, scale: str, references: list[dict[str, Any]], pooled: pd.DataFrame
+) -> pd.DataFrame:
+    """What the checks judge: with replicates, the figure's summary of each replicate's runs alone, one block per
+    replicate (column `replicate`), so a relation pairs values of the same replicate; else the figure's summary."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from ddlrepro.host.tables import by_replicate
+
+    replicates = by_replicate(table)
+    if len(replicates) == 1:
+        return pooled
+    summaries = []
+    for replicate, rows in replicates.items():
+        drawing, summary = figure_module(figure).plot(rows.reset_index(drop=True), scale, references)
+        plt.close(drawing)
+        summaries.append(summary.assign(replicate=replicate))
+    return pd.concat(summaries, ignore_index=True)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 ID = "kungfu-fig5"
 TITLE = "KungFu Fig 5: adaptive communication strategy under network interference"
+PLOTS_ONE_REPLICATE = True  # a timeline of three runs: replicates would overlay; the checks judge them all
 SECTION_KEYS = [
     *["model", "image_size", "batch_size", "steps", "reference_step", "threshold", "patience"],
     *["interference_step", "strategy", "link_rate"],
