@@ -78,6 +78,7 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/process_exit.py
 	$(BIN)/python benchmarks/biggan_elasticity.py
 	$(BIN)/python benchmarks/gan_gpu.py
+	$(WITH_ENV) $(BIN)/python benchmarks/verdict_stability.py
 	$(BIN)/python benchmarks/report.py
 	$(BIN)/python benchmarks/readme_table.py
 

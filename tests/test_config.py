@@ -271,16 +271,22 @@ def test_monitor_settings_are_checked(smoke: dict) -> None:
     assert "figures.kungfu-fig8.monitors[2]" in message
 
 
-def test_monitor_settings_become_points(smoke: dict) -> None:
-    points = list(figure_points(smoke)["kungfu-fig8"].values())
-    assert [(p.params["monitor"], p.params.get("monitor_interval")) for p in points] == [
-        ("none", None),
-        ("noise-scale", 1),
-        ("noise-scale", 8),
-        ("variance", 1),
-        ("variance", 8),
+def test_monitor_settings_are_trained_side_by_side_in_one_point_per_replicate(smoke: dict) -> None:
+    """Fig 8's settings share their processes (paired ratios); its timing claims give it checks.replicates runs."""
+    points = list(figure_points(smoke, replicated={"kungfu-fig8"})["kungfu-fig8"].values())
+    assert [p.replicate for p in points] == [0, 1, 2]
+    assert len({p.id for p in points}) == 3 and len({json.dumps(p.params) for p in points}) == 1
+    assert points[0].params["settings"] == [
+        {"monitor": "none"},
+        {"monitor": "noise-scale", "monitor_interval": 1},
+        {"monitor": "noise-scale", "monitor_interval": 8},
+        {"monitor": "variance", "monitor_interval": 1},
+        {"monitor": "variance", "monitor_interval": 8},
     ]
     assert {p.workers for p in points} == {2}
+    first = points[1]
+    unreplicated = Point(first.figure, first.workload, first.workers, first.threads_per_worker, first.params)
+    assert points[0].id == unreplicated.id != first.id  # replicate 0 keeps the id it had before replicates
 
 
 def test_disabled_figure_has_no_points(smoke: dict) -> None:

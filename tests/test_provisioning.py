@@ -175,7 +175,7 @@ def test_a_missing_fixed_run_at_the_settled_size_is_a_declared_gap() -> None:
     figure, drawn = kungfu_fig6.plot(table, "smoke", [])
     checks = check_figure(kungfu_fig6.ID, drawn, load_references(REFERENCES)[kungfu_fig6.ID], "smoke")
     statuses = checks.set_index("check")["status"].to_dict()
-    assert statuses["settles-at-best-fixed-size"] == "skipped"
+    assert statuses["stops-where-the-next-worker-does-not-pay"] in {"inconclusive", "skipped"}
     assert statuses["adaptive-cheaper-than-all-at-once"] in {"pass", "fail", "disturbed"}
     texts = [text.get_text() for axis in figure.axes for text in axis.texts]
     assert "skipped: x" in texts
@@ -188,7 +188,7 @@ def test_a_fixed_run_missing_without_a_skip_is_an_error_not_a_skip() -> None:
     table = table[table["mode"] != "fixed-1"]
     summary = kungfu_fig6.summarize(table).set_index("mode")
     assert pd.isna(summary.loc["adaptive", "settled_share"]) and summary.loc["adaptive", "settled_share_skipped"] == ""
-    with pytest.raises(CheckReferenceError, match="settled_share is NaN"):
+    with pytest.raises(CheckReferenceError, match="next_worker_gain_share is NaN"):
         check_figure(kungfu_fig6.ID, summary.reset_index(), load_references(REFERENCES)[kungfu_fig6.ID], "smoke")
 
 
@@ -237,5 +237,7 @@ def test_snakemake_builds_fig6(workflow_copy: Path) -> None:
     assert summary.loc["adaptive", "best_fixed_size"] in range(1, largest + 1)
     checks = pd.read_csv(results / "checks" / "kungfu-fig6.tsv", sep="\t").set_index("check")
     # Both checks evaluated on this run (a fail or a disturbed machine is a finding, not a test failure).
-    assert set(checks.index) == {"settles-at-best-fixed-size", "adaptive-cheaper-than-all-at-once"}
-    assert checks["measured"].notna().all() and set(checks["status"]) <= {"pass", "fail", "disturbed"}
+    assert set(checks.index) == {"stops-where-the-next-worker-does-not-pay", "adaptive-cheaper-than-all-at-once"}
+    # With one replicate (tiny.yaml) a timing claim has no interval: inconclusive, or skipped where the run settled
+    # at max_workers (no next worker to judge).
+    assert set(checks["status"]) <= {"inconclusive", "disturbed", "skipped"}

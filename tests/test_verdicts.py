@@ -129,13 +129,13 @@ def test_an_undecided_claim_names_n_its_interval_the_replicates_needed_and_the_c
     summary = with_rows(recorded_summary(figure), reference)
     edge = claim_band(reference).lower
     table = replicates(summary, reference, [edge - 0.02, edge + 0.03, edge + 0.04])
-    checks = check_figure(figure, table, [reference], "smoke", rerun_options="--profile profiles/local")
+    checks = check_figure(figure, table, [reference], "smoke")
     row = checks.iloc[0]
     assert row["status"] == "inconclusive", row["reason"]
     assert row["reason"].startswith(f"n=3: 95 % bounds [{row['low']:.4g}, {row['high']:.4g}]")
     needed = int(row["reason"].split("about ")[1].split(" replicates")[0])
     assert needed > 3
-    command = "snakemake kungfu_fig8 --profile profiles/local --forcerun run_point --config"
+    command = "snakemake kungfu_fig8 --forcerun run_point --config"
     assert f"{command} 'checks={{replicates: {needed}}}'" in row["reason"]
 
 

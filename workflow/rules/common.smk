@@ -7,7 +7,13 @@ from importlib.resources import files as package_files
 
 from snakemake.exceptions import WorkflowError
 
-from ddlrepro.host.checks import check_exclude, load_references, timing_figures
+from ddlrepro.host.checks import (
+    check_exclude,
+    collect_checks,
+    headline,
+    load_references,
+    timing_figures,
+)
 from ddlrepro.host.config import validate_config
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.bundle import bundle_name, digest_file
@@ -264,3 +270,11 @@ def figure_outputs(figures):
         ]
         + all_point_results(figures)
     )
+
+
+def print_headline(checks):
+    """The answer, last thing on the screen: "N deterministic checks pass; M timing claims pass, K inconclusive"."""
+    if checks.exists():
+        print(
+            f"ddlrepro: {headline(collect_checks([checks]))} ({checks}, results/report.html)"
+        )

@@ -14,11 +14,9 @@ rule check_figure:
     params:
         scale=config["scale"],
         exclude=" ".join(CHECKS["exclude"]),
-        rerun_options=shlex.quote(RERUN_OPTIONS),
     shell:
         "python -m ddlrepro check {wildcards.figure} --summary {input.summary} --references {input.references}"
-        " --scale {params.scale} --out {output} --rerun-options {params.rerun_options}"
-        " --exclude {params.exclude} > {log} 2>&1"
+        " --scale {params.scale} --out {output} --exclude {params.exclude} > {log} 2>&1"
 
 
 rule collect_checks:

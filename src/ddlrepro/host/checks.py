@@ -40,6 +40,8 @@ COLUMNS = [
     "low",
     "high",
     "n",
+    "band_lower",
+    "band_upper",
     "reference",
     "unit",
     "scale",
@@ -171,8 +173,10 @@ def evaluate(
     figure: str = "",
     excluded: bool = False,
     rerun: str = "",
+    benchmark: bool = False,
 ) -> dict[str, Any]:
-    """One row of checks.tsv for one reference; `rerun`, the command that runs the figure again (its options)."""
+    """One row of checks.tsv for one reference; `rerun`, the command that runs the figure's points again;
+    `benchmark`: a benchmark's target, over its one summary (judge_timing)."""
     name = f"{figure}/{reference['id']}" if figure else reference["id"]
     row = dict.fromkeys(COLUMNS[1:]) | {
         "check": reference["id"],
@@ -191,7 +195,7 @@ def evaluate(
     replicates = by_replicate(summary)
     try:
         if reference.get("timing"):
-            return row | judge_timing(reference, replicates, name, rerun)
+            return row | judge_timing(reference, replicates, name, rerun, benchmark)
         return row | judge_deterministic(reference, replicates, name)
     except DeclaredSkip as skip:
         return row | {"reason": str(skip)}
@@ -212,26 +216,44 @@ def judge_deterministic(reference: dict[str, Any], replicates: dict[int, pd.Data
 
 
 def judge_timing(
-    reference: dict[str, Any], replicates: dict[int, pd.DataFrame], name: str, rerun: str
+    reference: dict[str, Any], replicates: dict[int, pd.DataFrame], name: str, rerun: str, benchmark: bool
 ) -> dict[str, Any]:
     """A timing claim judged over its undisturbed replicates: pass or fail only when a one-sided 95 % bound of the
-    replicates' mean clears the band the claim's line and effect (or tolerance) make, else inconclusive."""
-    values, disturbed, load = [], [], ""
+    replicates' mean clears the band the claim's line and effect (or tolerance) make, else inconclusive. A
+    benchmark's target is judged on its one value, as the benchmark measured it (a ratio of paired rounds in one
+    run), with its own 95 % interval where it declares a `noise`."""
+    values, disturbed, loads = [], {}, []
     for replicate, summary in replicates.items():
         statistic = replicate_statistic(reference, summary, name)
         is_disturbed, load = host_load(summary, reference, name)
-        (disturbed if is_disturbed else values).append(replicate if is_disturbed else statistic)
+        if is_disturbed:
+            disturbed[replicate] = statistic
+            loads.append(load)
+        else:
+            values.append(statistic)
     band = claim_band(reference)
-    left_out = f"; replicate(s) {disturbed} left out, disturbed ({load})" if disturbed else ""
     if not values:
-        return {"status": "disturbed", "reference": band.text, "n": 0, "reason": f"{load}: rerun on a quiet machine"}
+        unjudged = float(np.mean(list(disturbed.values())))  # shown, not judged
+        reason = f"{loads[0]}: rerun on a quiet machine"
+        return {"status": "disturbed", "measured": unjudged, "reference": band.text, "n": 0, "reason": reason}
     interval = Interval.of(values)
+    if benchmark:
+        (summary,) = replicates.values()
+        noise = noise_statistic(reference, summary, name) if "noise" in reference else 0.0
+        interval = Interval.declared(values[0], noise)
     status = band.verdict(interval)
     judged = {"status": status, "measured": interval.mean, "low": interval.low, "high": interval.high}
-    judged |= {"n": interval.n, "reference": band.text}
-    if status == "inconclusive":
-        return judged | {"reason": band.undecided(interval, rerun) + left_out}
-    return judged | {"reason": left_out.removeprefix("; ")}
+    judged |= {"n": interval.n, "band_lower": band.lower, "band_upper": band.upper, "reference": band.text}
+    reasons = [band.undecided(interval, rerun)] if status == "inconclusive" else []
+    reasons += [f"replicate(s) {list(disturbed)} left out, disturbed ({loads[0]})"] if disturbed else []
+    return judged | {"reason": "; ".join(reasons)}
+
+
+def noise_statistic(reference: dict[str, Any], summary: pd.DataFrame, name: str) -> float:
+    """A benchmark's declared 95 % half-width of its measured value, in the units the claim is judged in."""
+    noise = select(summary, reference["noise"], name)
+    against = reference["against"]
+    return noise / select(summary, against, name) if isinstance(against, dict) else noise
 
 
 def replicate_statistic(reference: dict[str, Any], summary: pd.DataFrame, name: str) -> float:
@@ -252,6 +274,11 @@ class Interval:
     high: float
     n: int
     spread: float  # the replicates' standard deviation (NaN for one)
+
+    @classmethod
+    def declared(cls, value: float, half_width: float) -> Interval:
+        """One value with its own 95 % half-width (a benchmark's paired rounds), as an interval."""
+        return cls(value, value - half_width, value + half_width, 1, math.nan)
 
     @classmethod
     def of(cls, values: list[float]) -> Interval:
@@ -282,7 +309,7 @@ class Band:
     text: str
 
     def verdict(self, interval: Interval) -> str:
-        if interval.n < 2:
+        if math.isnan(interval.low):
             return "inconclusive"
         if self.lower <= interval.low and interval.high <= self.upper:
             return "pass"
@@ -293,9 +320,11 @@ class Band:
     def undecided(self, interval: Interval, rerun: str) -> str:
         """Why an interval decides nothing, and how many replicates would (n ≈ ((1.645 + 0.84)·σ / m)², m the
         distance of the mean from the band's edge nearest it: one-sided 95 %, 80 % power), with the command."""
-        if interval.n < 2:
+        if math.isnan(interval.low):
             return f"{interval.n} replicate: no interval (set checks.replicates ≥ 3)"
         bounds = f"n={interval.n}: 95 % bounds [{interval.low:.4g}, {interval.high:.4g}] reach the line ({self.text})"
+        if math.isnan(interval.spread):
+            return f"{bounds}: the value's own noise; measure longer"
         margin = min(abs(interval.mean - edge) for edge in (self.lower, self.upper) if math.isfinite(edge))
         needed = math.ceil(((1.645 + 0.84) * interval.spread / margin) ** 2) if margin > 0 else math.inf
         if needed > MAX_SUGGESTED_REPLICATES:
@@ -311,7 +340,7 @@ def claim_band(reference: dict[str, Any]) -> Band:
     if "compare" not in reference:
         lower, upper = value_band(reference)
         return Band(lower, upper, f"{lower:.4g} to {upper:.4g} ({reference['value']:g} from the paper)")
-    compare, against, effect = reference["compare"], reference["against"], reference["effect"]
+    compare, against, effect = reference["compare"], reference["against"], reference.get("effect", {})
     line = 1.0 if isinstance(against, dict) else float(against)
     shift = effect.get("relative", 0.0) * abs(line) + effect.get("absolute", 0.0)
     edge = line + (shift if compare in (">", "<=") else -shift)  # > and <= move up, >= and < down
@@ -356,10 +385,8 @@ def check_figure(
     references: list[dict[str, Any]],
     scale: str,
     exclude: Collection[str] = (),
-    rerun_options: str = "",
 ) -> pd.DataFrame:
-    """Every reference of `figure` evaluated; `exclude` holds '<figure>/<id>' names the config excludes;
-    `rerun_options`: the profile and config files the figure was built with (what its rerun command repeats)."""
+    """Every reference of `figure` evaluated; `exclude` holds '<figure>/<id>' names the config excludes."""
     unknown = sorted(
         name
         for name in exclude
@@ -367,7 +394,7 @@ def check_figure(
     )
     if unknown:
         raise ReferenceError(f"checks.exclude names {unknown}, which {figure} has no reference for")
-    rerun = rerun_command(figure, rerun_options)
+    rerun = rerun_command(figure)
     rows = [
         {
             "figure": figure,
@@ -378,10 +405,11 @@ def check_figure(
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def rerun_command(figure: str, options: str) -> str:
-    """The command that runs all of `figure`'s points again, fresh, with `{replicates}` replicates each."""
-    words = ["snakemake", figure.replace("-", "_"), *options.split(), "--forcerun", "run_point"]
-    return " ".join([*words, "--config", "'checks={{replicates: {replicates}}}'"])
+def rerun_command(figure: str) -> str:
+    """The command that runs all of `figure`'s points again, fresh, with `{replicates}` replicates each (with the
+    profile and config files the results were built with: the report's rerun command shows them)."""
+    rule = figure.replace("-", "_")
+    return f"snakemake {rule} --forcerun run_point --config 'checks={{{{replicates: {{replicates}}}}}}'"
 
 
 def collect_checks(paths: list[Path]) -> pd.DataFrame:

@@ -91,8 +91,7 @@ def cmd_check(args: argparse.Namespace) -> None:
     from ddlrepro.host.checks import check_figure, load_references
 
     references = load_references(Path(args.references)).get(args.figure, [])
-    summary = pd.read_csv(args.summary)
-    checks = check_figure(args.figure, summary, references, args.scale, args.exclude, args.rerun_options)
+    checks = check_figure(args.figure, pd.read_csv(args.summary), references, args.scale, args.exclude)
     checks.to_csv(args.out, sep="\t", index=False)
     print(f"{args.figure}: " + ", ".join(f"{n} {s}" for s, n in checks["status"].value_counts().items()))
 
@@ -268,9 +267,6 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--scale", required=True)
     check.add_argument("--out", required=True, help="TSV of the figure's checks")
     check.add_argument("--exclude", nargs="*", default=[], help="'<figure>/<id>' references not evaluated (config)")
-    check.add_argument(
-        "--rerun-options", default="", help="the profile and config files the figure was built with (rerun advice)"
-    )
     check.set_defaults(handler=cmd_check)
 
     collect = commands.add_parser("collect-checks", help="concatenate per-figure check tables")

@@ -4,6 +4,7 @@ caption, summary table and checks, and where it was built."""
 from __future__ import annotations
 
 import base64
+import math
 import re
 import time
 from pathlib import Path
@@ -12,12 +13,14 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from ddlrepro.host.checks import headline
 from ddlrepro.host.figures import FIGURES, figure_module
 from ddlrepro.host.provenance import git_state, host_inventory
 from ddlrepro.host.redaction import redact
 from ddlrepro.host.tables import as_flags
 
-CHECK_COLUMNS = ["check", "status", "measured", "reference", "unit", "reason", "claim"]
+CHECK_COLUMNS = ["check", "tier", "status", "measured", "low", "high", "n", "reference", "unit", "reason", "claim"]
+INTERVAL_SVG = (120, 14)  # width and height of a timing check's drawing: its interval against the band it must clear
 SIGNIFICANT_DIGITS = 4  # what the report shows; the CSV and TSV files keep full precision
 DECIMAL = re.compile(r"\d+\.\d+(?:[eE][-+]?\d+)?")
 
@@ -32,7 +35,10 @@ def figure_entry(figure: str, results: Path, checks: pd.DataFrame, caption: Path
         "caption": caption_html(caption) if caption else "",
         "png": base64.b64encode((results / "figures" / f"{figure}.png").read_bytes()).decode(),
         "summary": summary.to_html(index=False, float_format=significant, border=0),
-        "checks": readable_checks(own_checks[CHECK_COLUMNS]).to_dict("records"),
+        "checks": [
+            row | {"drawing": interval_drawing(own_checks.loc[index])}
+            for index, row in readable_checks(own_checks[CHECK_COLUMNS]).to_dict("index").items()
+        ],
         "runs": pd.read_csv(results / "tables" / f"{figure}.csv", usecols=["point_id"])["point_id"].nunique(),
     }
 
@@ -48,7 +54,30 @@ def rounded_numbers(text: str) -> str:
 
 def readable_checks(checks: pd.DataFrame) -> pd.DataFrame:
     """Checks with their measured and reference numbers rounded for reading."""
-    return checks.assign(**{column: checks[column].map(rounded_numbers) for column in ("measured", "reference")})
+    columns = [column for column in ("measured", "low", "high", "reference") if column in checks]
+    return checks.assign(**{column: checks[column].map(rounded_numbers) for column in columns})
+
+
+def interval_drawing(check: pd.Series) -> str:
+    """A timing check's interval (low to high, its mean a dot) against the band it must lie in (shaded): an SVG
+    made of numbers only; empty for a check without an interval."""
+    numbers = pd.to_numeric(check.reindex(["low", "high", "measured", "band_lower", "band_upper"]), errors="coerce")
+    low, high, mean, lower, upper = numbers.tolist()
+    if check.get("tier") != "timing" or not all(map(math.isfinite, (low, high, mean))):
+        return ""
+    edges = [edge for edge in (lower, upper) if math.isfinite(edge)]
+    left, right = min(low, *edges), max(high, *edges)
+    pad = (right - left) * 0.15 or abs(right) * 0.1 or 1.0
+    width, height = INTERVAL_SVG
+
+    def x(value: float) -> float:
+        clipped = min(max(value, left - pad), right + pad)
+        return round((clipped - left + pad) / (right - left + 2 * pad) * width, 1)
+
+    band = f'<rect x="{x(lower)}" y="0" width="{x(upper) - x(lower)}" height="{height}" fill="#d6efd9"/>'
+    interval = f'<line x1="{x(low)}" x2="{x(high)}" y1="7" y2="7" stroke="#222" stroke-width="2"/>'
+    dot = f'<circle cx="{x(mean)}" cy="7" r="2.5" fill="#222"/>'
+    return f'<svg width="{width}" height="{height}" role="img">{band}{interval}{dot}</svg>'
 
 
 def caption_html(path: Path) -> str:
@@ -120,8 +149,10 @@ def write_report(
     checks = pd.read_csv(results / "checks.tsv", sep="\t", dtype=str, keep_default_na=False)
     html = environment.get_template("report.html.j2").render(
         meta=meta,
+        headline=headline(checks),
         counts=checks["status"].value_counts().to_dict(),
         failed=readable_checks(checks[checks["status"] == "fail"]).to_dict("records"),
+        undecided=readable_checks(checks[checks["status"] == "inconclusive"]).to_dict("records"),
         rerun=rerun_advice(disturbed_runs(figures, results, checks), results, rerun_options),
         figures=[figure_entry(figure, results, checks, caption_files.get(figure)) for figure in figures],
         disabled=[figure for figure in FIGURES if figure not in figures],

@@ -14,7 +14,8 @@ from ddlrepro.host.rundir import RESULT, metric_records
 POINT_COLUMNS = ["figure", "point_id", "workload", "workers", "threads_per_worker", "replicate"]
 # `phase` and `interface`: a node's interface bytes (node_rx_bytes, node_tx_bytes) at the run's start and end.
 # `est` and `phase`: a consistent-training step's piece (est_time_s): its EST and which piece (easyscale.StepLaps).
-# `device_type`: the rank's emulated device type (rank/devicetypes.py); `detail`: a note on the value (e.g. why a
+# `device_type`: the rank's emulated device type (rank/devicetypes.py); `setting`: which of the settings a paired
+# run trains side by side the value is of (throughput's `settings`); `detail`: a note on the value (e.g. why a
 # CPU quota was not applied).
 RECORD_COLUMNS = [
     "rank",
@@ -25,6 +26,7 @@ RECORD_COLUMNS = [
     "phase",
     "interface",
     "device_type",
+    "setting",
     "time",
     "metric",
     "value",

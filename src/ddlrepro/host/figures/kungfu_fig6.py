@@ -118,20 +118,25 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
         {"mode": mode, **run_summary(rows, window, batch)} for mode, rows in per_run.groupby("mode", sort=False)
     ]
     summary = pd.concat([pd.DataFrame(measured).assign(status="ok", reason=""), skipped], ignore_index=True)
-    summary = with_settled_comparison(summary)
+    adaptive = table[table["mode"] == ADAPTIVE]
+    summary = with_settled_comparison(summary, float(adaptive["alpha"].iloc[0]), int(adaptive["max_workers"].iloc[0]))
     summary["data"] = DATA
     order = {ADAPTIVE: -1, ALL_AT_ONCE: len(summary)}
     return summary.sort_values("mode", key=lambda modes: modes.map(lambda m: order.get(m, 0)), kind="stable")
 
 
-def with_settled_comparison(summary: pd.DataFrame) -> pd.DataFrame:
-    """The adaptive row's settled size, the best fixed size and its throughput, and the settled size's share of it."""
+def with_settled_comparison(summary: pd.DataFrame, alpha: float, max_workers: int) -> pd.DataFrame:
+    """The adaptive row's settled size, the best fixed size and its throughput, the settled size's share of it, and
+    what the policy promises: the next worker's gain measured by the fixed-size runs, T(s+1) ÷ T(s) − 1, as a
+    share of the α/(s+1) it had to bring (below 1: rightly given back; rank/policies/provisioning.py's rule)."""
     summary = summary.assign(
         settled_size=math.nan,
         best_fixed_size=math.nan,
         best_fixed_throughput=math.nan,
         settled_share=math.nan,
         settled_share_skipped="",
+        next_worker_gain_share=math.nan,
+        next_worker_gain_share_skipped="",
     )
     adaptive = (summary["mode"] == ADAPTIVE) & (summary["status"] == "ok")
     if not adaptive.any():
@@ -143,29 +148,32 @@ def with_settled_comparison(summary: pd.DataFrame) -> pd.DataFrame:
     if not fixed.empty:
         summary.loc[adaptive, "best_fixed_size"] = int(fixed.idxmax())
         summary.loc[adaptive, "best_fixed_throughput"] = fixed.max()
+    if settled >= max_workers:
+        summary.loc[adaptive, "next_worker_gain_share_skipped"] = f"settled at max_workers ({max_workers}): no next"
+    elif {settled, settled + 1} <= set(fixed.index):
+        gain = fixed[settled + 1] / fixed[settled] - 1
+        summary.loc[adaptive, "next_worker_gain_share"] = gain / (alpha / (settled + 1))
     if settled in fixed.index:
         summary.loc[adaptive, "settled_share"] = fixed[settled] / fixed.max()
-    else:
-        # Only a run declared skipped excuses the check; a run that ran and left no rows is an error it must show.
-        skipped = (summary["mode"] != ADAPTIVE) & (summary["size"] == settled) & (summary["status"] == "skipped")
-        why = summary.loc[skipped, "reason"]
-        if not why.empty:
-            summary.loc[adaptive, "settled_share_skipped"] = (
-                f"no fixed-size run at the settled size {settled} ({why.iloc[0]})"
-            )
+    # Only a run declared skipped excuses a check; a run that ran and left no rows is an error it must show.
+    for column, sizes in (("settled_share", [settled]), ("next_worker_gain_share", [settled, settled + 1])):
+        skipped = (summary["mode"] != ADAPTIVE) & summary["size"].isin(sizes) & (summary["status"] == "skipped")
+        for size, why in summary.loc[skipped, ["size", "reason"]].itertuples(index=False):
+            what = "the settled size" if size == settled else "the size after the settled one,"
+            summary.loc[adaptive, f"{column}_skipped"] = f"no fixed-size run at {what} {int(size)} ({why})"
     return summary
 
 
 def with_share_load(summary: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
-    """`settled_share` compares the fixed-size runs: its own host-load columns cover all of them."""
+    """`settled_share` and `next_worker_gain_share` compare the fixed-size runs: their own host-load columns cover
+    all of them."""
     from ddlrepro.host.plotting import with_host_load
 
     fixed = with_host_load(summary[summary["mode"] != ADAPTIVE][["mode"]], table, ["mode"])
-    return summary.assign(
-        settled_share_foreign_share=fixed["foreign_share"].max(),
-        settled_share_steal_share=fixed["steal_share"].max(),
-        settled_share_disturbed=bool(fixed["disturbed"].any()),
-    )
+    load = {"foreign_share": fixed["foreign_share"].max(), "steal_share": fixed["steal_share"].max()}
+    load["disturbed"] = bool(fixed["disturbed"].any())
+    columns = ("settled_share", "next_worker_gain_share")
+    return summary.assign(**{f"{column}_{key}": value for column in columns for key, value in load.items()})
 
 
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:

@@ -8,6 +8,12 @@ prints `RESULT: <mean> +-<1.96·std> {...}` over its iterations (population std)
 strategies.py), `horovod` (horovod.torch's DistributedOptimizer, as Horovod's synthetic benchmark; its ring
 all-reduce over gloo or MPI) or `tensorflow` (Keras model, MultiWorkerMirroredStrategy with its RING collective,
 custom training loop: see tensorflow_trainer.py). The protocol and records are the same for all three.
+
+`settings` (torch only): several settings of the same workload (each a dict of parameters over the point's, e.g.
+`{monitor: variance, monitor_interval: 8}`) trained side by side in the same processes, one model each from the
+same seed, taking turns iteration by iteration (the order rotated every iteration), as
+benchmarks/monitor_overhead.py does: the machine's drift and noise hit them alike, so a ratio between two of them
+is paired. Every record carries its `setting` label.
 """
 
 from __future__ import annotations
@@ -153,11 +159,13 @@ def torch_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
     source = params.get("data_source", "synthetic")
     train_step, close = data_train_step(trained, params, ctx)
 
+    labelled = {"setting": params["setting"]} if "setting" in params else {}
+
     def step() -> torch.Tensor:
         loss = train_step()
         if monitor and monitor.end_step():
             for metric, value in monitor.measurements.items():
-                emit("metric", rank=ctx.rank, step=monitor.step - 1, metric=metric, value=value)
+                emit("metric", rank=ctx.rank, step=monitor.step - 1, metric=metric, value=value, **labelled)
         return loss
 
     settings = {"framework": "torch", "strategy": strategy, "monitor": params.get("monitor", "none")}
@@ -235,7 +243,70 @@ def timed_iterations(trainer: Trainer, params: dict[str, Any], ctx: RankContext)
     return rates
 
 
+def setting_label(setting: dict[str, Any]) -> str:
+    """`none`, or `<monitor>@<interval>` (`variance@8`): what the records and the figure call a setting."""
+    monitor = setting.get("monitor", "none")
+    return monitor if monitor == "none" else f"{monitor}@{setting.get('monitor_interval', 1)}"
+
+
+def run_paired(params: dict[str, Any], ctx: RankContext) -> None:
+    """The point's `settings` side by side: warm-up for each, then per timed iteration each setting's batches in
+    turn (the order rotated by one every iteration), img/s recorded per setting."""
+    if params.get("framework", "torch") != "torch":
+        raise ValueError("`settings` (paired settings in one process) are for the torch framework only")
+    trainers = {}
+    for setting in params["settings"]:
+        label = setting_label(setting)
+        trainers[label] = make_trainer({**params, **setting, "setting": label}, ctx)
+    try:
+        for trainer in trainers.values():
+            loss = None
+            for _ in range(params["warmup_batches"]):
+                loss = trainer.step()
+            if loss is not None:
+                trainer.loss_value(loss)
+        ctx.synchronize()
+        rates = paired_iterations(trainers, params, ctx)
+    finally:
+        for trainer in trainers.values():
+            trainer.close()
+    if ctx.rank == 0:
+        means = {label: mean_and_confidence(values)[0] for label, values in rates.items()}
+        say(f"RESULT: {json.dumps(means)} img/s per worker by setting")
+        emit("result", rank=0, img_per_sec_per_worker_by_setting=means)
+
+
+def paired_iterations(trainers: dict[str, Trainer], params: dict[str, Any], ctx: RankContext) -> dict[str, list[float]]:
+    """Per iteration, each setting's `batches_per_iteration` batches timed in turn, the order rotated by one."""
+    labels = list(trainers)
+    rates: dict[str, list[float]] = {label: [] for label in labels}
+    images = params["batch_size"] * params["batches_per_iteration"]
+    for iteration in range(params["iterations"]):
+        shift = iteration % len(labels)
+        for label in labels[shift:] + labels[:shift]:
+            trainer, loss = trainers[label], None
+            started = time.perf_counter()
+            for _ in range(params["batches_per_iteration"]):
+                loss = trainer.step()
+            value = trainer.loss_value(loss)
+            ctx.synchronize()
+            rates[label].append(images / (time.perf_counter() - started))
+            emit(
+                "metric",
+                rank=ctx.rank,
+                iteration=iteration,
+                metric="img_per_sec",
+                value=rates[label][-1],
+                setting=label,
+            )
+            emit("metric", rank=ctx.rank, iteration=iteration, metric="loss", value=value, setting=label)
+    return rates
+
+
 def run(params: dict[str, Any], ctx: RankContext) -> None:
+    if "settings" in params:
+        run_paired(params, ctx)
+        return
     trainer = make_trainer(params, ctx)
     try:
         rates = timed_iterations(trainer, params, ctx)
