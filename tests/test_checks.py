@@ -23,8 +23,8 @@ from ddlrepro.host.checks import (
 )
 from ddlrepro.host.cli import main
 from ddlrepro.host.config import ConfigError, load_config
-from ddlrepro.rank.workloads.throughput import setting_label
 from ddlrepro.host.figures import FIGURES, draw_figure, figure_module, is_simulated, replicate_summaries
+from ddlrepro.rank.workloads.throughput import setting_label
 
 SUMMARY = pd.DataFrame(
     {
