@@ -60,7 +60,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("horovod")
 
 
-ONE_WORKER_COUNT_DLAAS = ("dlaas-scaling/efficiency-at-2-workers", "dlaas-scaling/two-workers-faster")
+ONE_WORKER_COUNT_DLAAS = ("dlaas-scaling/efficiency-vs-host-ceiling-at-2-workers", "dlaas-scaling/two-workers-faster")
 
 
 def checks_excluding(*references: str) -> str:

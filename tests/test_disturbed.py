@@ -23,7 +23,7 @@ from ddlrepro.points import Point
 
 HOG_LIMIT_S = 120
 MAX_FOREIGN_SHARE = checks_settings({})["max_foreign_share"]
-TIMED_CHECKS = ["efficiency-at-2-workers", "two-workers-faster"]  # both divide by the 1-worker run
+TIMED_CHECKS = ["efficiency-vs-host-ceiling-at-2-workers", "two-workers-faster"]  # ÷ the ceiling run, the 1-worker run
 
 
 @contextmanager
@@ -89,15 +89,16 @@ def test_runs_beside_a_cpu_hog_are_disturbed_and_quiet_runs_are_judged(tmp_path:
 
 
 def quiet_checks(folder: Path) -> tuple[dict, object]:
-    """The same runs without a hog: judged (pass or fail) when their recorded load is under the threshold, and
-    `disturbed` exactly when above it (whatever else runs on this machine meanwhile)."""
+    """The same runs without a hog: judged when their recorded load is under the threshold (one replicate: no
+    interval, so inconclusive with n = 1), and `disturbed` exactly when above it (whatever else runs on this machine
+    meanwhile)."""
     records, checks = dlaas_checks(folder)
     loaded = any(host_load_columns(record, MAX_FOREIGN_SHARE)["disturbed"] for record in records.values())
     statuses, loads = set(checks.loc[TIMED_CHECKS, "status"]), [r["host_load"] for r in records.values()]
     if loaded:
         assert statuses == {"disturbed"}, loads
     else:
-        assert statuses <= {"pass", "fail"}, loads
+        assert statuses == {"inconclusive"} and set(checks.loc[TIMED_CHECKS, "n"]) == {1}, loads
     return records, checks
 
 

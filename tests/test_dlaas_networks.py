@@ -92,7 +92,8 @@ def test_the_overlay_check_is_disturbed_when_the_bridge_run_was() -> None:
     )
     assert check["status"] == "disturbed"
     assert check["reason"].startswith("foreign CPU load up to 0.90 and steal 0.20")
-    assert overlay_check(recorded("overlay", **QUIET), recorded("bridge", **QUIET))["status"] in {"pass", "fail"}
+    quiet = overlay_check(recorded("overlay", **QUIET), recorded("bridge", **QUIET))
+    assert (quiet["status"], quiet["n"]) == ("inconclusive", 1)  # judged, one replicate: no interval
 
 
 def test_a_bad_link_rate_names_its_key() -> None:
@@ -144,7 +145,8 @@ def test_bridge_and_overlay_ranks_talk_over_their_network_and_the_overlay_check_
     assert sorted(summary["network"]) == ["bridge", "bridge", "overlay", "overlay"]
     references = [r for r in load_references(REPO / "config" / "references.yaml")["dlaas-scaling"] if r["id"] == CHECK]
     checks = check_figure("dlaas-scaling", summary, references, "smoke").set_index("check")
-    assert checks.loc[CHECK, "status"] in {"pass", "fail", "disturbed"}, checks.loc[CHECK].to_dict()
+    # One replicate (tiny.yaml): judged, but without an interval.
+    assert checks.loc[CHECK, "status"] in {"inconclusive", "disturbed"}, checks.loc[CHECK].to_dict()
     assert checks.loc[CHECK, "measured"] == pytest.approx(
         summary.set_index(["network", "workers"]).loc[("overlay", 2), "efficiency_vs_bridge"]
     )

@@ -127,7 +127,8 @@ def test_checks_on_the_recorded_table() -> None:
     assert list(summary["group"]) == [FIRST, LAST, FIRST, LAST]
     assert set(summary["paper_model"]) == {"ResNet-50", "BERT"}
     references = load_references(REPO / "config" / "references.yaml")["easyscale-fig13"]
-    checks = check_figure("easyscale-fig13", summary, references, "smoke").set_index("check")
+    three = pd.concat([summary.assign(replicate=r) for r in range(3)])  # the recorded run as three replicates
+    checks = check_figure("easyscale-fig13", three, references, "smoke").set_index("check")
     assert checks.loc["last-est-within-10-percent", "status"] == "pass"
     assert checks.loc["first-ests-cheaper-than-last", "status"] == "pass"
     assert (checks.loc[checks["scale"] == "paper", "status"] == "skipped").sum() == 4
@@ -135,6 +136,7 @@ def test_checks_on_the_recorded_table() -> None:
     slower["share_of_last"] = slower["est_time_s"] / slower["model"].map(
         slower[slower["group"] == LAST].set_index("model")["est_time_s"]
     )
+    slower = pd.concat([slower.assign(replicate=r) for r in range(3)])
     failed = check_figure("easyscale-fig13", slower, references, "smoke").set_index("check")
     assert failed.loc["first-ests-cheaper-than-last", "status"] == "fail"
 
@@ -162,5 +164,5 @@ def test_snakemake_easyscale_fig13_end_to_end(workflow_copy: Path) -> None:
     assert list(summary["group"]) == [FIRST, LAST] and (summary["normalised_to_ddp"] > 0).all()
     checks = pd.read_csv(results / "checks" / "easyscale-fig13.tsv", sep="\t").set_index("check")
     timed = checks[checks["scale"] == "any"]  # timings of 4 steps: a fail on a loaded machine is honest
-    assert timed["measured"].notna().all() and set(timed["status"]) <= {"pass", "fail", "disturbed"}
+    assert timed["measured"].notna().all() and set(timed["status"]) <= {"inconclusive", "disturbed"}  # 1 replicate
     assert set(checks.loc[checks["scale"] == "paper", "status"]) == {"skipped"}

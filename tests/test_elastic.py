@@ -488,11 +488,10 @@ def test_snakemake_builds_fig7(workflow_copy: Path) -> None:
     assert (summary["events"] == 1).all()
     checks = pd.read_csv(results / "checks" / "kungfu-fig7.tsv", sep="\t").set_index("check")
     assert set(checks.loc[["grow-within-kungfu", "shrink-within-kungfu"], "status"]) == {"skipped"}  # paper's
-    assert set(checks.loc[checks["scale"] == "any", "status"]) <= {"pass", "fail", "disturbed"}
-    warm_grow = checks.loc["warm-grow-10x-torchrun"]  # ~100x against its 10x line: fails only if the grow broke
-    assert warm_grow["status"] == "pass" or (
-        warm_grow["status"] == "disturbed" and "foreign CPU load" in warm_grow["reason"]
-    ), warm_grow.to_dict()
+    # One replicate (tiny.yaml): the timing claims are judged without an interval.
+    assert set(checks.loc[checks["scale"] == "any", "status"]) <= {"inconclusive", "disturbed"}
+    warm_grow = checks.loc["warm-grow-10x-torchrun"]  # ~100x against its 10x line: below it only if the grow broke
+    assert warm_grow["measured"] > 10, warm_grow.to_dict()
     for run_dir in (results / "runs" / "kungfu-fig7").iterdir():
         assert sizes_by_step(run_dir) == {step: 2 if 3 <= step < 6 else 1 for step in range(9)}
     restarts = summary.loc[summary["mode"] == "torchrun", "restart"]

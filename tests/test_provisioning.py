@@ -176,7 +176,7 @@ def test_a_missing_fixed_run_at_the_settled_size_is_a_declared_gap() -> None:
     checks = check_figure(kungfu_fig6.ID, drawn, load_references(REFERENCES)[kungfu_fig6.ID], "smoke")
     statuses = checks.set_index("check")["status"].to_dict()
     assert statuses["stops-where-the-next-worker-does-not-pay"] in {"inconclusive", "skipped"}
-    assert statuses["adaptive-cheaper-than-all-at-once"] in {"pass", "fail", "disturbed"}
+    assert statuses["adaptive-cheaper-than-all-at-once"] in {"inconclusive", "disturbed"}  # one replicate
     texts = [text.get_text() for axis in figure.axes for text in axis.texts]
     assert "skipped: x" in texts
 

@@ -1,13 +1,18 @@
 """Check a figure's summary table against the papers' numbers and claims (config/references.yaml).
 
-Every reference gives one row of checks.tsv: pass or fail with the measured value and the reference; skipped only
-for a declared reason (a paper-scale number below paper scale, a point this machine cannot run such as NCCL
-without CUDA, a value the figure could not compute because a run it needs is missing: the reason in the summary's
-`<column>_skipped` beside the NaN, a check the config excludes); disturbed for a timing check whose runs shared the
+Every reference gives one row of checks.tsv, in one of two tiers (docs/verdicts.md). A deterministic check (bits,
+bytes, counts, fault outcomes, policy invariants) passes or fails on one run, and on every replicate where the
+figure has several. A timing check (`timing: true`) is judged over the figure's replicates (the summary's
+`replicate` column; a relation's two sides paired within a replicate): pass or fail only when a one-sided 95 %
+percentile-bootstrap bound of the replicates' mean clears the band its line and stated effect make, else
+inconclusive, naming n, the interval and the replicates that would settle it; a replicate whose runs shared the
 host with too much foreign CPU load (the summary's `disturbed` column, decided per run from
-`checks.max_foreign_share`); inconclusive for a relation whose measured value's declared `noise` reaches its
-threshold. A failed check is a finding. A reference that cannot be evaluated (unknown column, no matching row,
-ambiguous selection, a value that was not measured) is an error naming the figure and the reference, never a skip.
+`checks.max_foreign_share`) is left out, and with none left the check is disturbed. Skipped only for a declared
+reason (a paper-scale number below paper scale, a point this machine cannot run such as NCCL without CUDA, a value
+the figure could not compute because a run it needs is missing: the reason in the summary's `<column>_skipped`
+beside the NaN, a check the config excludes). A failed check is a finding. A reference that cannot be evaluated
+(unknown column, no matching row, ambiguous selection, a value that was not measured) is an error naming the
+figure and the reference, never a skip.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import scipy.stats
 
 from ddlrepro.host.config import SCHEMAS, read_yaml, validate_against, validate_config
 from ddlrepro.host.errors import UserError
@@ -236,11 +240,12 @@ def judge_timing(
         unjudged = float(np.mean(list(disturbed.values())))  # shown, not judged
         reason = f"{loads[0]}: rerun on a quiet machine"
         return {"status": "disturbed", "measured": unjudged, "reference": band.text, "n": 0, "reason": reason}
-    interval = Interval.of(values)
     if benchmark:
         (summary,) = replicates.values()
         noise = noise_statistic(reference, summary, name) if "noise" in reference else 0.0
         interval = Interval.declared(values[0], noise)
+    else:
+        interval = Interval.of(values)
     status = band.verdict(interval)
     judged = {"status": status, "measured": interval.mean, "low": interval.low, "high": interval.high}
     judged |= {"n": interval.n, "band_lower": band.lower, "band_upper": band.upper, "reference": band.text}
@@ -288,7 +293,9 @@ class Interval:
             return cls(mean, math.nan, math.nan, len(data), math.nan)
         if np.ptp(data) == 0:
             return cls(mean, mean, mean, len(data), 0.0)
-        result = scipy.stats.bootstrap(
+        from scipy.stats import bootstrap  # here: importing scipy.stats takes most of a second
+
+        result = bootstrap(
             (data,),
             np.mean,
             confidence_level=1 - 2 * (1 - CONFIDENCE),  # two one-sided 95 % bounds = a two-sided 90 % interval
@@ -402,7 +409,7 @@ def check_figure(
         }
         for reference in references
     ]
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return pd.DataFrame(rows, columns=COLUMNS).astype({"n": "Int64"})
 
 
 def rerun_command(figure: str) -> str:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddlrepro.host.config import ConfigError
 from ddlrepro.host.testbed.limits import TestbedError, parse_rate
 from ddlrepro.points import Point
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PROTOCOL_KEYS = ["batch_size", "image_size", "warmup_batches", "iterations", "batches_per_iteration"]
 
@@ -39,6 +43,14 @@ def throughput_point(
             **extra,
         },
     )
+
+
+def host_ceiling_point(
+    figure: str, section: dict[str, Any], model: str, workers: int, launcher: dict[str, Any], **extra: Any
+) -> Point:
+    """`workers` independent trainings of `model` at once, each its own plain model (the throughput workload's
+    `independent`): the host's parallel ceiling for that many processes, with no communication at all."""
+    return throughput_point(figure, section, model, workers, launcher, independent=True, **extra)
 
 
 def throughput_points(figure: str, section: dict[str, Any], models: list[str], launcher: dict[str, Any]) -> list[Point]:
@@ -86,3 +98,37 @@ def check_rate(figure: str, section: dict[str, Any], key: str = "link_rate") -> 
             parse_rate(section[key])
         except TestbedError as error:
             require(False, figure, key, str(error))
+
+
+def is_ceiling(table: pd.DataFrame) -> pd.Series:
+    """The rows of host-ceiling runs (host_ceiling_point)."""
+    import pandas as pd
+
+    column = table.get("independent")
+    return column.eq(True) if column is not None else pd.Series(False, index=table.index)
+
+
+def with_efficiency_vs_ceiling(summary: pd.DataFrame, table: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """`efficiency_vs_ceiling`: each row's per-worker rate ÷ the host-ceiling runs' at the same `keys` and workers
+    (NaN, with why in `efficiency_vs_ceiling_skipped`, where no such run was configured), its host load over both
+    runs (`efficiency_vs_ceiling_disturbed`, ...), and the ceiling itself (`host_ceiling_per_worker`)."""
+    from ddlrepro.host import plotting
+    from ddlrepro.host.tables import as_flags
+
+    rows = table[is_ceiling(table) & (table["status"] == "ok")]
+    if rows.empty:
+        why = "no host-ceiling run (independent processes) in the table"
+        return summary.assign(efficiency_vs_ceiling=math.nan, efficiency_vs_ceiling_skipped=why)
+    ceiling = plotting.throughput_summary(rows, by=keys).set_index([*keys, "workers"])
+    ceiling = ceiling[["per_worker", "foreign_share", "steal_share", "disturbed"]].add_prefix("ceiling_")
+    joined = summary.join(ceiling, on=[*keys, "workers"])
+    return summary.assign(
+        host_ceiling_per_worker=joined["ceiling_per_worker"],
+        efficiency_vs_ceiling=joined["per_worker"] / joined["ceiling_per_worker"],
+        efficiency_vs_ceiling_skipped=("no host-ceiling run at " + summary["workers"].astype(str) + " workers").where(
+            joined["ceiling_per_worker"].isna(), ""
+        ),
+        efficiency_vs_ceiling_disturbed=as_flags(joined["disturbed"]) | as_flags(joined["ceiling_disturbed"]),
+        efficiency_vs_ceiling_foreign_share=joined[["foreign_share", "ceiling_foreign_share"]].max(axis=1),
+        efficiency_vs_ceiling_steal_share=joined[["steal_share", "ceiling_steal_share"]].max(axis=1),
+    )

@@ -15,7 +15,10 @@ beside it (the overlay's check compares the two); a missing bridge or overlay ru
 what is missing.
 
 Plot: total images/s against the ideal, and efficiency rate_N / (N × rate_1) per series (network or data source)
-beside the DLaaS measurements; the summary table is the DLaaS-style table, one block per series.
+beside the DLaaS measurements; the summary table is the DLaaS-style table, one block per series, with
+`efficiency_vs_ceiling`: the per-worker rate ÷ that of as many independent processes at once on the host network
+(a run per worker count above 1, not drawn: the host's parallel ceiling, which a small VM's busy cores cap before
+any communication; ours, not DLaaS's).
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ddlrepro.host.figures.common import check_rate, require, throughput_point
+from ddlrepro.host.figures.common import (
+    check_rate,
+    host_ceiling_point,
+    is_ceiling,
+    require,
+    throughput_point,
+    with_efficiency_vs_ceiling,
+)
 from ddlrepro.host.objectstore import LABEL, store_inputs
 from ddlrepro.points import Point
 
@@ -87,7 +97,8 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
         if network != DEFAULT_NETWORK
         for count in workers
     ]
-    return by_source + by_network
+    ceilings = [host_ceiling_point(ID, section, model, count, launcher) for count in workers if count > 1]
+    return by_source + by_network + (ceilings if on_host else [])
 
 
 def with_data_source(point: Point, source: str, section: dict[str, Any]) -> Point:
@@ -151,6 +162,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     from ddlrepro.host import plotting
 
     table = with_defaults(table)
+    ceilings, table = table[is_ceiling(table)], table[~is_ceiling(table)]
     by = ["model", "batch_size", *SERIES]
     measured = table[table["status"] == "ok"]
     summary = plotting.throughput_summary(measured, by=by).assign(status="ok", reason="")
@@ -158,7 +170,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     summary = summary[columns + plotting.HOST_LOAD_COLUMNS].rename(columns={"total": "images_per_sec"})
     skipped = plotting.skipped_points(table, by)
     summary = pd.concat([summary, skipped], ignore_index=True) if not skipped.empty else summary
-    return with_efficiency_vs_bridge(summary)
+    return with_efficiency_vs_ceiling(with_efficiency_vs_bridge(summary), ceilings, ["model", "batch_size"])
 
 
 def with_efficiency_vs_bridge(summary: pd.DataFrame) -> pd.DataFrame:

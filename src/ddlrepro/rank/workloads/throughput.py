@@ -14,6 +14,11 @@ custom training loop: see tensorflow_trainer.py). The protocol and records are t
 same seed, taking turns iteration by iteration (the order rotated every iteration), as
 benchmarks/monitor_overhead.py does: the machine's drift and noise hit them alike, so a ratio between two of them
 is paired. Every record carries its `setting` label.
+
+`independent` (torch only): every rank trains its own plain model, no gradient exchange: the same number of
+processes on the same host(s) as a data-parallel run, nothing but their own compute. Its per-worker rate is the
+host's parallel ceiling, what data-parallel efficiency is judged against at smoke scale (two busy cores of a small
+VM each run slower than one, whatever the communication).
 """
 
 from __future__ import annotations
@@ -151,7 +156,7 @@ def torch_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
     """DDP (plain model on one worker), gradients averaged with the point's strategy, optionally monitored."""
     torch.manual_seed(params.get("seed", 0))
     model = build_model(params["model"]).to(ctx.device)
-    trained = data_parallel(model, ctx)
+    trained = model if params.get("independent") else data_parallel(model, ctx)
     strategy = params.get("strategy", "RING")
     if isinstance(trained, DistributedDataParallel):
         apply_strategy(trained, strategy, group_size=ctx.local_world_size)
@@ -169,6 +174,7 @@ def torch_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
         return loss
 
     settings = {"framework": "torch", "strategy": strategy, "monitor": params.get("monitor", "none")}
+    settings |= {"independent": True} if params.get("independent") else {}
     settings |= {"data_source": source} if source != "synthetic" else {}
     return Trainer(step, lambda loss: float(loss.item()), torch_parameter_sum(model), settings, close)
 
