@@ -113,21 +113,17 @@ def figure_source(figure: str) -> list[str]:
 def draw_figure(
     figure: str, table: pd.DataFrame, scale: str, references: list[dict[str, Any]], machine: str
 ) -> tuple[Figure, pd.DataFrame]:
-    """A figure in the shared style (footer: scale and machine) and its summary table."""
+    """A figure in the shared style (footer: scale, machine, which replicates are drawn) and its summary table."""
     from ddlrepro.host import plotting
     from ddlrepro.host.tables import by_replicate
 
-    module, replicates = figure_module(figure), by_replicate(table)
-    shown = table
-    if len(replicates) > 1 and getattr(module, "PLOTS_ONE_REPLICATE", False):
-        shown = replicates[min(replicates)].reset_index(drop=True)
+    module, replicates, shown = figure_module(figure), by_replicate(table), table
+    if len(replicates) > 1:  # a timeline figure draws one replicate: replicates would overlay each other
+        one = getattr(module, "PLOTS_ONE_REPLICATE", False)
+        shown = replicates[min(replicates)].reset_index(drop=True) if one else table
+        machine += f" · {f'replicate {min(replicates)}' if one else 'all'} of {len(replicates)} replicates drawn"
     drawing, summary = module.plot(shown, scale, references)
-    drawn = (
-        ""
-        if len(replicates) == 1
-        else f" · {'replicate 0' if shown is not table else 'all'} of {len(replicates)} replicates drawn"
-    )
-    plotting.finish(drawing, scale, machine + drawn)
+    plotting.finish(drawing, scale, machine)
     return drawing, summary
 
 
