@@ -45,12 +45,3 @@ rule all:
 
 onstart:
     record_invocation(config, Path("results/provenance"), Path(CHECKOUT))
-
-
-onsuccess:
-    cancel_rescheduling_timers()
-    print_headline(Path("results/checks.tsv"))
-
-
-onerror:
-    cancel_rescheduling_timers()

@@ -34,9 +34,7 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
     table = pd.read_csv(results / "tables" / "kungfu-fig9.csv")
     rates = table[table["metric"] == "img_per_sec"]
     assert sorted(rates.groupby("workers")["rank"].nunique().items()) == [(1, 1), (2, 2)]
-    assert len(rates) == (1 + 2 + 2) * 2  # 1 and 2 DDP workers, and 2 independent processes (the host's ceiling)
-    ceiling = pd.read_csv(results / "tables" / "kungfu-fig9.summary.csv").set_index("workers")
-    assert ceiling.loc[2, "host_ceiling_per_worker"] > 0 and ceiling.loc[2, "efficiency_vs_ceiling"] > 0
+    assert len(rates) == (1 + 2) * 2
     assert {"point_id", "model", "batch_size", "rank", "iteration", "metric", "value"} <= set(table.columns)
     summary = pd.read_csv(results / "tables" / "dlaas-scaling.summary.csv")
     skipped = summary[summary["status"] == "skipped"]  # the overlay rows saying why its check is skipped
@@ -81,9 +79,8 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
     changed = workflow_copy / "changed.yaml"
     changed.write_text("figures:\n  dlaas-scaling:\n    workers: [1, 3]\n")
     plan = snakemake(workflow_copy, *TINY, str(changed), "-n").stdout
-    # The 3-worker run and the host-ceiling run at 3 workers that its efficiency is judged against.
-    assert planned_jobs(plan) == {"run_point": 2, "tabulate": 1, **downstream_of_one_plot}
-    assert plan.count("results/runs/dlaas-scaling/resnet20-np3-") >= 2
+    assert planned_jobs(plan) == {"run_point": 1, "tabulate": 1, **downstream_of_one_plot}
+    assert "results/runs/dlaas-scaling/resnet20-np3-" in plan
 
     (results / "figures" / "kungfu-fig9.png").unlink()
     one_figure = snakemake(workflow_copy, "kungfu_fig9", *TINY)
@@ -123,8 +120,7 @@ def test_killed_worker_fails_its_run_and_a_rerun_completes(workflow_copy: Path) 
     assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
     assert len(list((run_dir / "attempts").iterdir())) == 1
     table = pd.read_csv(workflow_copy / "results" / "tables" / "dlaas-scaling.csv")
-    runs_by_kind = table.drop_duplicates("point_id").set_index("point_id")["independent"].eq(True)
-    assert run_dir.name in runs_by_kind.index and sorted(runs_by_kind) == [False, True]  # with its host-ceiling run
+    assert set(table["point_id"]) == {run_dir.name}
 
 
 @pytest.mark.slow

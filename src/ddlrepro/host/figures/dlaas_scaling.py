@@ -98,7 +98,7 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
         for count in workers
     ]
     ceilings = [host_ceiling_point(ID, section, model, count, launcher) for count in workers if count > 1]
-    return by_source + by_network + (ceilings if on_host else [])
+    return by_source + by_network + (ceilings if on_host and section.get("host_ceiling") else [])
 
 
 def with_data_source(point: Point, source: str, section: dict[str, Any]) -> Point:

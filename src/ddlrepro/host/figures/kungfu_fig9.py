@@ -58,7 +58,7 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
         host_ceiling_point(ID, section, model, workers, launcher, framework="torch")
         for model in section["models"]
         for workers in section["workers"]
-        if workers > 1
+        if workers > 1 and section.get("host_ceiling")
     ]
     return runs + ceilings
 
