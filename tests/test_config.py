@@ -111,7 +111,7 @@ def test_validation_fills_in_every_default_of_the_schema() -> None:
     assert config["scale"] == "smoke" and config["references"] == "config/references.yaml"
     assert config["launcher"]["name"] == "auto" and config["launcher"]["slurm"]["mpi"] == "pmix"
     assert config["launcher"]["kubernetes"]["port"] == 29500 and config["images"]["build"] is None
-    assert config["checks"] == {"max_foreign_share": 0.1, "exclude": [], "replicates": 3}
+    assert config["checks"] == {"max_foreign_share": 0.1, "exclude": [], "replicates": 3, "tier": "quick"}
     again = validate_config({"figures": load_config(SMOKE)["figures"]})
     again["launcher"]["kubernetes"]["image_pull_secrets"].append("mine")
     assert validate_config({}, partial=True)["launcher"]["kubernetes"]["image_pull_secrets"] == []

@@ -16,7 +16,6 @@ from conftest import REPO
 
 from ddlrepro.host.checks import (
     Interval,
-    applies,
     check_figure,
     claim_band,
     evaluate,
@@ -24,6 +23,8 @@ from ddlrepro.host.checks import (
     load_references,
     select,
     selectors,
+    timing_figures,
+    unjudged,
 )
 from ddlrepro.host.figures import draw_figure
 from ddlrepro.host.tables import read_table
@@ -34,7 +35,7 @@ TIMING = [
     (figure, reference)
     for figure, entries in REFERENCES.items()
     for reference in entries
-    if reference.get("timing") and applies(reference, "smoke")
+    if reference.get("timing") and not unjudged(reference, "smoke", "thorough")
 ]
 
 
@@ -172,13 +173,18 @@ def test_deterministic_checks_must_hold_on_every_replicate() -> None:
 
 
 def test_the_headline_counts_each_tier() -> None:
+    thorough = "judged at checks.tier thorough, which replicates its figure's runs (snakemake kungfu_fig9 ...)"
     checks = pd.DataFrame(
         {
-            "tier": ["deterministic"] * 3 + ["timing"] * 4,
-            "status": ["pass", "pass", "skipped", "pass", "inconclusive", "fail", "skipped"],
+            "tier": ["deterministic"] * 3 + ["timing"] * 5,
+            "status": ["pass", "pass", "skipped", "pass", "inconclusive", "fail", "skipped", "skipped"],
+            "reason": ["", "", "no CUDA", "", "n = 2", "", "paper-scale number", thorough],
         }
     )
-    assert headline(checks) == "2 deterministic checks pass; 1 timing claims pass, 1 inconclusive, 1 fail (2 skipped)"
+    assert headline(checks) == (
+        "2 deterministic checks pass; 1 timing claims pass, 1 inconclusive, 1 fail (3 skipped); "
+        "1 more timing claims at checks.tier thorough"
+    )
 
 
 def test_a_timing_reference_without_an_effect_is_refused(tmp_path: Path) -> None:
@@ -189,3 +195,28 @@ def test_a_timing_reference_without_an_effect_is_refused(tmp_path: Path) -> None
     path.write_text(json.dumps({"kungfu-fig8": [entry | {"compare": ">=", "against": 1}]}))
     with pytest.raises(ConfigError, match="effect"):
         load_references(path)
+
+
+def test_the_quick_tier_skips_thorough_claims_naming_the_command_and_replicates_only_the_rest() -> None:
+    figure, reference = next((f, r) for f, r in TIMING if f == "kungfu-fig8" and r["id"] == "noise-scale-cheap")
+    summary = with_rows(recorded_summary(figure), reference)
+    quick = check_figure(figure, summary, [reference], "smoke", tier="quick").iloc[0]
+    assert quick["status"] == "skipped"
+    assert quick["reason"].endswith("(snakemake kungfu_fig8 --config 'checks={tier: thorough}')")
+    assert check_figure(figure, summary, [reference], "smoke", tier="thorough").iloc[0]["status"] == "inconclusive"
+    replicated = timing_figures(REFERENCES, "smoke", tier="quick")
+    assert "kungfu-fig4" in replicated and "kungfu-fig8" not in replicated  # fig8's claims are all thorough
+    assert replicated < timing_figures(REFERENCES, "smoke", tier="thorough")
+
+
+def test_only_a_timing_claim_can_be_thorough(tmp_path: Path) -> None:
+    from ddlrepro.host.config import ConfigError
+
+    entry = {"id": "r", "claim": "c", "scale": "any", "measured": {"column": "x"}, "value": 1}
+    entry["tolerance"] = {"absolute": 0.1}
+    path = tmp_path / "references.yaml"
+    path.write_text(json.dumps({"kungfu-fig8": [entry | {"thorough": True}]}))
+    with pytest.raises(ConfigError, match="timing"):
+        load_references(path)
+    path.write_text(json.dumps({"kungfu-fig8": [entry | {"thorough": True, "timing": True}]}))
+    assert load_references(path)["kungfu-fig8"][0]["thorough"]

@@ -14,9 +14,10 @@ rule check_figure:
     params:
         scale=config["scale"],
         exclude=" ".join(CHECKS["exclude"]),
+        tier=CHECKS["tier"],
     shell:
         "python -m ddlrepro check {wildcards.figure} --summary {input.summary} --references {input.references}"
-        " --scale {params.scale} --out {output} --exclude {params.exclude} > {log} 2>&1"
+        " --scale {params.scale} --tier {params.tier} --out {output} --exclude {params.exclude} > {log} 2>&1"
 
 
 rule collect_checks:

@@ -494,7 +494,7 @@ def rederive_figure(
             bundled = figure_module(figure).with_inputs_in(section, inputs)
             write_simulated_table(figure, table, simulation_settings(figure, bundled), results, drawn)
         render_figure(figure, drawn, outputs, scale, references, results)
-        derived = check_figure(figure, pd.read_csv(summary), references, scale, settings["exclude"])
+        derived = check_figure(figure, pd.read_csv(summary), references, scale, settings["exclude"], settings["tier"])
         derived.to_csv(checks, sep="\t", index=False)
     except (KeyError, ValueError, TypeError, OSError) as error:
         return [f"{runs}: the figure cannot be re-derived from its runs ({type(error).__name__}: {error})"]

@@ -57,6 +57,7 @@ CONFIDENCE = 0.95  # each of a timing claim's bounds is one-sided at this level
 BOOTSTRAP_RESAMPLES = 9999
 BOOTSTRAP_SEED = 20231112  # fixed: the same replicates give the same bounds on every machine and every run
 MAX_SUGGESTED_REPLICATES = 50  # the schema's maximum of checks.replicates
+THOROUGH_ONLY = "judged at checks.tier thorough"  # the reason a claim marked `thorough` is skipped at quick
 
 
 class ReferenceError(UserError):
@@ -155,18 +156,28 @@ def selector_load(summary: pd.DataFrame, selector: dict[str, Any], name: str) ->
     return rows[list(own)].rename(columns=own) if set(own) <= set(rows.columns) else rows[HOST_LOAD_COLUMNS]
 
 
-def applies(reference: dict[str, Any], scale: str) -> bool:
-    """Whether a reference is judged at `scale` (a paper-scale number only at paper scale)."""
-    return reference["scale"] == "any" or scale == "paper"
+def unjudged(reference: dict[str, Any], scale: str, tier: str, figure: str = "") -> str:
+    """Why a reference is not judged at `scale` and `tier` ("" when it is): a paper-scale number only at paper
+    scale; a claim marked `thorough` only at checks.tier thorough, where its figure's points are replicated."""
+    if reference["scale"] == "paper" and scale != "paper":
+        return f"paper-scale number, this run is at {scale} scale"
+    if reference.get("thorough") and tier != "thorough":
+        command = f" ({thorough_command(figure)})" if figure else ""
+        return f"{THOROUGH_ONLY}, which replicates its figure's runs{command}"
+    return ""
 
 
-def timing_figures(references: dict[str, list[dict[str, Any]]], scale: str, exclude: Collection[str] = ()) -> set[str]:
-    """The figures with a timing claim judged at `scale`: their points run `checks.replicates` times."""
+def timing_figures(
+    references: dict[str, list[dict[str, Any]]], scale: str, exclude: Collection[str] = (), tier: str = "thorough"
+) -> set[str]:
+    """The figures with a timing claim judged at `scale` and `tier`: their points run `checks.replicates` times."""
     return {
         figure
         for figure, entries in references.items()
         for reference in entries
-        if reference.get("timing") and applies(reference, scale) and f"{figure}/{reference['id']}" not in exclude
+        if reference.get("timing")
+        and not unjudged(reference, scale, tier)
+        and f"{figure}/{reference['id']}" not in exclude
     }
 
 
@@ -178,9 +189,10 @@ def evaluate(
     excluded: bool = False,
     rerun: str = "",
     benchmark: bool = False,
+    tier: str = "thorough",
 ) -> dict[str, Any]:
     """One row of checks.tsv for one reference; `rerun`, the command that runs the figure's points again;
-    `benchmark`: a benchmark's target, over its one summary (judge_timing)."""
+    `benchmark`: a benchmark's target, over its one summary (judge_timing); `tier`: checks.tier."""
     name = f"{figure}/{reference['id']}" if figure else reference["id"]
     row = dict.fromkeys(COLUMNS[1:]) | {
         "check": reference["id"],
@@ -194,8 +206,8 @@ def evaluate(
     }
     if excluded:
         return row | {"reason": "excluded by the config (checks.exclude)"}
-    if not applies(reference, scale):
-        return row | {"reason": f"paper-scale number, this run is at {scale} scale"}
+    if reason := unjudged(reference, scale, tier, figure):
+        return row | {"reason": reason}
     replicates = by_replicate(summary)
     try:
         if reference.get("timing"):
@@ -392,8 +404,10 @@ def check_figure(
     references: list[dict[str, Any]],
     scale: str,
     exclude: Collection[str] = (),
+    tier: str = "thorough",
 ) -> pd.DataFrame:
-    """Every reference of `figure` evaluated; `exclude` holds '<figure>/<id>' names the config excludes."""
+    """Every reference of `figure` evaluated at checks.tier `tier`; `exclude` holds '<figure>/<id>' names the config
+    excludes."""
     unknown = sorted(
         name
         for name in exclude
@@ -405,7 +419,7 @@ def check_figure(
     rows = [
         {
             "figure": figure,
-            **evaluate(reference, summary, scale, figure, f"{figure}/{reference['id']}" in exclude, rerun),
+            **evaluate(reference, summary, scale, figure, f"{figure}/{reference['id']}" in exclude, rerun, tier=tier),
         }
         for reference in references
     ]
@@ -417,6 +431,11 @@ def rerun_command(figure: str) -> str:
     profile and config files the results were built with: the report's rerun command shows them)."""
     rule = figure.replace("-", "_")
     return f"snakemake {rule} --forcerun run_point --config 'checks={{{{replicates: {{replicates}}}}}}'"
+
+
+def thorough_command(figure: str) -> str:
+    """The command that judges `figure`'s thorough-tier claims: the replicates its runs lack, then the checks."""
+    return f"snakemake {figure.replace('-', '_')} --config 'checks={{tier: thorough}}'"
 
 
 def collect_checks(paths: list[Path]) -> pd.DataFrame:
@@ -439,5 +458,8 @@ def headline(checks: pd.DataFrame) -> str:
         for status in ("inconclusive", "fail", "disturbed")
         if status != "disturbed" or count("timing", status)
     )
-    skipped = int((checks["status"] == "skipped").sum())
-    return f"{deterministic}; {count('timing', 'pass')} timing claims pass, {timing} ({skipped} skipped)"
+    skipped = checks["status"] == "skipped"
+    thorough = int((skipped & checks["reason"].str.startswith(THOROUGH_ONLY)).sum())
+    more = f"; {thorough} more timing claims at checks.tier thorough" if thorough else ""
+    timing += f" ({int(skipped.sum())} skipped){more}"
+    return f"{deterministic}; {count('timing', 'pass')} timing claims pass, {timing}"

@@ -91,7 +91,7 @@ def cmd_check(args: argparse.Namespace) -> None:
     from ddlrepro.host.checks import check_figure, load_references
 
     references = load_references(Path(args.references)).get(args.figure, [])
-    checks = check_figure(args.figure, pd.read_csv(args.summary), references, args.scale, args.exclude)
+    checks = check_figure(args.figure, pd.read_csv(args.summary), references, args.scale, args.exclude, args.tier)
     checks.to_csv(args.out, sep="\t", index=False)
     print(f"{args.figure}: " + ", ".join(f"{n} {s}" for s, n in checks["status"].value_counts().items()))
 
@@ -265,6 +265,7 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--summary", required=True)
     check.add_argument("--references", required=True)
     check.add_argument("--scale", required=True)
+    check.add_argument("--tier", choices=["quick", "thorough"], default="thorough", help="checks.tier")
     check.add_argument("--out", required=True, help="TSV of the figure's checks")
     check.add_argument("--exclude", nargs="*", default=[], help="'<figure>/<id>' references not evaluated (config)")
     check.set_defaults(handler=cmd_check)
