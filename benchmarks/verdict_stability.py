@@ -42,6 +42,14 @@ def read_checks() -> pd.DataFrame:
     return pd.read_csv(CHECKS, sep="\t", dtype=str, keep_default_na=False)
 
 
+def second_runs() -> pd.DataFrame:
+    """One row per run of every figure's runs table (the forced rerun's): its speed index and drift."""
+    tables = sorted((REPO / "results" / "tables").glob("*.csv"))
+    runs = [pd.read_csv(path) for path in tables if not path.name.endswith((".summary.csv", ".simulated.csv"))]
+    runs = [table.drop_duplicates("point_id") for table in runs if "speed_drift" in table]
+    return pd.concat(runs, ignore_index=True)
+
+
 def side_by_side(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
     """One row per check: both runs' tier, status, value and interval, and whether the verdict changed."""
     both = first[KEY + SHOWN].merge(second[KEY + SHOWN], on=KEY, suffixes=("_first", "_second"), validate="1:1")
@@ -72,6 +80,20 @@ def main() -> None:
         record.add("inconclusive-share", "judged checks inconclusive (second run)", share, "share", load)
         headlines = {"first": headline(first), "second": headline(second)}
         record.add("forced-rerun", "every run forced again, wall time", wall_s, "s", load, **headlines)
+        runs = second_runs()
+        drift = runs["speed_drift"].abs()
+        largest = {"largest": float(drift.max()), "runs": int(drift.notna().sum())}
+        record.add(
+            "speed-drift",
+            "runs' machine-speed move, median |after/before - 1|",
+            drift.median(),
+            "share",
+            load,
+            **largest,
+        )
+        record.add(
+            "machine-speed", "machine-speed index, median of the runs", runs["machine_speed"].median(), "M it/s", load
+        )
     for line in names:
         print(f"  changed: {line}")
 

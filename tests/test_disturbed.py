@@ -17,8 +17,9 @@ from conftest import REPO, tiny_point
 
 from ddlrepro.host.checks import check_figure, checks_settings, load_references
 from ddlrepro.host.config import load_config
+from ddlrepro.host.cpuquota import CpuQuotas
 from ddlrepro.host.figures import figure_module
-from ddlrepro.host.tables import host_load_columns, tidy_table
+from ddlrepro.host.tables import DEFAULT_MAX_SPEED_DRIFT, host_load_columns, tidy_table
 from ddlrepro.points import Point
 
 HOG_LIMIT_S = 120
@@ -93,6 +94,9 @@ def quiet_checks(folder: Path) -> tuple[dict, object]:
     interval, so inconclusive with n = 1), and `disturbed` exactly when above it (whatever else runs on this machine
     meanwhile)."""
     records, checks = dlaas_checks(folder)
+    assert all(
+        record["host_load"]["speed_before"] > 0 < record["host_load"]["speed_after"] for record in records.values()
+    )
     loaded = any(host_load_columns(record, MAX_FOREIGN_SHARE)["disturbed"] for record in records.values())
     statuses, loads = set(checks.loc[TIMED_CHECKS, "status"]), [r["host_load"] for r in records.values()]
     if loaded:
@@ -141,7 +145,7 @@ def test_runs_whose_own_cpu_cannot_be_counted_say_so(tmp_path: Path) -> None:
     pods = configured_launcher({"launcher": {"name": "kubernetes", "kubernetes": {"image": "ddlrepro:cpu"}}})
     source, counter = pods.own_cpu_counter(pods.render(point, tmp_path))
     assert counter is None and "pods" in source
-    assert measured_host_load(None, source) == {"own_cpu": source, "foreign_share": None, "steal_share": None}
+    assert measured_host_load(None, source, []) == {"own_cpu": source, "foreign_share": None, "steal_share": None}
 
 
 def test_slurm_runs_in_apptainer_still_count_the_job_cgroup(tmp_path: Path) -> None:
@@ -150,3 +154,36 @@ def test_slurm_runs_in_apptainer_still_count_the_job_cgroup(tmp_path: Path) -> N
     slurm = configured_launcher({"launcher": {"name": "slurm", "slurm": {"container": "/images/ddlrepro-cpu.sif"}}})
     source, _ = slurm.own_cpu_counter(slurm.render(tiny_point(), tmp_path))
     assert "Slurm job" in source  # outside an allocation: "unknown: ... no Slurm job cgroup"
+
+
+def test_a_run_whose_machine_speed_moved_is_disturbed_whatever_its_foreign_load() -> None:
+    quiet = {"foreign_share": 0.01, "steal_share": 0.0, "speed_before": 50.0}
+    steady = host_load_columns({"host_load": quiet | {"speed_after": 48.0}}, MAX_FOREIGN_SHARE)
+    assert not steady["disturbed"] and steady["machine_speed"] == 49.0 and steady["speed_drift"] == pytest.approx(-0.04)
+    for after in (40.0, 60.0):  # slower or faster by 20 %: the run's timing is not the machine's steady speed
+        assert host_load_columns({"host_load": quiet | {"speed_after": after}}, MAX_FOREIGN_SHARE)["disturbed"]
+    unknown = host_load_columns({"host_load": {"foreign_share": 0.01, "steal_share": 0.0}}, MAX_FOREIGN_SHARE)
+    assert not unknown["disturbed"] and unknown["speed_drift"] != unknown["speed_drift"]  # NaN: not measured
+
+
+def test_the_machine_speed_index_sees_a_slower_machine() -> None:
+    """A host that gives a process less CPU than it appears to (emulated: a cgroup quota of 0.3 of a core, as a busy
+    neighbour VM without steal accounting would) reads slower by far more than the drift threshold, while the
+    index read twice on the same machine stays within it."""
+    assert abs(index_in_process(None) / index_in_process(None) - 1) < DEFAULT_MAX_SPEED_DRIFT
+    with CpuQuotas(f"speed-{os.getpid()}", {0: 0.3}) as quotas:
+        if not quotas.applied:
+            pytest.skip(f"cannot create cgroups here: {quotas.status}")
+        slowed = index_in_process(quotas)
+    assert slowed < index_in_process(None) * (1 - DEFAULT_MAX_SPEED_DRIFT)
+
+
+def index_in_process(quotas: CpuQuotas | None) -> float:
+    """machine_speed() in a fresh process (in rank 0's group of `quotas`, if given): 3 rounds of ~60 ms each."""
+    script = "import sys\nfrom ddlrepro.host.hostload import machine_speed\nsys.stdin.readline()\n"
+    script += "print(machine_speed(iterations=1_000_000))"
+    process = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if quotas:
+        quotas.join(0, process.pid)
+    out, _ = process.communicate("go\n", timeout=60)
+    return float(out)

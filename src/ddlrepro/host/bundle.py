@@ -484,7 +484,7 @@ def rederive_figure(
         # A simulated figure on given profiles (profiles_dir) has no runs: its table is empty.
         run_dirs = unpack_runs(members, runs, folder / "runs", required=not (simulated and section["profiles_dir"]))
         table, png, summary, checks = (folder / f"{figure}{end}" for end in (".csv", ".png", ".summary.csv", ".tsv"))
-        tidy_table(run_dirs, settings["max_foreign_share"]).to_csv(table, index=False)
+        tidy_table(run_dirs, settings["max_foreign_share"], settings["max_speed_drift"]).to_csv(table, index=False)
         outputs = (png, folder / f"{figure}.pdf", summary)
         results = [run / "result.json" for run in run_dirs]
         drawn = table

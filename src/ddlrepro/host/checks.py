@@ -145,7 +145,8 @@ def host_load(summary: pd.DataFrame, reference: dict[str, Any], name: str) -> tu
     rows = pd.concat([selector_load(summary, selector, name) for selector in selectors(reference)])
     disturbed = as_flags(rows["disturbed"]).any()
     foreign, steal = rows["foreign_share"].max(), rows["steal_share"].max()
-    return bool(disturbed), f"foreign CPU load up to {foreign:.2f} and steal {steal:.2f} of the host while measuring"
+    load = f"foreign CPU load up to {foreign:.2f} and steal {steal:.2f} of the host while measuring"
+    return bool(disturbed), f"{load}, or the machine's speed moved during a run (its speed_drift in the runs table)"
 
 
 def selector_load(summary: pd.DataFrame, selector: dict[str, Any], name: str) -> pd.DataFrame:

@@ -62,7 +62,7 @@ def cmd_build_image(args: argparse.Namespace) -> None:
 def cmd_tabulate(args: argparse.Namespace) -> None:
     from ddlrepro.host.tables import tidy_table
 
-    table = tidy_table([Path(path).parent for path in args.results], args.max_foreign_share)
+    table = tidy_table([Path(path).parent for path in args.results], args.max_foreign_share, args.max_speed_drift)
     table.to_csv(args.out, index=False)
     print(f"{args.out}: {len(table)} rows from {len(args.results)} runs")
 
@@ -234,6 +234,12 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=schema_default("checks", "max_foreign_share"),
         help="a run is disturbed above this foreign + steal CPU share",
+    )
+    tabulate.add_argument(
+        "--max-speed-drift",
+        type=float,
+        default=schema_default("checks", "max_speed_drift"),
+        help="a run is disturbed when the machine's speed moved by more than this share while it ran",
     )
     tabulate.set_defaults(handler=cmd_tabulate)
 

@@ -19,7 +19,7 @@ import pandas as pd
 from ddlrepro.host import plotting
 from ddlrepro.host.bundle import read_bundle
 from ddlrepro.host.errors import UserError
-from ddlrepro.host.tables import HOST_LOAD_COLUMNS, RECORD_COLUMNS, read_table
+from ddlrepro.host.tables import HOST_LOAD_COLUMNS, RECORD_COLUMNS, SPEED_COLUMNS, read_table
 
 RESOURCE_METRICS = {"cpu_percent": ("CPU % per worker", 1.0), "rss_bytes": ("memory (RSS) per worker, GiB", 2.0**30)}
 
@@ -46,7 +46,7 @@ ENVIRONMENT_COLUMNS = {
     "threads_per_worker",
     "backend",
 }
-NOT_SETTINGS = {*RECORD_COLUMNS, *HOST_LOAD_COLUMNS, "point_id", "status", "reason", "backend_used"}
+NOT_SETTINGS = {*RECORD_COLUMNS, *HOST_LOAD_COLUMNS, *SPEED_COLUMNS, "point_id", "status", "reason", "backend_used"}
 
 
 def labelled(table: pd.DataFrame, name: str) -> pd.DataFrame:

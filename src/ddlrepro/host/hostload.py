@@ -9,6 +9,7 @@ over the measured wall time, so 0.5 on a 2-core host means one core's worth of f
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -92,6 +93,24 @@ class HostLoad:
             "foreign_share": self.foreign_share,
             "steal_share": self.steal_share,
         }
+
+
+CALIBRATION_ITERATIONS = 100_000  # about 10 ms of one core here: cheap enough to run before and after every run
+CALIBRATION_ROUNDS = 3
+
+
+def machine_speed(rounds: int = CALIBRATION_ROUNDS, iterations: int = CALIBRATION_ITERATIONS) -> float:
+    """The machine-speed index: million iterations per second of a fixed single-threaded integer loop, the best of
+    `rounds` (the least interrupted). Taken before and after a run, it shows the host's speed moving while the run
+    measured, which CPU-time accounting cannot see (a busy neighbour VM without steal, a clock change)."""
+    fastest = math.inf
+    for _ in range(rounds):
+        started = time.perf_counter()
+        total = 0
+        for value in range(iterations):
+            total += value * value % 7
+        fastest = min(fastest, time.perf_counter() - started)
+    return iterations / fastest / 1e6
 
 
 class ForeignLoadMeter:

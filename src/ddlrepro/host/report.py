@@ -22,6 +22,7 @@ from ddlrepro.host.tables import as_flags
 CHECK_COLUMNS = ["check", "tier", "status", "measured", "low", "high", "n", "reference", "unit", "reason", "claim"]
 INTERVAL_SVG = (120, 14)  # width and height of a timing check's drawing: its interval against the band it must clear
 SIGNIFICANT_DIGITS = 4  # what the report shows; the CSV and TSV files keep full precision
+EMPTY = pd.Series(dtype=float)  # a column a table made before it existed lacks
 DECIMAL = re.compile(r"\d+\.\d+(?:[eE][-+]?\d+)?")
 
 
@@ -29,6 +30,7 @@ def figure_entry(figure: str, results: Path, checks: pd.DataFrame, caption: Path
     """One figure's section, with the text of its caption file (the workflow's `<figure>.rst`) when it has one."""
     summary = pd.read_csv(results / "tables" / f"{figure}.summary.csv")
     own_checks = checks[checks["figure"] == figure]
+    runs = figure_runs(figure, results)
     return {
         "id": figure,
         "title": figure_module(figure).TITLE,
@@ -39,7 +41,30 @@ def figure_entry(figure: str, results: Path, checks: pd.DataFrame, caption: Path
             row | {"drawing": interval_drawing(own_checks.loc[index])}
             for index, row in readable_checks(own_checks[CHECK_COLUMNS]).to_dict("index").items()
         ],
-        "runs": pd.read_csv(results / "tables" / f"{figure}.csv", usecols=["point_id"])["point_id"].nunique(),
+        "runs": len(runs),
+        "speed": significant(runs["machine_speed"].median()) if runs.get("machine_speed", EMPTY).notna().any() else "",
+    }
+
+
+def figure_runs(figure: str, results: Path) -> pd.DataFrame:
+    """One row per run of the figure's runs table: its point, load and speed columns."""
+    return pd.read_csv(results / "tables" / f"{figure}.csv").drop_duplicates("point_id")
+
+
+def machine_speed_index(figures: list[str], results: Path) -> dict[str, Any]:
+    """The machine-speed index over every run that measured it (hostload.machine_speed): median, range, how many
+    runs, and how many moved by more than the threshold while they ran (those are disturbed)."""
+    runs = pd.concat([figure_runs(figure, results) for figure in figures], ignore_index=True)
+    speeds = runs.get("machine_speed", EMPTY).dropna()
+    if speeds.empty:
+        return {}
+    drift = runs["speed_drift"].abs().dropna()
+    return {
+        "median": significant(speeds.median()),
+        "low": significant(speeds.min()),
+        "high": significant(speeds.max()),
+        "runs": len(speeds),
+        "largest_drift": f"{drift.max():.1%}",
     }
 
 
@@ -101,16 +126,13 @@ def caption_html(path: Path) -> str:
 
 
 def disturbed_runs(figures: list[str], results: Path, checks: pd.DataFrame) -> pd.DataFrame:
-    """The runs, of figures with a disturbed check, that saw more foreign load than the threshold."""
+    """The runs, of figures with a disturbed check, that saw more foreign load than the threshold or whose machine
+    speed moved (speed_drift NaN where the run predates the measurement)."""
     flagged = set(checks.loc[checks["status"] == "disturbed", "figure"])
-    columns = ["figure", "point_id", "foreign_share", "steal_share"]
-    runs = [
-        pd.read_csv(results / "tables" / f"{figure}.csv").drop_duplicates("point_id")
-        for figure in figures
-        if figure in flagged
-    ]
+    columns = ["figure", "point_id", "foreign_share", "steal_share", "speed_drift"]
+    runs = [figure_runs(figure, results) for figure in figures if figure in flagged]
     runs = [table[as_flags(table["disturbed"])] for table in runs if "disturbed" in table]
-    return pd.concat(runs, ignore_index=True)[columns] if runs else pd.DataFrame(columns=columns)
+    return pd.concat(runs, ignore_index=True).reindex(columns=columns) if runs else pd.DataFrame(columns=columns)
 
 
 def rerun_advice(runs: pd.DataFrame, results: Path, options: str = "") -> dict[str, Any]:
@@ -144,6 +166,7 @@ def write_report(
         "git": git_state(repository),
         "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "host": host_inventory(),
+        "speed": machine_speed_index(figures, results),
     }
     caption_files = {path.stem: path for path in captions}
     checks = pd.read_csv(results / "checks.tsv", sep="\t", dtype=str, keep_default_na=False)

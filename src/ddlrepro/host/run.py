@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlrepro.host import environments
-from ddlrepro.host.hostload import ForeignLoadMeter
+from ddlrepro.host.hostload import ForeignLoadMeter, machine_speed
 from ddlrepro.host.launchers import configured_launcher
 from ddlrepro.host.launchers.base import Launcher, RunFailed
 from ddlrepro.host.objectstore import data_inputs, s3fs_unavailable_reason
@@ -86,12 +86,13 @@ def data_source_unavailable_reason(point: Point, launcher: str) -> str | None:
     return s3fs_unavailable_reason() if source == "s3fs" else None
 
 
-def measured_host_load(meter: ForeignLoadMeter | None, source: str) -> dict[str, Any]:
-    """The `host_load` entry of result.json: foreign and steal CPU shares while the run measured."""
+def measured_host_load(meter: ForeignLoadMeter | None, source: str, speeds: list[float]) -> dict[str, Any]:
+    """The `host_load` entry of result.json: foreign and steal CPU shares while the run measured, and the
+    machine-speed index just before and just after it (hostload.machine_speed)."""
     if meter is None or meter.load is None:
         return {"own_cpu": source, "foreign_share": None, "steal_share": None}
-    load = meter.load.to_dict()
-    return load | {"own_cpu": source}
+    speed_before, speed_after = speeds
+    return meter.load.to_dict() | {"own_cpu": source, "speed_before": speed_before, "speed_after": speed_after}
 
 
 def skip_point(point: Point, run_dir: Path, reason: str) -> dict:
@@ -146,11 +147,13 @@ def run_attempt(
         write_json_atomic(run_dir / "jobspec.json", spec.to_dict())
         source, own_cpu = launcher.own_cpu_counter(spec)
         meter = ForeignLoadMeter(own_cpu) if own_cpu else None
+        speeds = [machine_speed()] if meter else []  # the ranks run on this host: its speed before and after
         started = time.time()
         with OutputCollector(run_dir) as output:
             try:
                 with meter or contextlib.nullcontext():
                     launcher.execute(spec, output)
+                speeds += [machine_speed()] if meter else []
             finally:
                 provenance = run_provenance(asdict(run), spec.to_dict(), output.workers, image)
                 provenance["node"] = environments.node_sharing(run, meter.load if meter else None)
@@ -158,7 +161,7 @@ def run_attempt(
                 write_json_atomic(run_dir / "provenance.json", provenance | data_provenance)
     if output.result is None:
         raise RunFailed(0, "finished without reporting a result", output.stderr_tail(0))
-    return result_record(point, output.result, started, time.time(), measured_host_load(meter, source))
+    return result_record(point, output.result, started, time.time(), measured_host_load(meter, source, speeds))
 
 
 def earlier_attempts(run_dir: Path, code: dict[str, Any], attempt: int) -> list[dict[str, Any]]:

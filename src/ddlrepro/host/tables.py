@@ -35,7 +35,11 @@ RECORD_COLUMNS = [
 INTEGER_COLUMNS = ["iteration", "step", "est", "size_bytes"]
 SKIPPED_METRIC = "skipped"
 DEFAULT_MAX_FOREIGN_SHARE = schema_default("checks", "max_foreign_share")
+DEFAULT_MAX_SPEED_DRIFT = schema_default("checks", "max_speed_drift")
 HOST_LOAD_COLUMNS = ["foreign_share", "steal_share", "disturbed"]  # the run's load, as host_load_columns gives it
+# The run's machine-speed index (hostload.machine_speed, the mean of before and after) and how far it moved
+# (after ÷ before − 1); NaN where the ranks ran on other hosts or the run predates them. Per run, not summarised.
+SPEED_COLUMNS = ["machine_speed", "speed_drift"]
 
 
 def as_flags(column: pd.Series) -> pd.Series:
@@ -44,17 +48,34 @@ def as_flags(column: pd.Series) -> pd.Series:
     return column.astype(str).str.lower().isin(["true", "1"])
 
 
-def host_load_columns(result: dict, max_foreign_share: float) -> dict[str, object]:
-    """A run's foreign and steal CPU shares (NaN when unknown) and whether together they exceed the threshold."""
+def host_load_columns(
+    result: dict, max_foreign_share: float, max_speed_drift: float = DEFAULT_MAX_SPEED_DRIFT
+) -> dict[str, object]:
+    """A run's foreign and steal CPU shares (NaN when unknown), its machine-speed index and drift (SPEED_COLUMNS),
+    and whether it was disturbed: foreign + steal above `max_foreign_share`, or the speed moved by more than
+    `max_speed_drift` (either way) between just before and just after the run."""
     load = result.get("host_load") or {}
-    foreign = load.get("foreign_share")
-    steal = load.get("steal_share")
-    foreign, steal = (float("nan") if share is None else float(share) for share in (foreign, steal))
+    foreign, steal, before, after = (
+        float("nan") if load.get(key) is None else float(load[key])
+        for key in ("foreign_share", "steal_share", "speed_before", "speed_after")
+    )
     known_load = sum(share for share in (foreign, steal) if share == share)  # NaN (unknown) counts as none
-    return {"foreign_share": foreign, "steal_share": steal, "disturbed": known_load > max_foreign_share}
+    drift = after / before - 1
+    moved = abs(drift) > max_speed_drift  # False for NaN: unknown counts as steady
+    return {
+        "foreign_share": foreign,
+        "steal_share": steal,
+        "disturbed": known_load > max_foreign_share or moved,
+        "machine_speed": (before + after) / 2,
+        "speed_drift": drift,
+    }
 
 
-def run_rows(run_dir: Path, max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE) -> pd.DataFrame:
+def run_rows(
+    run_dir: Path,
+    max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE,
+    max_speed_drift: float = DEFAULT_MAX_SPEED_DRIFT,
+) -> pd.DataFrame:
     """The tidy rows of one completed run (its `result.json` must exist); a skipped run gives one row, metric
     `skipped`, with the reason in the `reason` column."""
     result = json.loads((run_dir / RESULT).read_text())
@@ -78,7 +99,7 @@ def run_rows(run_dir: Path, max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE
         "backend_used": provenance["torch"]["backend"],
         "status": status,
         "reason": result.get("reason", ""),
-        **host_load_columns(result, max_foreign_share),
+        **host_load_columns(result, max_foreign_share, max_speed_drift),
     }
     return rows.assign(**constants)[[*constants, *RECORD_COLUMNS]]
 
@@ -101,14 +122,19 @@ def scalar(value: object) -> object:
     return json.dumps(value, separators=(",", ":")) if isinstance(value, list | dict) else value
 
 
-def tidy_table(run_dirs: list[Path], max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE) -> pd.DataFrame:
-    """Every run's rows; a figure without runs (e.g. simulated from given profiles) gets an empty table."""
+def tidy_table(
+    run_dirs: list[Path],
+    max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE,
+    max_speed_drift: float = DEFAULT_MAX_SPEED_DRIFT,
+) -> pd.DataFrame:
+    """Every run's rows (a run's disturbance judged by the two thresholds, host_load_columns); a figure without runs
+    (e.g. simulated from given profiles) gets an empty table."""
     if not run_dirs:
         return pd.DataFrame(columns=[*POINT_COLUMNS, *RECORD_COLUMNS])
     # In point-id order: a param only some runs have (device_types) then sits in the same column wherever the
     # runs are listed from (the workflow's input order, a bundle's folders).
     ordered = sorted(run_dirs, key=lambda run_dir: run_dir.name)
-    table = pd.concat([run_rows(run_dir, max_foreign_share) for run_dir in ordered], ignore_index=True)
+    table = pd.concat([run_rows(run_dir, max_foreign_share, max_speed_drift) for run_dir in ordered], ignore_index=True)
     table[INTEGER_COLUMNS] = table[INTEGER_COLUMNS].astype("Int64")
     return table.sort_values(["point_id", "metric", "rank", "time"], kind="stable", ignore_index=True)
 
