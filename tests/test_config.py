@@ -111,7 +111,8 @@ def test_validation_fills_in_every_default_of_the_schema() -> None:
     assert config["scale"] == "smoke" and config["references"] == "config/references.yaml"
     assert config["launcher"]["name"] == "auto" and config["launcher"]["slurm"]["mpi"] == "pmix"
     assert config["launcher"]["kubernetes"]["port"] == 29500 and config["images"]["build"] is None
-    assert config["checks"] == {"max_foreign_share": 0.1, "exclude": [], "replicates": 3, "tier": "quick"}
+    checks = {"max_foreign_share": 0.1, "max_speed_drift": None, "exclude": [], "replicates": 3, "tier": "quick"}
+    assert config["checks"] == checks
     again = validate_config({"figures": load_config(SMOKE)["figures"]})
     again["launcher"]["kubernetes"]["image_pull_secrets"].append("mine")
     assert validate_config({}, partial=True)["launcher"]["kubernetes"]["image_pull_secrets"] == []

@@ -280,3 +280,10 @@ def print_headline(checks):
         print(
             f"ddlrepro: {headline(collect_checks([checks]))} ({checks}, results/report.html)"
         )
+
+
+def speed_guard_option(max_speed_drift):
+    """tabulate's machine-speed guard: its threshold where checks.max_speed_drift sets one (null: recorded only)."""
+    if max_speed_drift is None:
+        return ""
+    return f"--max-speed-drift {max_speed_drift}"

@@ -12,7 +12,7 @@ rule tabulate:
         SOFTWARE
     params:
         max_foreign_share=CHECKS["max_foreign_share"],
-        max_speed_drift=CHECKS["max_speed_drift"],
+        speed_guard=speed_guard_option(CHECKS["max_speed_drift"]),
     shell:
         "python -m ddlrepro tabulate {input} --out {output} --max-foreign-share {params.max_foreign_share}"
-        " --max-speed-drift {params.max_speed_drift} > {log} 2>&1"
+        " {params.speed_guard} > {log} 2>&1"

@@ -239,7 +239,7 @@ def parser() -> argparse.ArgumentParser:
         "--max-speed-drift",
         type=float,
         default=schema_default("checks", "max_speed_drift"),
-        help="a run is disturbed when the machine's speed moved by more than this share while it ran",
+        help="a run is disturbed when the machine's speed moved by more than this share while it ran (default: not)",
     )
     tabulate.set_defaults(handler=cmd_tabulate)
 

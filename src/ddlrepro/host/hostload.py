@@ -9,8 +9,9 @@ over the measured wall time, so 0.5 on a 2-core host means one core's worth of f
 
 from __future__ import annotations
 
-import math
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -97,20 +98,30 @@ class HostLoad:
 
 CALIBRATION_ITERATIONS = 100_000  # about 10 ms of one core here: cheap enough to run before and after every run
 CALIBRATION_ROUNDS = 3
+# The loop runs in a process of its own (python -S: no site, ~20 ms to start): in the measuring process it would
+# share the GIL with that process's threads (a run's output readers, servers) and read their activity as speed.
+CALIBRATION_SCRIPT = """
+import sys, time
+def fastest(rounds, iterations):
+    best = float("inf")
+    for _ in range(rounds):
+        started, total = time.perf_counter(), 0
+        for value in range(iterations):
+            total += value * value % 7
+        best = min(best, time.perf_counter() - started)
+    return best
+rounds, iterations = int(sys.argv[1]), int(sys.argv[2])
+print(iterations / fastest(rounds, iterations) / 1e6)
+"""
 
 
 def machine_speed(rounds: int = CALIBRATION_ROUNDS, iterations: int = CALIBRATION_ITERATIONS) -> float:
-    """The machine-speed index: million iterations per second of a fixed single-threaded integer loop, the best of
-    `rounds` (the least interrupted). Taken before and after a run, it shows the host's speed moving while the run
-    measured, which CPU-time accounting cannot see (a busy neighbour VM without steal, a clock change)."""
-    fastest = math.inf
-    for _ in range(rounds):
-        started = time.perf_counter()
-        total = 0
-        for value in range(iterations):
-            total += value * value % 7
-        fastest = min(fastest, time.perf_counter() - started)
-    return iterations / fastest / 1e6
+    """The machine-speed index: million iterations per second of a fixed single-threaded integer loop in a fresh
+    process, the best of `rounds` (the least interrupted). Taken before and after a run, it shows the host's speed
+    moving while the run measured, which CPU-time accounting cannot see (a busy neighbour VM without steal, a
+    clock change)."""
+    command = [sys.executable, "-S", "-c", CALIBRATION_SCRIPT, str(rounds), str(iterations)]
+    return float(subprocess.run(command, capture_output=True, text=True, check=True, timeout=60).stdout)
 
 
 class ForeignLoadMeter:

@@ -49,11 +49,11 @@ def as_flags(column: pd.Series) -> pd.Series:
 
 
 def host_load_columns(
-    result: dict, max_foreign_share: float, max_speed_drift: float = DEFAULT_MAX_SPEED_DRIFT
+    result: dict, max_foreign_share: float, max_speed_drift: float | None = DEFAULT_MAX_SPEED_DRIFT
 ) -> dict[str, object]:
     """A run's foreign and steal CPU shares (NaN when unknown), its machine-speed index and drift (SPEED_COLUMNS),
-    and whether it was disturbed: foreign + steal above `max_foreign_share`, or the speed moved by more than
-    `max_speed_drift` (either way) between just before and just after the run."""
+    and whether it was disturbed: foreign + steal above `max_foreign_share`, or (where `max_speed_drift` is set)
+    the speed moved by more than it (either way) between just before and just after the run."""
     load = result.get("host_load") or {}
     foreign, steal, before, after = (
         float("nan") if load.get(key) is None else float(load[key])
@@ -61,7 +61,7 @@ def host_load_columns(
     )
     known_load = sum(share for share in (foreign, steal) if share == share)  # NaN (unknown) counts as none
     drift = after / before - 1
-    moved = abs(drift) > max_speed_drift  # False for NaN: unknown counts as steady
+    moved = max_speed_drift is not None and abs(drift) > max_speed_drift  # False for NaN: unknown counts as steady
     return {
         "foreign_share": foreign,
         "steal_share": steal,
@@ -74,7 +74,7 @@ def host_load_columns(
 def run_rows(
     run_dir: Path,
     max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE,
-    max_speed_drift: float = DEFAULT_MAX_SPEED_DRIFT,
+    max_speed_drift: float | None = DEFAULT_MAX_SPEED_DRIFT,
 ) -> pd.DataFrame:
     """The tidy rows of one completed run (its `result.json` must exist); a skipped run gives one row, metric
     `skipped`, with the reason in the `reason` column."""
@@ -125,7 +125,7 @@ def scalar(value: object) -> object:
 def tidy_table(
     run_dirs: list[Path],
     max_foreign_share: float = DEFAULT_MAX_FOREIGN_SHARE,
-    max_speed_drift: float = DEFAULT_MAX_SPEED_DRIFT,
+    max_speed_drift: float | None = DEFAULT_MAX_SPEED_DRIFT,
 ) -> pd.DataFrame:
     """Every run's rows (a run's disturbance judged by the two thresholds, host_load_columns); a figure without runs
     (e.g. simulated from given profiles) gets an empty table."""
