@@ -23,7 +23,14 @@ from ddlrepro.host.checks import (
 )
 from ddlrepro.host.cli import main
 from ddlrepro.host.config import ConfigError, load_config
-from ddlrepro.host.figures import FIGURES, draw_figure, figure_module, is_simulated, replicate_summaries
+from ddlrepro.host.figures import (
+    FIGURES,
+    draw_figure,
+    figure_module,
+    is_simulated,
+    replicate_summaries,
+    simulate_replicates,
+)
 from ddlrepro.rank.workloads.throughput import setting_label
 
 SUMMARY = pd.DataFrame(
@@ -460,7 +467,7 @@ def test_every_scale_any_check_of_every_smoke_figure_is_evaluated(figure: str) -
     copies = 3 if figure in timing_figures(references, "smoke") else 1  # as the workflow replicates them
     table = synthetic_tidy_table(figure, [replace(point, replicate=r) for r in range(copies) for point in points])
     if is_simulated(figure):  # it plots the simulation of its runs' table
-        table = figure_module(figure).simulate_table(table, config["figures"][figure], "synthetic runs")
+        table = simulate_replicates(figure, table, config["figures"][figure], "synthetic runs")
     drawing, pooled = draw_figure(figure, table, "smoke", [], "synthetic runs")
     plt.close(drawing)
     summary = replicate_summaries(figure, table, "smoke", [], pooled)

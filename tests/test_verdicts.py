@@ -172,6 +172,19 @@ def test_deterministic_checks_must_hold_on_every_replicate() -> None:
     assert evaluate(reference, summary.assign(x=1), "smoke")["status"] == "pass"
 
 
+def test_a_replicate_without_the_value_is_left_out_and_says_why() -> None:
+    reference = {"id": "r", "claim": "c", "scale": "any", "timing": True, "measured": {"column": "x"}}
+    reference |= {"compare": "<=", "against": 1, "effect": {"absolute": 0.25}}
+    why = "settled at its largest size: no next worker to weigh"
+    quiet = {"foreign_share": 0.0, "steal_share": 0.0, "disturbed": False}
+    summary = pd.DataFrame({"x": [0.5, None, 0.6, 0.55], "x_skipped": ["", why, "", ""], "replicate": range(4)})
+    row = evaluate(reference, summary.assign(**quiet), "smoke")
+    assert (row["status"], row["n"]) == ("pass", 3) and f"replicate(s) [1] left out: {why}" in row["reason"]
+    none = summary.assign(x=float("nan"), x_skipped=why, **quiet)
+    skipped = evaluate(reference, none, "smoke")
+    assert (skipped["status"], skipped["reason"]) == ("skipped", why)
+
+
 def test_the_headline_counts_each_tier() -> None:
     thorough = "judged at checks.tier thorough, which replicates its figure's runs (snakemake kungfu_fig9 ...)"
     checks = pd.DataFrame(

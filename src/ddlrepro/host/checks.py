@@ -238,10 +238,16 @@ def judge_timing(
     """A timing claim judged over its undisturbed replicates: pass or fail only when a one-sided 95 % bound of the
     replicates' mean clears the band the claim's line and effect (or tolerance) make, else inconclusive. A
     benchmark's target is judged on its one value, as the benchmark measured it (a ratio of paired rounds in one
-    run), with its own 95 % interval where it declares a `noise`."""
-    values, disturbed, loads = [], {}, []
+    run), with its own 95 % interval where it declares a `noise`. A replicate whose value the figure declares
+    missing (e.g. fig6's run that settled at its largest size: no next worker to weigh) is left out, saying why;
+    with none left the claim is skipped for that reason."""
+    values, disturbed, loads, missing = [], {}, [], {}
     for replicate, summary in replicates.items():
-        statistic = replicate_statistic(reference, summary, name)
+        try:
+            statistic = replicate_statistic(reference, summary, name)
+        except DeclaredSkip as skip:
+            missing[replicate] = str(skip)
+            continue
         is_disturbed, load = host_load(summary, reference, name)
         if is_disturbed:
             disturbed[replicate] = statistic
@@ -249,6 +255,8 @@ def judge_timing(
         else:
             values.append(statistic)
     band = claim_band(reference)
+    if not values and not disturbed:
+        raise DeclaredSkip(next(iter(missing.values())))
     if not values:
         unjudged = float(np.mean(list(disturbed.values())))  # shown, not judged
         reason = f"{loads[0]}: rerun on a quiet machine"
@@ -264,6 +272,7 @@ def judge_timing(
     judged |= {"n": interval.n, "band_lower": band.lower, "band_upper": band.upper, "reference": band.text}
     reasons = [band.undecided(interval, rerun)] if status == "inconclusive" else []
     reasons += [f"replicate(s) {list(disturbed)} left out, disturbed ({loads[0]})"] if disturbed else []
+    reasons += [f"replicate(s) {list(missing)} left out: {next(iter(missing.values()))}"] if missing else []
     return judged | {"reason": "; ".join(reasons)}
 
 

@@ -95,8 +95,25 @@ def write_simulated_table(figure: str, table: Path, settings: dict[str, Any], ru
     """A simulated figure's simulation table, from its runs' tidy table and its simulation settings."""
     from ddlrepro.host.tables import read_table
 
-    simulated = figure_module(figure).simulate_table(read_table(table), settings, runs_machine(runs))
-    simulated.to_csv(out, index=False)
+    simulate_replicates(figure, read_table(table), settings, runs_machine(runs)).to_csv(out, index=False)
+
+
+def simulate_replicates(figure: str, table: pd.DataFrame, settings: dict[str, Any], machine: str) -> pd.DataFrame:
+    """A simulated figure's simulation of its runs' table; with replicates, one simulation per replicate's runs
+    (column `replicate`): a claim on a simulation of measured profiles is a timing claim, judged over simulations
+    of fresh profile runs."""
+    import pandas as pd
+
+    from ddlrepro.host.tables import by_replicate
+
+    module, replicates = figure_module(figure), by_replicate(table)
+    if len(replicates) == 1:
+        return module.simulate_table(table, settings, machine)
+    simulations = [
+        module.simulate_table(rows.reset_index(drop=True), settings, machine).assign(replicate=replicate)
+        for replicate, rows in replicates.items()
+    ]
+    return pd.concat(simulations, ignore_index=True)
 
 
 def figure_source(figure: str) -> list[str]:
