@@ -146,7 +146,7 @@ def host_load(summary: pd.DataFrame, reference: dict[str, Any], name: str) -> tu
     disturbed = as_flags(rows["disturbed"]).any()
     foreign, steal = rows["foreign_share"].max(), rows["steal_share"].max()
     load = f"foreign CPU load up to {foreign:.2f} and steal {steal:.2f} of the host while measuring"
-    return bool(disturbed), f"{load}, or the machine's speed moved during a run (its speed_drift in the runs table)"
+    return bool(disturbed), f"{load} (or its speed moved, where checks.max_speed_drift is set)"
 
 
 def selector_load(summary: pd.DataFrame, selector: dict[str, Any], name: str) -> pd.DataFrame:

@@ -53,7 +53,7 @@ def figure_runs(figure: str, results: Path) -> pd.DataFrame:
 
 def machine_speed_index(figures: list[str], results: Path) -> dict[str, Any]:
     """The machine-speed index over every run that measured it (hostload.machine_speed): median, range, how many
-    runs, and how many moved by more than the threshold while they ran (those are disturbed)."""
+    runs, and the largest move between a run's before and after."""
     runs = pd.concat([figure_runs(figure, results) for figure in figures], ignore_index=True)
     speeds = runs.get("machine_speed", EMPTY).dropna()
     if speeds.empty:
