@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ddlrepro.host.cpuquota import CpuQuotas
 from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.redaction import forget_registered
 from ddlrepro.points import Point
@@ -106,6 +107,18 @@ def assert_refused(config: Mapping, figure: str, change: Mapping, message: str) 
     with pytest.raises(ConfigError, match=message):
         validate_config(changed)
         figure_points(changed)
+
+
+def output_of_throttled(script: str, quotas: CpuQuotas | None) -> str:
+    """What a fresh `python -c script` prints, run in rank 0's CPU-quota group of `quotas` (host/cpuquota.py) when
+    given: the script waits for a line on stdin, so it joins the group before doing anything."""
+    waiting = f"import sys\nsys.stdin.readline()\n{script}"
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "text": True}
+    process = subprocess.Popen([sys.executable, "-c", waiting], **pipes)
+    if quotas:
+        quotas.join(0, process.pid)
+    out, _ = process.communicate("go\n", timeout=60)
+    return out
 
 
 def tiny_point(workers: int = 2, figure: str = "kungfu-fig9", **params) -> Point:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, output_of_throttled
 from test_consistent import differing, losses
 
 from ddlrepro.host import cpuquota
@@ -115,13 +115,8 @@ def test_an_unapplied_quota_is_recorded_with_its_reason(tmp_path: Path, monkeypa
 
 def busy_rate(quotas: CpuQuotas | None) -> float:
     """Loop iterations per second of a CPU-bound process (in rank 0's group of `quotas`, if given) over 1 s."""
-    loop = "import sys, time\nsys.stdin.readline()\nend, n = time.perf_counter() + 1.0, 0\n"
-    loop += "while time.perf_counter() < end:\n    n += 1\nprint(n)"
-    process = subprocess.Popen([sys.executable, "-c", loop], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    if quotas:
-        quotas.join(0, process.pid)
-    out, _ = process.communicate("go\n", timeout=30)
-    return int(out)
+    loop = "import time\nend, n = time.perf_counter() + 1.0, 0\nwhile time.perf_counter() < end:\n    n += 1\nprint(n)"
+    return int(output_of_throttled(loop, quotas))
 
 
 def test_a_cgroup_quota_slows_a_cpu_bound_loop_and_is_removed() -> None:

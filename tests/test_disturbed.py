@@ -13,7 +13,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
-from conftest import REPO, tiny_point
+from conftest import REPO, output_of_throttled, tiny_point
 
 from ddlrepro.host.checks import check_figure, checks_settings, load_references
 from ddlrepro.host.config import load_config
@@ -183,10 +183,5 @@ def test_the_machine_speed_index_sees_a_slower_machine() -> None:
 
 def index_in_process(quotas: CpuQuotas | None) -> float:
     """machine_speed() in a fresh process (in rank 0's group of `quotas`, if given): 3 rounds of ~60 ms each."""
-    script = "import sys\nfrom ddlrepro.host.hostload import machine_speed\nsys.stdin.readline()\n"
-    script += "print(machine_speed(iterations=1_000_000))"
-    process = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    if quotas:
-        quotas.join(0, process.pid)
-    out, _ = process.communicate("go\n", timeout=60)
-    return float(out)
+    script = "from ddlrepro.host.hostload import machine_speed\nprint(machine_speed(iterations=1_000_000))"
+    return float(output_of_throttled(script, quotas))
