@@ -22,7 +22,9 @@ import pandas as pd
 from _common import REPO, RESULTS, BenchmarkRecord
 
 from ddlrepro.host.checks import headline
+from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.hostload import ForeignLoadMeter
+from ddlrepro.host.report import figure_runs
 
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
 CHECKS = REPO / "results" / "checks.tsv"
@@ -43,11 +45,11 @@ def read_checks() -> pd.DataFrame:
 
 
 def second_runs() -> pd.DataFrame:
-    """One row per run of every figure's runs table (the forced rerun's): its speed index and drift."""
-    tables = sorted((REPO / "results" / "tables").glob("*.csv"))
-    runs = [pd.read_csv(path) for path in tables if not path.name.endswith((".summary.csv", ".simulated.csv"))]
-    runs = [table.drop_duplicates("point_id") for table in runs if "speed_drift" in table]
-    return pd.concat(runs, ignore_index=True)
+    """One row per run of every built figure's runs table (the forced rerun's): its speed index and drift."""
+    results = REPO / "results"
+    built = [figure for figure in FIGURES if (results / "tables" / f"{figure}.csv").exists()]
+    runs = [figure_runs(figure, results) for figure in built]
+    return pd.concat([table for table in runs if "speed_drift" in table], ignore_index=True)
 
 
 def side_by_side(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:

@@ -48,11 +48,13 @@ try:
     )
     REFERENCES = load_references(Path(config["references"]))
     check_exclude(config["checks"]["exclude"], REFERENCES, config["references"])
-    checks = config["checks"]
-    POINTS = figure_points(
-        config,
-        timing_figures(REFERENCES, config["scale"], checks["exclude"], checks["tier"]),
+    replicated = timing_figures(
+        REFERENCES,
+        config["scale"],
+        config["checks"]["exclude"],
+        config["checks"]["tier"],
     )
+    POINTS = figure_points(config, replicated)
     # The configured launcher, as the workflow sees it: what each run may use and asks for (the image is known
     # only once built: each run builds its own from the same sections, `run-point --config-json`).
     LAUNCHER = configured_launcher(config)
