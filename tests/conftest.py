@@ -14,6 +14,7 @@ import urllib.parse
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -107,6 +108,11 @@ def assert_refused(config: Mapping, figure: str, change: Mapping, message: str) 
     with pytest.raises(ConfigError, match=message):
         validate_config(changed)
         figure_points(changed)
+
+
+def as_replicates(summary: pd.DataFrame, count: int = 3) -> pd.DataFrame:
+    """A summary as `count` identical replicates (column `replicate`): a timing claim is judged over replicates."""
+    return pd.concat([summary.assign(replicate=replicate) for replicate in range(count)], ignore_index=True)
 
 
 def output_of_throttled(script: str, quotas: CpuQuotas | None) -> str:

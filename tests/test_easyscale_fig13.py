@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import REPO, snakemake
+from conftest import REPO, as_replicates, snakemake
 
 from ddlrepro.host.checks import check_figure, load_references
 from ddlrepro.host.config import ConfigError, load_config, validate_config
@@ -127,7 +127,7 @@ def test_checks_on_the_recorded_table() -> None:
     assert list(summary["group"]) == [FIRST, LAST, FIRST, LAST]
     assert set(summary["paper_model"]) == {"ResNet-50", "BERT"}
     references = load_references(REPO / "config" / "references.yaml")["easyscale-fig13"]
-    three = pd.concat([summary.assign(replicate=r) for r in range(3)])  # the recorded run as three replicates
+    three = as_replicates(summary)  # the recorded run as three replicates
     checks = check_figure("easyscale-fig13", three, references, "smoke").set_index("check")
     assert checks.loc["last-est-within-10-percent", "status"] == "pass"
     assert checks.loc["first-ests-cheaper-than-last", "status"] == "pass"
@@ -136,7 +136,7 @@ def test_checks_on_the_recorded_table() -> None:
     slower["share_of_last"] = slower["est_time_s"] / slower["model"].map(
         slower[slower["group"] == LAST].set_index("model")["est_time_s"]
     )
-    slower = pd.concat([slower.assign(replicate=r) for r in range(3)])
+    slower = as_replicates(slower)
     failed = check_figure("easyscale-fig13", slower, references, "smoke").set_index("check")
     assert failed.loc["first-ests-cheaper-than-last", "status"] == "fail"
 

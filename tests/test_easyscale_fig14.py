@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO, copy_workflow, only_figures, snakemake
+from conftest import REPO, as_replicates, copy_workflow, only_figures, snakemake
 
 from ddlrepro.host.bundle import read_bundle, verify_bundle
 from ddlrepro.host.checks import check_figure, load_references
@@ -110,11 +110,6 @@ def test_the_recorded_simulation_is_what_the_engine_makes_of_its_profiles_today(
         pd.testing.assert_frame_equal(before, after[before.columns], check_dtype=False)
     labels = again[again["kind"] == "profile"][LABELS].drop_duplicates()
     assert labels.to_dict("records") == profile_rows[LABELS].drop_duplicates().to_dict("records")
-
-
-def as_replicates(summary: pd.DataFrame, count: int = 3) -> pd.DataFrame:
-    """A summary as `count` identical replicates (a timing claim is judged over replicates)."""
-    return pd.concat([summary.assign(replicate=replicate) for replicate in range(count)], ignore_index=True)
 
 
 def test_recorded_simulation_passes_its_checks() -> None:
