@@ -171,14 +171,18 @@ def test_a_run_whose_machine_speed_moved_is_disturbed_where_the_guard_is_set() -
 
 
 def test_the_machine_speed_index_sees_a_slower_machine() -> None:
-    """A host that gives a process less CPU than it appears to (emulated: a cgroup quota of 0.3 of a core, as a busy
-    neighbour VM without steal accounting would) reads far slower: about 0.45x, below the 2-level wobble of this
-    VM's own speed (about 12 and 18 million iterations/s, a ratio of 0.67)."""
-    with CpuQuotas(f"speed-{os.getpid()}", {0: 0.3}) as quotas:
+    """A host that gives a process less CPU than it appears to (emulated: a cgroup quota of 0.2 of a core, as a busy
+    neighbour VM without steal accounting would) reads far slower than the machine unthrottled: about 0.3x in the
+    same speed state, and below 0.6x even against the slower of this VM's two speed levels (about 12 and 18
+    million iterations/s; a quota of 0.3 read 0.65x across them). Unthrottled: the best of readings before and
+    after, which catch the faster level when it is there."""
+    free = [index_in_process(None)]
+    with CpuQuotas(f"speed-{os.getpid()}", {0: 0.2}) as quotas:
         if not quotas.applied:
             pytest.skip(f"cannot create cgroups here: {quotas.status}")
         slowed = index_in_process(quotas)
-    assert slowed < index_in_process(None) * 0.6
+    free.append(index_in_process(None))
+    assert slowed < max(free) * 0.6, (slowed, free)
 
 
 def index_in_process(quotas: CpuQuotas | None) -> float:
