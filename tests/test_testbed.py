@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -98,20 +99,34 @@ def test_a_tcp_transfer_runs_at_the_configured_rate_and_counters_match_its_bytes
     assert received == pytest.approx(record["received_bytes"], rel=0.05)
 
 
+def resumed(received: Callable[[], int], within: float, settle: float = 0.5) -> int:
+    """The byte count once it has grown over two `settle` windows in a row (the transfer runs again), polled for at
+    most `within` seconds."""
+    deadline = time.monotonic() + within
+    last, growing = received(), 0
+    while growing < 2:
+        assert time.monotonic() < deadline, f"the transfer did not resume within {within} s"
+        time.sleep(settle)
+        now = received()
+        growing = growing + 1 if now > last else 0
+        last = now
+    return last
+
+
 @needs_testbed
 def test_set_rate_changes_the_rate_of_a_running_transfer(owner: str, tmp_path: Path) -> None:
     with Testbed.create(owner, 2, link_rate="400mbit") as testbed:
         h1 = f"{owner}-h1"
         # the flow outlasts both windows even when commands are slow under load; stopped once they are measured
-        running = traffic.start(testbed, [traffic.Flow(f"{owner}-h2", h1, 1, "2gbit", 0, 20.0)], tmp_path / "f.jsonl")
+        running = traffic.start(testbed, [traffic.Flow(f"{owner}-h2", h1, 1, "2gbit", 0, 30.0)], tmp_path / "f.jsonl")
         time.sleep(0.5)
         first = testbed.counters()[h1]["rx_bytes"]
         time.sleep(1.0)
         fast = testbed.counters()[h1]["rx_bytes"] - first
         testbed.set_rate(h1, "100mbit")  # h1's switch port: the direction this flow takes
-        # the new qdisc drops what was queued: TCP may sit out a backed-off retransmission timeout (seen: > 1 s)
-        time.sleep(1.5)
-        second = testbed.counters()[h1]["rx_bytes"]
+        # the new qdisc drops what was queued: TCP may sit out backed-off retransmission timeouts (seen: > 3.5 s in
+        # CI), so the slow window starts once the transfer has moved again
+        second = resumed(lambda: testbed.counters()[h1]["rx_bytes"], within=12.0)
         time.sleep(2.0)
         slow = testbed.counters()[h1]["rx_bytes"] - second
         running.stop()
