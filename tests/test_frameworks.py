@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import tiny_point
 
+from ddlrepro.host.figures import kungfu_allreduce
 from ddlrepro.host.launchers import local, local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import OutputCollector, metric_records
+from ddlrepro.host.tables import tidy_table
 from ddlrepro.points import Point
 
 FRAMEWORK_POINTS = {
@@ -89,3 +91,22 @@ def test_mpi_allreduce_runs_under_mpirun(tmp_path: Path) -> None:
     times = [m for m in metric_records(tmp_path) if m["metric"] == "allreduce_time_s"]
     assert sorted({m["size_bytes"] for m in times}) == [1024, 2048, 4096, 8192]
     assert {m["rank"] for m in times} == {0, 1}
+
+
+def test_strategies_take_turns_in_one_run_and_each_ratio_to_ring_comes_from_it(tmp_path: Path) -> None:
+    strategies = ["RING", "STAR", "CLIQUE"]
+    params = {"backend": "gloo", "strategies": strategies, "min_bytes": 1024, "max_bytes": 2048, "warmup": 1}
+    params |= {"repetitions": 3, "target_bytes": 4096, "max_ops": 2, "sample_interval_s": 1.0}
+    record = run_point(Point("kungfu-allreduce", "allreduce", 2, 1, params), tmp_path / "run", local_launcher(120))
+    assert record["status"] == "ok"
+    times = [m for m in metric_records(tmp_path / "run") if m["metric"] == "allreduce_time_s" and m["rank"] == 0]
+    turns = {(m["size_bytes"], m["iteration"]): [] for m in times}
+    for m in times:  # in the order rank 0 timed them
+        turns[(m["size_bytes"], m["iteration"])].append(m["setting"])
+    rotated = [strategies[shift:] + strategies[:shift] for shift in range(3)]
+    assert turns == {(size, repetition): rotated[repetition] for size in (1024, 2048) for repetition in range(3)}
+
+    summary = kungfu_allreduce.summarize(tidy_table([tmp_path / "run"]))
+    assert sorted(summary["strategy"]) == sorted(strategies * 2)
+    assert summary.loc[summary["strategy"] == "RING", "vs_gloo_ring"].eq(1.0).all()
+    assert summary["vs_gloo_ring"].gt(0).all()

@@ -1,14 +1,17 @@
 """All-reduce microbenchmark (nccl-tests style) behind KungFu Figs 9 and 10: the collectives on their own.
 
-Points: one `allreduce` run per (backend, strategy): gloo and NCCL with each of KungFu's strategies over
-torch.distributed (strategies.py), MPI with MPI_Allreduce (mpi4py under mpirun). Each sweeps float32 sizes from
-`min_bytes` to `max_bytes`. Plot: bus bandwidth and time per operation vs size per backend/strategy, and the bus
-bandwidth at the largest sizes relative to gloo's own all_reduce (RING). NCCL points on a machine without CUDA
-are reported as skipped, with the reason, in the summary, the figure and the checks.
+Points: one `allreduce` run per backend: gloo and NCCL with every one of KungFu's strategies over torch.distributed
+(strategies.py), taking turns in the same processes so that each strategy's ratio to RING is paired (issue
+`verdicts` item 3: noise between fresh processes would otherwise enter every ratio twice); MPI with MPI_Allreduce
+(mpi4py under mpirun). Each sweeps float32 sizes from `min_bytes` to `max_bytes`. Plot: bus bandwidth and time per
+operation vs size per backend/strategy, and the bus bandwidth at the largest sizes relative to gloo's own all_reduce
+(RING). NCCL points on a machine without CUDA are reported as skipped, with the reason, in the summary, the figure
+and the checks.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from ddlrepro.points import Point
@@ -35,20 +38,37 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
             threads_per_worker=1,
             params={
                 "backend": backend,
-                "strategy": strategy,
+                **({"strategy": MPI_STRATEGY} if backend == "mpi" else {"strategies": section["strategies"]}),
                 **sweep,
                 "sample_interval_s": launcher["sample_interval_s"],
             },
         )
         for backend in section["backends"]
-        for strategy in ([MPI_STRATEGY] if backend == "mpi" else section["strategies"])
     ]
+
+
+def with_strategy(table: pd.DataFrame) -> pd.DataFrame:
+    """Each row's `strategy`: its record's `setting` in a run of several strategies, else its point's (MPI, and
+    tables recorded before strategies shared a run); a skipped run of several strategies stands for each of them."""
+    import pandas as pd
+
+    table = table.copy()
+    strategy = table["strategy"] if "strategy" in table else pd.Series(None, index=table.index, dtype=object)
+    if "setting" in table:
+        strategy = table["setting"].where(table["setting"].notna(), strategy)
+    table["strategy"] = strategy.astype(object)
+    if "strategies" in table:
+        listed = table["strategy"].isna() & table["strategies"].notna()
+        table.loc[listed, "strategy"] = table.loc[listed, "strategies"].map(json.loads)
+        table = table.explode("strategy", ignore_index=True)
+    return table
 
 
 def bandwidths(table: pd.DataFrame) -> pd.DataFrame:
     """Per (backend, strategy, size): mean time per operation over ranks and repetitions, algbw and busbw (GB/s)."""
     from ddlrepro.host import plotting
 
+    table = with_strategy(table)
     times = table[table["metric"] == "allreduce_time_s"]
     summary = (
         times.groupby(["backend", "strategy", "workers", "size_bytes"], sort=True)["value"]
@@ -68,6 +88,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
 
     from ddlrepro.host import plotting
 
+    table = with_strategy(table)
     summary = bandwidths(table)
     gloo = summary[(summary["backend"] == "gloo") & (summary["strategy"] == "RING")].set_index("size_bytes")
     summary["vs_gloo_ring"] = summary["busbw_GBps"] / summary["size_bytes"].map(gloo["busbw_GBps"])

@@ -1,13 +1,17 @@
 """All-reduce microbenchmark in the style of nccl-tests' all_reduce_perf: float32 sums of growing sizes.
 
-Params: backend (gloo or nccl: torch.distributed with `strategy`, see strategies.py; mpi: MPI_Allreduce through
-mpi4py, or torch's own MPI backend where torch was built with it), strategy, min_bytes, max_bytes (doubling
-sizes), warmup (untimed operations per size), repetitions (timed repetitions per size), and the number of
-operations per repetition: as many as fit in `target_bytes` (at least 1, at most `max_ops`), so small sizes are
-timed over many operations and large ones stay quick. Every rank records `allreduce_time_s` (seconds per
-operation) per size and repetition, after a barrier; algorithm and bus bandwidth are computed from it by the
-figure (algbw = bytes / time, busbw = algbw × 2(n−1)/n, as nccl-tests define them). Every result is checked
-against the expected sum, so a strategy that computed the wrong thing fails the run.
+Params: backend (gloo or nccl: torch.distributed with each of `strategies`, see strategies.py; mpi: MPI_Allreduce
+through mpi4py, or torch's own MPI backend where torch was built with it), strategies (or one `strategy`), min_bytes,
+max_bytes (doubling sizes), warmup (untimed operations per size), repetitions (timed repetitions per size), and the
+number of operations per repetition: as many as fit in `target_bytes` (at least 1, at most `max_ops`), so small
+sizes are timed over many operations and large ones stay quick. Every rank records `allreduce_time_s` (seconds per
+operation) per size, repetition and strategy (the record's `setting`), after a barrier; algorithm and bus bandwidth
+are computed from it by the figure (algbw = bytes / time, busbw = algbw × 2(n−1)/n, as nccl-tests define them).
+
+Several strategies run in one process, taking turns repetition by repetition at each size (the order rotated by one
+every repetition), as the throughput workload's `settings` do: the machine's drift and noise hit them alike, so a
+strategy's ratio to RING is paired, and the run pays one process start instead of one per strategy. Every result is
+checked against the expected sum, so a strategy that computed the wrong thing fails the run.
 """
 
 from __future__ import annotations
@@ -60,10 +64,17 @@ def mpi4py_allreduce() -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable
     return run, comm.Barrier
 
 
-def operations(params: dict[str, Any], ctx: RankContext) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable]:
+def operations(
+    params: dict[str, Any], ctx: RankContext
+) -> dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable]]:
+    """Each strategy's sum over the ranks and a barrier, by strategy name, in the order to run them."""
     if params["backend"] == "mpi" and ctx.backend != "mpi":
-        return mpi4py_allreduce()
-    return torch_allreduce(params.get("strategy", "RING"), ctx)
+        return {params.get("strategy", "MPI_Allreduce"): mpi4py_allreduce()}
+    return {strategy: torch_allreduce(strategy, ctx) for strategy in strategies(params)}
+
+
+def strategies(params: dict[str, Any]) -> list[str]:
+    return params.get("strategies") or [params.get("strategy", "RING")]
 
 
 def check_sum(result: torch.Tensor, ctx: RankContext, strategy: str, size: int) -> None:
@@ -74,23 +85,33 @@ def check_sum(result: torch.Tensor, ctx: RankContext, strategy: str, size: int) 
 
 
 def run(params: dict[str, Any], ctx: RankContext) -> None:
-    allreduce, barrier = operations(params, ctx)
-    strategy = params.get("strategy", "RING")
+    by_strategy = operations(params, ctx)
+    names = list(by_strategy)
     for size in sizes(params["min_bytes"], params["max_bytes"]):
         elements = size // FLOAT_BYTES
         ops = max(1, min(params["max_ops"], params["target_bytes"] // size))
-        check_sum(allreduce(torch.full((elements,), float(ctx.rank + 1), device=ctx.device)), ctx, strategy, size)
         tensor = torch.zeros(elements, device=ctx.device)
-        for _ in range(params["warmup"]):
-            allreduce(tensor)
-        for repetition in range(params["repetitions"]):
-            barrier()
-            started = time.perf_counter()
-            for _ in range(ops):
+        for strategy, (allreduce, _) in by_strategy.items():
+            check_sum(allreduce(torch.full((elements,), float(ctx.rank + 1), device=ctx.device)), ctx, strategy, size)
+            for _ in range(params["warmup"]):
                 allreduce(tensor)
-            seconds = (time.perf_counter() - started) / ops
-            emit(
-                "metric", rank=ctx.rank, iteration=repetition, metric="allreduce_time_s", value=seconds, size_bytes=size
-            )
+        for repetition in range(params["repetitions"]):
+            shift = repetition % len(names)
+            for strategy in names[shift:] + names[:shift]:
+                allreduce, barrier = by_strategy[strategy]
+                barrier()
+                started = time.perf_counter()
+                for _ in range(ops):
+                    allreduce(tensor)
+                seconds = (time.perf_counter() - started) / ops
+                emit(
+                    "metric",
+                    rank=ctx.rank,
+                    iteration=repetition,
+                    metric="allreduce_time_s",
+                    value=seconds,
+                    size_bytes=size,
+                    setting=strategy,
+                )
     if ctx.rank == 0:
-        emit("result", rank=0, backend=params["backend"], strategy=strategy, world_size=ctx.world_size)
+        emit("result", rank=0, backend=params["backend"], strategies=names, world_size=ctx.world_size)
