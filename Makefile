@@ -39,13 +39,24 @@ WITH_ENV := PATH="$(abspath $(BIN)):$$PATH"
 reproduce: env horovod
 	$(WITH_ENV) $(BIN)/snakemake --profile profiles/local --cores $(CORES)
 
+# Two passes: the tests that judge no timing on TEST_WORKERS pytest-xdist workers, grouped by module and by shared
+# resource (tests/conftest.py), then the `serial` ones (rates, speeds, deadlines, CPU hogs) alone. Both always run;
+# either failing fails the target (pytest's 5, "no test selected", is no failure: PYTEST_ARGS may select one pass).
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -ra
+define two_passes
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not serial$(1)" --durations=30 $(PYTEST_ARGS); parallel=$$?; \
+	$(PYTEST) -m "serial$(1)" --durations=10 $(PYTEST_ARGS); serial=$$?; \
+	for code in $$parallel $$serial; do [ $$code -eq 0 ] || [ $$code -eq 5 ] || exit $$code; done
+endef
+
 test: env horovod
-	$(BIN)/python -m pytest -ra --durations=40 $(PYTEST_ARGS)
+	$(call two_passes,)
 
 # Before the whole suite: everything that needs no Slurm cluster, no image build, no Horovod build, and no long
 # end-to-end workflow run (pytest markers, tests/conftest.py).
 test-fast: env
-	$(BIN)/python -m pytest -ra -m "not slurm and not image and not horovod and not slow" $(PYTEST_ARGS)
+	$(call two_passes, and not slurm and not image and not horovod and not slow)
 
 lint: env
 	$(BIN)/ruff check src tests benchmarks

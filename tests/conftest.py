@@ -52,6 +52,14 @@ WORKFLOW_PARTS = [
 NEEDS = {"slurm": {"cluster"}, "image": {"base_image"}}
 
 
+# `make test` runs the tests not marked `serial` on two pytest-xdist workers (`--dist loadgroup`), then the `serial`
+# ones alone. A group runs on one worker: a module's tests together (its module-scoped fixtures are set up once), and
+# every test of one machine-wide resource together (the Slurm cluster's fixed ports, munge and slurm.conf; podman's
+# image store, which the image test prunes).
+SHARED_RESOURCES = {"slurm": "slurm", "image": "podman"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -60,6 +68,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(marker)
         if "horovod" in item.name.lower():
             item.add_marker("horovod")
+        shared = [group for marker, group in SHARED_RESOURCES.items() if item.get_closest_marker(marker)]
+        item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.module.__name__))
 
 
 ONE_WORKER_COUNT_DLAAS = ("dlaas-scaling/efficiency-vs-host-ceiling-at-2-workers", "dlaas-scaling/two-workers-faster")

@@ -146,6 +146,7 @@ def test_speedups_are_against_the_faster_torchrun_for_each_kind_of_event() -> No
     assert summary.loc[("inplace-cold", "shrink"), "torchrun_baseline"] == "torchrun-tuned"
 
 
+@pytest.mark.serial  # a deadline of seconds
 @pytest.mark.slow
 def test_tuned_torchrun_restarts_a_shrunk_job_before_the_default_keep_alive_could(tmp_path: Path) -> None:
     """torch's default notices a departed agent after 5 s x 3 heartbeats; tuned, the restart is well under that."""

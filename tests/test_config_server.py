@@ -109,6 +109,7 @@ def test_sizes_up_to_the_declared_maximum_are_accepted(server: ConfigServer) -> 
     assert len(client.latest().members) == MAX_SIZE
 
 
+@pytest.mark.serial  # a deadline of seconds
 def test_two_hundred_concurrent_long_polls_are_all_answered_promptly(server: ConfigServer) -> None:
     polls, answered = 200, []
     host, port = server.address.split(":")

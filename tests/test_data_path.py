@@ -90,6 +90,7 @@ def closed_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.serial  # a deadline of seconds
 def test_an_unreachable_endpoint_fails_fast_naming_endpoint_and_bucket(tmp_path: Path) -> None:
     keys = {"access_key": "DDLTESTACCESS0001", "secret_key": "never-printed-secret-0123456789"}
     credentials = objectstore.write_private(tmp_path / "credentials.json", json.dumps(keys))
@@ -104,6 +105,7 @@ def test_an_unreachable_endpoint_fails_fast_naming_endpoint_and_bucket(tmp_path:
     assert not any(key in message for key in keys.values())
 
 
+@pytest.mark.serial  # a deadline of seconds
 def test_an_unreachable_configured_store_fails_the_run_fast(
     packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -123,6 +125,7 @@ def test_an_unreachable_configured_store_fails_the_run_fast(
     assert "never-printed" not in message and "DDLTESTACCESS" not in message
 
 
+@pytest.mark.serial  # a deadline of seconds
 def test_the_store_starts_and_stops_in_time_and_keeps_its_keys_private(
     packed: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

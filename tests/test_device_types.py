@@ -119,6 +119,7 @@ def busy_rate(quotas: CpuQuotas | None) -> float:
     return int(output_of_throttled(loop, quotas))
 
 
+@pytest.mark.serial  # compares loop speeds
 def test_a_cgroup_quota_slows_a_cpu_bound_loop_and_is_removed() -> None:
     reason = can_set_quotas()
     if reason:

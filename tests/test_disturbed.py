@@ -76,6 +76,7 @@ def run_in_fresh_process(point: Point, run_dir: Path) -> dict:
     return json.loads((run_dir / "result.json").read_text())
 
 
+@pytest.mark.serial  # a CPU hog on every core
 @pytest.mark.slow
 def test_runs_beside_a_cpu_hog_are_disturbed_and_quiet_runs_are_judged(tmp_path: Path) -> None:
     with cpu_hogs():
@@ -170,6 +171,7 @@ def test_a_run_whose_machine_speed_moved_is_disturbed_where_the_guard_is_set() -
     assert not unknown["disturbed"] and unknown["speed_drift"] != unknown["speed_drift"]  # NaN: not measured
 
 
+@pytest.mark.serial  # compares loop speeds
 def test_the_machine_speed_index_sees_a_slower_machine() -> None:
     """A host that gives a process less CPU than it appears to (emulated: a cgroup quota of 0.2 of a core, as a busy
     neighbour VM without steal accounting would) reads far slower than the machine unthrottled: about 0.3x in the

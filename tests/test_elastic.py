@@ -111,6 +111,7 @@ def test_server_binds_loopback_and_versions_every_change(server: ConfigServer) -
     assert client.latest().version == 6
 
 
+@pytest.mark.serial  # a deadline of seconds
 def test_server_long_poll_returns_the_next_version(server: ConfigServer) -> None:
     client = ConfigClient(server.address, TOKEN)
     threading.Timer(0.2, lambda: ConfigClient(server.address, TOKEN).resize(2)).start()
@@ -368,6 +369,7 @@ def test_survivors_keep_their_processes(tmp_path: Path, monkeypatch: pytest.Monk
     assert "terminate called" not in (tmp_path / "run" / "log.txt").read_text()  # no teardown outlived a worker
 
 
+@pytest.mark.serial  # a deadline of seconds
 @pytest.mark.slow
 def test_killed_worker_survivors_continue(tmp_path: Path) -> None:
     """kill -9 of one of three workers mid-step: the other two notice within 5 s and go on at 2 workers, from
@@ -465,6 +467,7 @@ def test_a_torchrun_resize_finishes_its_checkpoint_before_a_stop_ends_the_worker
     assert not (tmp_path / "after").exists()
 
 
+@pytest.mark.serial  # a measured speed-up
 @pytest.mark.slow
 def test_snakemake_builds_fig7(workflow_copy: Path) -> None:
     """`snakemake kungfu_fig7`: every mode of one schedule (torchrun's restarts included), the table, the

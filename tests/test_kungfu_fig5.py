@@ -107,6 +107,7 @@ def our_namespaces() -> set[str]:
     return set(os.listdir(NETNS_RUN)) if NETNS_RUN.exists() else set()
 
 
+@pytest.mark.serial  # reads every network namespace
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_a_failed_run_leaves_no_testbed(smoke: dict, tmp_path: Path) -> None:
     """Rank 1 fails on its host: the run fails naming it, and its testbed is gone (hosts, state) all the same."""
@@ -143,6 +144,7 @@ def test_a_traffic_that_fails_to_start_fails_the_run_and_keeps_rank_0s_records(
     assert any(r.get("rank") == 0 and r["metric"] == "parameter_sum" for r in records)
 
 
+@pytest.mark.serial  # throughput drops over shaped links; every netns
 @pytest.mark.slow
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_snakemake_kungfu_fig5_on_testbed_hosts(workflow_copy: Path) -> None:

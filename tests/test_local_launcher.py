@@ -109,6 +109,7 @@ def start_run(point_json: str, run_dir: Path) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.serial  # a deadline of seconds
 def test_killed_worker_fails_the_run_fast_and_cleanly(tmp_path: Path) -> None:
     point = tiny_point(workers=2, iterations=200, batch_size=4)
     run_dir = tmp_path / "run"
@@ -151,6 +152,7 @@ def test_failing_worker_reports_rank_and_stderr_tail(tmp_path: Path) -> None:
     assert not (tmp_path / "run" / "result.json").exists()
 
 
+@pytest.mark.serial  # a deadline of seconds
 @pytest.mark.slow
 def test_timeout_stops_every_worker(tmp_path: Path) -> None:
     point = tiny_point(workers=2, iterations=10_000, batch_size=4)

@@ -130,6 +130,7 @@ def run_records(run_dir: Path, params: dict) -> pd.DataFrame:
     return records.assign(**{key: params[key] for key in ("probe_steps", "probe_batch_size", "batch_size", "mode")})
 
 
+@pytest.mark.serial  # interface counters against ss
 @pytest.mark.slow
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_two_workers_one_ps_on_testbed_hosts(smoke: dict, tmp_path: Path) -> None:

@@ -179,6 +179,7 @@ def summary_of(results: Path) -> pd.DataFrame:
     return pd.read_csv(results / "tables" / f"{FIGURE}.summary.csv").set_index("environment")
 
 
+@pytest.mark.serial  # a stress-ng neighbour on every core
 @pytest.mark.slow
 def test_snakemake_biggan_profiles(built: Path, podman_reason: str | None) -> None:
     """Figure, summary and checks; hpc skipped with its reason; containers skipped with theirs where podman is not."""
@@ -196,6 +197,7 @@ def test_snakemake_biggan_profiles(built: Path, podman_reason: str | None) -> No
     assert checks.loc["hpc-gpu-busy", "status"] == "skipped"
 
 
+@pytest.mark.serial  # a stress-ng neighbour on every core
 @pytest.mark.slow
 def test_gan_ranks_hold_equal_parameters_after_ddp_steps(built: Path) -> None:
     """Two real ranks, different batches each: after the steps both hold the same G and D, and they trained."""
@@ -215,6 +217,7 @@ def test_gan_ranks_hold_equal_parameters_after_ddp_steps(built: Path) -> None:
     assert trained != pytest.approx(initial, rel=1e-9)
 
 
+@pytest.mark.serial  # a stress-ng neighbour on every core
 @pytest.mark.slow
 def test_the_neighbour_raises_node_cpu(built: Path, podman_reason: str | None) -> None:
     if podman_reason:
@@ -236,6 +239,7 @@ def test_the_neighbour_raises_node_cpu(built: Path, podman_reason: str | None) -
     assert not nodes["container"]["neighbour"] and nodes["container"]["shared"] is None, nodes
 
 
+@pytest.mark.serial  # a stress-ng neighbour on every core
 @pytest.mark.slow
 def test_compare_merges_two_results_folders_and_refuses_unlike_runs(built: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"

@@ -39,6 +39,7 @@ def seconds_to_finish(workdir: Path, hooks: bool, failing: str = "none") -> floa
     return time.monotonic() - started
 
 
+@pytest.mark.serial  # compares wall times
 @pytest.mark.slow
 def test_a_finished_workflow_does_not_wait_out_its_rate_limit_span(tmp_path: Path) -> None:
     waited = seconds_to_finish(tmp_path / "without-hooks", hooks=False)

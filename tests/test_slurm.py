@@ -374,6 +374,7 @@ rule job:
 """
 
 
+@pytest.mark.serial  # a deadline of seconds
 @pytest.mark.slow
 @pytest.mark.parametrize(("exit_code", "last_line"), [(0, "Finished jobid: 0 (Rule: all)"), (1, "Error in rule job:")])
 def test_a_workflow_that_is_done_does_not_sit_out_the_status_check_interval(

@@ -81,6 +81,7 @@ def test_idle_links_carry_nothing_the_hosts_did_not_send(owner: str) -> None:
         assert testbed.counters() == {host.name: {"rx_bytes": 0, "tx_bytes": 0} for host in testbed.hosts}
 
 
+@pytest.mark.serial  # a shaped link's rate
 @needs_testbed
 def test_a_tcp_transfer_runs_at_the_configured_rate_and_counters_match_its_bytes(owner: str, tmp_path: Path) -> None:
     with Testbed.create(owner, 2, link_rate="200mbit") as testbed:
@@ -113,6 +114,7 @@ def resumed(received: Callable[[], int], within: float, settle: float = 0.5) -> 
     return last
 
 
+@pytest.mark.serial  # a shaped link's rate
 @needs_testbed
 def test_set_rate_changes_the_rate_of_a_running_transfer(owner: str, tmp_path: Path) -> None:
     with Testbed.create(owner, 2, link_rate="400mbit") as testbed:
@@ -289,6 +291,7 @@ def test_a_point_that_needs_the_testbed_is_skipped_without_it(monkeypatch: pytes
     assert unmet_requirement(point) is None
 
 
+@pytest.mark.serial  # rates and start times
 @needs_testbed
 def test_flows_are_paced_to_their_offered_rate_and_start_and_stop_on_time(owner: str, tmp_path: Path) -> None:
     record = tmp_path / "flows.jsonl"
@@ -331,6 +334,7 @@ def test_an_overlay_subnet_must_be_its_own(owner: str) -> None:
     assert left_behind(owner) == []
 
 
+@pytest.mark.serial  # a shaped link's rate
 @needs_testbed
 @pytest.mark.parametrize("overlay", [False, True], ids=["bridge", "overlay"])
 def test_interface_counters_are_within_5_percent_of_the_bytes_sent(owner: str, overlay: bool, tmp_path: Path) -> None:
