@@ -25,7 +25,7 @@ $(STAMP): envs/requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -r envs/requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
-	$(BIN)/python -c "import ddlrepro, snakemake, torch, pandas, seaborn"
+	$(BIN)/python -c "import ddlrepro, snakemake, torch, pandas, matplotlib"
 	touch $(STAMP)
 
 # Horovod 0.28.1 built from its sdist with envs/horovod/*.patch; the wheel is cached, rebuilt when pin/patch change.
@@ -39,13 +39,13 @@ WITH_ENV := PATH="$(abspath $(BIN)):$$PATH"
 reproduce: env horovod
 	$(WITH_ENV) $(BIN)/snakemake --profile profiles/local --cores $(CORES)
 
-# Two passes: the tests that judge no timing on TEST_WORKERS pytest-xdist workers, grouped by module and by shared
-# resource (tests/conftest.py), then the `serial` ones (rates, speeds, deadlines, CPU hogs) alone. Both always run;
+# Two passes: the tests that judge no timing on TEST_WORKERS pytest-xdist workers, a module at a time (the Slurm
+# cluster's two modules together: tests/conftest.py), then the `serial` ones (rates, speeds, deadlines, CPU hogs) alone. Both always run;
 # either failing fails the target (pytest's 5, "no test selected", is no failure: PYTEST_ARGS may select one pass).
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -ra
 define two_passes
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "not serial$(1)" --durations=30 $(PYTEST_ARGS); parallel=$$?; \
+	$(PYTEST) -n $(TEST_WORKERS) --no-loadscope-reorder -m "not serial$(1)" --durations=30 $(PYTEST_ARGS); parallel=$$?; \
 	$(PYTEST) -m "serial$(1)" --durations=10 $(PYTEST_ARGS); serial=$$?; \
 	for code in $$parallel $$serial; do [ $$code -eq 0 ] || [ $$code -eq 5 ] || exit $$code; done
 endef

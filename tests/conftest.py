@@ -52,15 +52,29 @@ WORKFLOW_PARTS = [
 NEEDS = {"slurm": {"cluster"}, "image": {"base_image"}}
 
 
-# `make test` runs the tests not marked `serial` on two pytest-xdist workers (`--dist loadgroup`), then the `serial`
-# ones alone. A group runs on one worker: a module's tests together (its module-scoped fixtures are set up once), and
-# every test of one machine-wide resource together (the Slurm cluster's fixed ports, munge and slurm.conf; podman's
-# image store, which the image test prunes).
-SHARED_RESOURCES = {"slurm": "slurm", "image": "podman"}
+# `make test` runs the tests not marked `serial` on two pytest-xdist workers, then the `serial` ones alone. A worker
+# takes a whole module at a time (its module-scoped fixtures are set up once), and the modules that share one
+# machine-wide resource together: the Slurm cluster's fixed ports, munge and slurm.conf. (pytest-xdist's own
+# `xdist_group` marks do not group under pytest 9, whose node ids they can no longer rewrite.)
+SHARED_RESOURCE = {"test_slurm.py": "slurm", "test_multinode.py": "slurm"}
+# The longest modules first (a worker left with one of them at the end would run it alone); the rest as collected.
+LONGEST_FIRST = ["test_multinode.py", "test_slurm.py", "test_containers.py", "test_parameter_server.py"]
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModuleAndSharedResource(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return SHARED_RESOURCE.get(Path(module).name, module)
+
+    return ByModuleAndSharedResource(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         for marker, needed in NEEDS.items():
@@ -68,8 +82,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(marker)
         if "horovod" in item.name.lower():
             item.add_marker("horovod")
-        shared = [group for marker, group in SHARED_RESOURCES.items() if item.get_closest_marker(marker)]
-        item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.module.__name__))
 
 
 ONE_WORKER_COUNT_DLAAS = ("dlaas-scaling/efficiency-vs-host-ceiling-at-2-workers", "dlaas-scaling/two-workers-faster")

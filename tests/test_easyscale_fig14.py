@@ -196,6 +196,7 @@ def test_a_cluster_type_without_devices_needs_no_profile() -> None:
     assert len(figure_points(config)["easyscale-fig14"]) == 8
 
 
+@pytest.mark.serial  # judges its timing claims over undisturbed replicates
 @pytest.mark.slow
 def test_snakemake_easyscale_fig14_end_to_end(workflow_copy: Path) -> None:
     """One model on both types, 1 and 2 ESTs per device, 2 steps, two replicates: runs, one simulation per
