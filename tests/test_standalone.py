@@ -87,8 +87,8 @@ import importlib, pkgutil, sys
 
 
 class NoTorch:
-    # torch as if not installed: its import fails and sys.modules never holds it (scipy, which seaborn imports,
-    # looks torch up there and breaks on a None placeholder).
+    # torch as if not installed: its import fails and sys.modules never holds it (scipy, which the checks
+    # import, looks torch up there and breaks on a None placeholder).
     def find_spec(self, name, path=None, target=None):
         if name == "torch" or name.startswith("torch."):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)

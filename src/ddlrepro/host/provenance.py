@@ -18,7 +18,6 @@ PACKAGES = [
     "numpy",
     "pandas",
     "matplotlib",
-    "seaborn",
     "snakemake",
     "jsonschema",
     "psutil",

@@ -1,6 +1,6 @@
 """Figures: one module each, declaring its points (`points`) and its plot (`plot`). The registry is here.
 
-Figure modules are imported while Snakemake builds its DAG, so they import pandas/seaborn only inside `plot`.
+Figure modules are imported while Snakemake builds its DAG, so they import pandas/matplotlib only inside `plot`.
 """
 
 from __future__ import annotations

@@ -196,10 +196,9 @@ def model_label(table: pd.DataFrame) -> str:
 
 
 def mode_colours(summary: pd.DataFrame) -> dict[str, Any]:
-    import seaborn as sns
+    from ddlrepro.host import plotting
 
-    modes = list(summary["mode"])
-    return dict(zip(modes, sns.color_palette(n_colors=len(modes)), strict=True))
+    return plotting.palette(summary["mode"])
 
 
 def draw_timeline(axis, steps: pd.DataFrame, colours: dict[str, Any]) -> None:

@@ -106,10 +106,9 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
 
 def mode_colours(table: pd.DataFrame) -> dict[str, Any]:
     """One colour per mode, the same in the timeline and the latency bars (whose legend explains them)."""
-    import seaborn as sns
+    from ddlrepro.host import plotting
 
-    modes = sorted(table["mode"].unique())
-    return dict(zip(modes, sns.color_palette(n_colors=len(modes)), strict=True))
+    return plotting.palette(sorted(table["mode"].unique()))
 
 
 def draw_latency(axis, wide: pd.DataFrame, load: pd.DataFrame, colours: dict[str, Any]) -> None:
@@ -178,8 +177,6 @@ def draw_timeline(axis, table: pd.DataFrame, colours: dict[str, Any]) -> None:
 def draw_phases(axis, summary: pd.DataFrame) -> None:
     """Each phase's share of the median latency, per mode and kind of event, as horizontal stacked bars; the
     latency written beside each bar."""
-    import seaborn as sns
-
     from ddlrepro.host import plotting
 
     phases = [column for column in PHASE_ORDER if column in summary.columns]
@@ -187,7 +184,7 @@ def draw_phases(axis, summary: pd.DataFrame) -> None:
     shares = summary[phases].fillna(0.0).div(summary[phases].fillna(0.0).sum(axis=1), axis=0) * 100
     left = 0.0
     # A sequential colour-blind-safe map: phases in order, never confused with the modes' colours.
-    for phase, colour in zip(phases, sns.color_palette("cividis", len(phases)), strict=True):
+    for phase, colour in zip(phases, plotting.sequential("cividis", len(phases)), strict=True):
         axis.barh(labels, shares[phase], left=left, label=phase, color=colour)
         left = left + shares[phase]
     for y, latency in enumerate(summary["latency_s"]):
