@@ -40,8 +40,9 @@ reproduce: env horovod
 	$(WITH_ENV) $(BIN)/snakemake --profile profiles/local --cores $(CORES)
 
 # Two passes: the tests that judge no timing on TEST_WORKERS pytest-xdist workers, a module at a time (the Slurm
-# cluster's two modules together: tests/conftest.py), then the `serial` ones (rates, speeds, deadlines, CPU hogs) alone. Both always run;
-# either failing fails the target (pytest's 5, "no test selected", is no failure: PYTEST_ARGS may select one pass).
+# cluster's two modules together: tests/conftest.py), then the `serial` ones (rates, speeds, deadlines, CPU hogs)
+# alone. Both always run; either failing fails the target (pytest's 5, "no test selected", is no failure:
+# PYTEST_ARGS may select tests of one pass only).
 TEST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -ra
 define two_passes
