@@ -121,16 +121,20 @@ def busy_rate(quotas: CpuQuotas | None) -> float:
 
 @pytest.mark.serial  # compares loop speeds
 def test_a_cgroup_quota_slows_a_cpu_bound_loop_and_is_removed() -> None:
+    """A quota of 0.3 of a core reads about 0.3x the free loop, and below 0.6x even when the free readings fell on
+    this VM's slower speed level and the throttled one on the faster (about 12 and 18 million iterations/s: with a
+    quota of 0.6 against one free reading this read 0.84x). Free: the best of readings before and after."""
     reason = can_set_quotas()
     if reason:
         pytest.skip(f"cannot create cgroups here: {reason}")
-    free = busy_rate(None)
-    with CpuQuotas(f"test-{os.getpid()}", {0: 0.6}) as quotas:
+    free = [busy_rate(None)]
+    with CpuQuotas(f"test-{os.getpid()}", {0: 0.3}) as quotas:
         assert quotas.status == "applied"
         base = quotas.base
         throttled = busy_rate(quotas)
+    free.append(busy_rate(None))
     assert not base.exists()
-    assert throttled / free < 0.8, (throttled, free)
+    assert throttled < max(free) * 0.6, (throttled, free)
 
 
 def test_the_groups_go_even_when_a_run_fails_with_a_process_left_in_them() -> None:
