@@ -65,10 +65,10 @@ def with_strategy(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def bandwidths(table: pd.DataFrame) -> pd.DataFrame:
-    """Per (backend, strategy, size): mean time per operation over ranks and repetitions, algbw and busbw (GB/s)."""
+    """Per (backend, strategy, size): mean time per operation over ranks and repetitions, algbw and busbw (GB/s);
+    `table` has a strategy per row (`with_strategy`)."""
     from ddlrepro.host import plotting
 
-    table = with_strategy(table)
     times = table[table["metric"] == "allreduce_time_s"]
     summary = (
         times.groupby(["backend", "strategy", "workers", "size_bytes"], sort=True)["value"]
