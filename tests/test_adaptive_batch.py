@@ -18,7 +18,7 @@ from conftest import REPO, snakemake, spawn_gloo
 from ddlrepro.host.config import ConfigError, load_config, validate_config
 from ddlrepro.host.figures import figure_points
 from ddlrepro.rank import datasets
-from ddlrepro.rank.policies.batch import AdaptiveBatchPolicy, learning_rate
+from ddlrepro.rank.policies.batch import AdaptiveBatchPolicy, learning_rate, starting_rate
 
 TINY = ["--configfile", "tests/configs/tiny.yaml"]
 RUNS = ["small", "large", "adaptive"]
@@ -34,32 +34,52 @@ def schedule(policy: AdaptiveBatchPolicy, ratios_per_epoch: list[list[float]]) -
     return batches
 
 
+def cycles_of_rising_noise(rule: str) -> list[int]:
+    """The batch after each of 10 cycles of 100 steps fed the noise scale 100 + t, starting at 32 (the issue's)."""
+    policy = AdaptiveBatchPolicy(batch_size=32, cap=1024, cycle_epochs=1, rule=rule)
+    batches = []
+    for cycle in range(10):
+        for step in range(100 * cycle, 100 * cycle + 100):
+            policy.observe(100 + step)
+        batches.append(policy.end_epoch(cycle + 1))
+    return batches
+
+
+def test_the_fork_rule_compares_with_the_first_cycles_end_and_first_grows_after_the_second() -> None:
+    """luomai/models@osdi20 kungfu_policy.py:113-130: history[-1] / history[0], history[0] the EMA at the end of
+    the run's first cycle. By hand: after cycle 1 the EMA is ≈ 199/32 = 6.2, after cycle 2 ≈ 299/32 = 9.3: ×1.5."""
+    assert cycles_of_rising_noise("fork") == [32, 48, 65, 82, 99, 116, 133, 149, 166, 183]
+    assert cycles_of_rising_noise("per-cycle") == [60, 60, 80, 80, 96, 96, 109, 109, 121, 121]
+
+
 def test_policy_gives_the_exact_batch_schedule() -> None:
-    """Weight 0.5 so the schedule can be followed by hand; each cycle's first is its EMA after its own first step.
+    """Rule per-cycle, weight 0.5 so the schedule can be followed by hand; each cycle's first is its EMA after its
+    own first step.
     EMA 10 (first) → 15 (20), growth 1.5, B 4 → 6; 30 → 22.5 (first), 60 clipped at 45 → 33.75, growth 1.5, B 9 (the
     old cycle's 15 as first would give 2.25, clamped: 12); 1s clipped, the EMA falls, B stays; then 1.5× per
     cycle up to the cap."""
-    policy = AdaptiveBatchPolicy(batch_size=4, cap=20, cycle_epochs=1, ema_weight=0.5)
+    policy = AdaptiveBatchPolicy(batch_size=4, cap=20, cycle_epochs=1, ema_weight=0.5, rule="per-cycle")
     huge = [1e6, 1e6]
     assert schedule(policy, [[10, 20], [30, 60], [1, 1], huge, huge, huge, huge]) == [6, 9, 9, 13, 19, 20, 20]
 
 
 def test_policy_keeps_the_batch_a_multiple_of_the_micro_batches() -> None:
-    policy = AdaptiveBatchPolicy(batch_size=8, cap=62, cycle_epochs=1, ema_weight=0.5, multiple=4)
+    policy = AdaptiveBatchPolicy(batch_size=8, cap=62, cycle_epochs=1, ema_weight=0.5, multiple=4, rule="per-cycle")
     huge = [1e6, 1e6]
     assert schedule(policy, [[10, 20], huge, huge, huge, huge, huge]) == [12, 16, 24, 36, 52, 60]  # 54, 62: rounded
 
 
 def test_policy_grows_at_most_twofold_per_cycle_and_only_at_its_end() -> None:
-    policy = AdaptiveBatchPolicy(batch_size=32, cap=1024, cycle_epochs=3)  # the paper's EMA weight 0.9
+    policy = AdaptiveBatchPolicy(batch_size=32, cap=1024, cycle_epochs=3, rule="per-cycle")  # EMA weight 0.9
     rising = [[1.05 ** (20 * epoch + k) for k in range(20)] for epoch in range(3)]
     assert schedule(policy, rising) == [32, 32, 64]  # the EMA rises ≈ ×10 over the cycle: clamped to 2
 
 
-def test_policy_never_shrinks_nor_exceeds_the_cap() -> None:
+@pytest.mark.parametrize("rule", ["fork", "per-cycle"])
+def test_policy_never_shrinks_nor_exceeds_the_cap(rule: str) -> None:
     rng = random.Random(4)
     for _ in range(50):
-        policy = AdaptiveBatchPolicy(batch_size=rng.randint(1, 8), cap=rng.randint(8, 100), cycle_epochs=2)
+        policy = AdaptiveBatchPolicy(rng.randint(1, 8), rng.randint(8, 100), cycle_epochs=2, rule=rule)
         ratios = [[rng.lognormvariate(0, 2) * rng.choice([-1, 1]) for _ in range(5)] for _ in range(30)]
         batches = [policy.batch_size, *schedule(policy, ratios)]
         assert batches == sorted(batches) and max(batches) <= policy.cap
@@ -72,6 +92,7 @@ def test_policy_never_shrinks_nor_exceeds_the_cap() -> None:
         ({"batch_size": 8, "cap": 32, "cycle_epochs": 0}, "at least 1 epoch"),
         ({"batch_size": 8, "cap": 32, "ema_weight": 1.0}, "strictly between 0 and 1"),
         ({"batch_size": 6, "cap": 32, "multiple": 4}, "not a multiple of 4"),
+        ({"batch_size": 8, "cap": 32, "rule": "linear"}, "unknown batch rule 'linear'"),
     ],
 )
 def test_policy_refuses_bad_settings(arguments: dict, problem: str) -> None:
@@ -82,6 +103,22 @@ def test_policy_refuses_bad_settings(arguments: dict, problem: str) -> None:
 def test_learning_rate_rules() -> None:
     assert learning_rate("fixed", 0.1, 32, 1024) == 0.1
     assert learning_rate("linear", 0.1, 32, 64) == pytest.approx(0.2)
+    assert starting_rate(0.05, None, 1024) == 0.05
+    assert starting_rate(0.1, 128, 32) == pytest.approx(0.025)  # the fork's small and adaptive runs
+    assert starting_rate(0.1, 128, 1024) == pytest.approx(0.8)  # its large run
+
+
+def test_weight_decay_leaves_batch_norm_out() -> None:
+    """As the fork's L2 loss, which skips its `batch_normalization` variables (resnet_run_loop.py:360-367)."""
+    from ddlrepro.rank.models import build_model
+    from ddlrepro.rank.workloads.adaptive_batch import decay_groups
+
+    module = build_model("resnet20")
+    decayed, kept = decay_groups(module, 2e-4)
+    norms = [m for m in module.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert (decayed["weight_decay"], kept["weight_decay"]) == (2e-4, 0.0)
+    assert len(kept["params"]) == 2 * len(norms) > 0
+    assert len(decayed["params"]) + len(kept["params"]) == len(list(module.parameters()))
 
 
 def process_identity() -> tuple[int, float]:
@@ -101,7 +138,7 @@ def _train_across_a_change(rank: int, out_dir: str) -> dict:
     params = {"dataset": "digits", "model": "digitsnet", "batch_size": 8, "cap": 32, "adaptive": True, "seed": 0}
     params |= {"test_fraction": 0.25, "learning_rate": 0.05, "momentum": 0.9, "lr_rule": "linear"}
     params |= {"cycle_epochs": 1, "ema_weight": 0.9, "noise_scale_alpha": 0.9, "micro_batches": 4}
-    params |= {"monitor_interval": 1}
+    params |= {"monitor_interval": 1, "batch_rule": "fork", "lr_reference_batch": None, "weight_decay": 0.0}
     trainer = AdaptiveBatchTrainer(params, ctx)
     noise, shapes = [], []
     batches = trainer.epoch_batches(1)

@@ -181,6 +181,16 @@ def cmd_validate(args: argparse.Namespace) -> None:
     print("configuration is valid")
 
 
+def cmd_paper_settings(args: argparse.Namespace) -> None:
+    from ddlrepro.host.paper_settings import settings_page
+
+    page = settings_page(Path(args.smoke), Path(args.paper))
+    if args.out:
+        Path(args.out).write_text(page)
+    else:
+        print(page, end="")
+
+
 def cmd_simulate(args: argparse.Namespace) -> None:
     from ddlrepro.host.simulator import cli
 
@@ -320,6 +330,12 @@ def parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check config files (merged in order) against the schema")
     validate.add_argument("configs", nargs="+")
     validate.set_defaults(handler=cmd_validate)
+
+    paper = commands.add_parser("paper-settings", help="every paper-scale parameter with its source, as markdown")
+    paper.add_argument("--smoke", default="config/config.yaml", help="the smoke config (read first, as Snakemake)")
+    paper.add_argument("--paper", default="config/paper.yaml", help="the paper config and its sourced block")
+    paper.add_argument("--out", help="write here (docs/paper-scale.md) instead of standard output")
+    paper.set_defaults(handler=cmd_paper_settings)
 
     simulate = commands.add_parser("simulate", help="replay a job trace on a simulated cluster under policies")
     from ddlrepro.host.simulator.cli import add_arguments

@@ -179,14 +179,68 @@ def schema_default(*keys: str) -> Any:
 
 
 def validate_config(config: dict[str, Any], partial: bool = False) -> dict[str, Any]:
-    """Fill in the schema's defaults (in place, so every caller sees the same filled config) and raise ConfigError
-    listing every schema violation in `config`, each with its key path. `partial`: only the sections given need
-    be there (e.g. a command's `launcher` and `images`). Returns `config`."""
+    """Resolve the scale's figure sections (`resolve_scale`), fill in the schema's defaults (in place, so every
+    caller sees the same filled config) and raise ConfigError listing every schema violation in `config`, each with
+    its key path. `partial`: only the sections given need be there (e.g. a command's `launcher` and `images`).
+    Returns `config`."""
+    resolve_scale(config)
     schema = copy.deepcopy(config_schema())  # the schema read once; a partial check drops its copy's `required`
     if partial:
         schema.pop("required", None)
     validate_against(config, CONFIG_SCHEMA, "configuration", schema)
     return config
+
+
+def resolve_scale(config: dict[str, Any]) -> None:
+    """`figures` ← the active scale's block (`smoke` or `paper`), overridden by the config's own `figures`.
+
+    Each scale's figure sections live in their own block, so a paper-scale point never takes a value the smoke
+    block set (config/paper.yaml is read on top of config/config.yaml): what the paper block leaves out is the
+    schema's default. The other scale's block is dropped; every figure the active block names is enabled unless
+    `figures` says otherwise. Idempotent: a resolved config resolves to itself."""
+    scale = config.get("scale", schema_default("scale"))
+    for other in set(SCALE_BLOCKS) - {scale}:
+        config.pop(other, None)
+    block = config.get(scale)
+    if not isinstance(block, dict):
+        return
+    sections = scale_sections(scale, block)
+    config["figures"] = merge_into(sections, copy.deepcopy(config.get("figures") or {}))
+
+
+SCALE_BLOCKS = ("smoke", "paper")
+
+
+def scale_sections(scale: str, block: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A scale block's figure sections as plain values, each figure enabled. The paper block's entries are
+    `{value, source}`: the value and where the paper or its artifact gives it (docs/paper-scale.md lists them)."""
+    problems = [f"  - {where}: {problem}" for where, problem in _block_problems(scale, block)]
+    if problems:
+        raise ConfigError(f"invalid configuration (its {scale} block):\n" + "\n".join(problems))
+    sourced = scale == "paper"
+    return {
+        figure: {"enabled": True}
+        | {key: copy.deepcopy(entry["value"] if sourced else entry) for key, entry in section.items()}
+        for figure, section in block.items()
+    }
+
+
+def _block_problems(scale: str, block: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    for figure, section in block.items():
+        if not isinstance(section, dict):
+            yield f"{scale}.{figure}", "a figure's section must be a mapping of its keys"
+            continue
+        for key, entry in section.items() if scale == "paper" else ():
+            if not (isinstance(entry, dict) and set(entry) == {"value", "source"}):
+                yield (
+                    f"{scale}.{figure}.{key}",
+                    'must be {value: ..., source: "..."} (each paper value names its source)',
+                )
+            elif not (isinstance(entry["source"], str) and entry["source"].strip()):
+                yield (
+                    f"{scale}.{figure}.{key}",
+                    "its source must be a non-empty string: the paper or artifact file:line",
+                )
 
 
 def _leaves(error: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:

@@ -26,8 +26,19 @@ TITLE = "KungFu Fig 4: adaptive batch size, accuracy against training time"
 RUNS = ["small", "large", "adaptive"]
 THRESHOLD_POINTS = 1.0  # the threshold: best small-batch accuracy minus this many percentage points
 ZOOM_POINTS = 15.0  # panel (a) shows accuracies from the threshold less this many points
-SECTION_KEYS = ["dataset", "model", "learning_rate", "lr_rule", "momentum", "cycle_epochs", "seed", "test_fraction"]
-ADAPTIVE_KEYS = ["ema_weight", "noise_scale_alpha", "micro_batches", "monitor_interval"]
+SECTION_KEYS = [
+    "dataset",
+    "model",
+    "learning_rate",
+    "lr_reference_batch",
+    "lr_rule",
+    "momentum",
+    "weight_decay",
+    "cycle_epochs",
+    "seed",
+    "test_fraction",
+]
+ADAPTIVE_KEYS = ["ema_weight", "noise_scale_alpha", "micro_batches", "monitor_interval", "batch_rule"]
 
 
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:

@@ -1,13 +1,16 @@
-"""KungFu's adaptive batch size (OSDI 2020 Fig 4, as the artifact fork implements it).
+"""KungFu's adaptive batch size (OSDI 2020 Fig 4), as the artifact fork implements it (luomai/models@osdi20,
+kungfu_experiment/kungfu_policy.py, KungfuChangeBatchSizeHook).
 
 Fed the gradient noise scale B_simple = S/|G|² every monitored step (the noise-scale monitor's value; S there is
 the trace of the per-sample gradient covariance): ratio = |B_simple| / B (B the per-worker batch), smoothed by an
-EMA (weight 0.9) whose samples are first clipped to [ema/2, 2·ema]. At the end of every cycle of `cycle_epochs`
-epochs B ← min(cap, ⌊B · clamp(last/first, 1, 2)⌋), first being the EMA after the cycle's first step (measured at
-the cycle's batch) and last the EMA at its end: the batch grows as fast as the noise scale per sample grows, at most
-doubling per cycle, and never shrinks. With `multiple` = k (the monitor's micro-batches) the new batch is rounded
-down to a multiple of k, so every batch splits into k micro-batches (it never shrinks: the old batch is one). Pure
-Python: every rank that is fed the same values (the monitor's value comes out of an all-reduce) decides the same B.
+EMA (weight 0.9, :76) whose samples are first clipped to [ema/2, 2·ema] (:42-49) and which runs on through batch
+changes. At the end of every cycle of `cycle_epochs` epochs the EMA is appended to a history (:116); from the
+second entry on B ← min(cap, ⌊B · clamp(history[-1] / history[0], 1, 2)⌋) (:122-130): the reference is the EMA at
+the end of the run's first cycle, fixed for the run, so the batch first changes after the second cycle. Rule
+`per-cycle` (this project's earlier variant, kept labelled) divides instead by the EMA after the cycle's own first
+step. With `multiple` = k (the monitor's micro-batches) the new batch is rounded down to a multiple of k, so every
+batch splits into k micro-batches (the fork has k = 1). Pure Python: every rank that is fed the same values (the
+monitor's value comes out of an all-reduce) decides the same B.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from ddlrepro.rank.ema import Ema
 
 LEARNING_RATE_RULES = ("fixed", "linear")
+BATCH_RULES = ("fork", "per-cycle")
 
 
 @dataclass
@@ -29,8 +33,11 @@ class AdaptiveBatchPolicy:
     cycle_epochs: int = 10
     ema_weight: float = 0.9
     multiple: int = 1
+    rule: str = "fork"
     ema: Ema = field(init=False)
     cycle_start: float | None = field(init=False, default=None)
+    history: list[float] = field(init=False, default_factory=list)
+    """The EMA at the end of every cycle so far (the fork's `_history_ratio_ema`)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_size <= self.cap:
@@ -41,6 +48,8 @@ class AdaptiveBatchPolicy:
             raise ValueError(f"the EMA weight must lie strictly between 0 and 1, got {self.ema_weight}")
         if self.multiple < 1 or self.batch_size % self.multiple:
             raise ValueError(f"the starting batch {self.batch_size} is not a multiple of {self.multiple}")
+        if self.rule not in BATCH_RULES:
+            raise ValueError(f"unknown batch rule {self.rule!r}; valid rules: {', '.join(BATCH_RULES)}")
         self.ema = Ema(self.ema_weight, clip=2.0)
 
     def observe(self, noise_scale: float) -> None:
@@ -51,13 +60,23 @@ class AdaptiveBatchPolicy:
 
     def end_epoch(self, epoch: int) -> int:
         """Called after epoch `epoch` (1-based) ends: the batch for the next epoch."""
-        if epoch % self.cycle_epochs or self.ema.value is None or self.cycle_start is None:
+        if epoch % self.cycle_epochs or self.ema.value is None:
             return self.batch_size
-        growth = min(max(self.ema.value / self.cycle_start, 1.0), 2.0) if self.cycle_start > 0 else 1.0
+        self.history.append(self.ema.value)
+        reference = self.history[0] if self.rule == "fork" else self.cycle_start
+        self.cycle_start = None  # per-cycle: the next cycle starts from its own first step, at the new batch
+        if (self.rule == "fork" and len(self.history) < 2) or not reference or reference <= 0:
+            return self.batch_size
+        growth = min(max(self.ema.value / reference, 1.0), 2.0)
         grown = min(self.cap, math.floor(self.batch_size * growth))
         self.batch_size = grown - grown % self.multiple
-        self.cycle_start = None  # the next cycle starts from its own first step, at the new batch
         return self.batch_size
+
+
+def starting_rate(learning_rate: float, reference_batch: int | None, start_batch: int) -> float:
+    """A run's first learning rate: `learning_rate`, or with a reference batch the fork's base_lr × B ÷ batch_denom
+    from the run's starting batch (luomai/models@osdi20 official/resnet/resnet_run_loop.py:256)."""
+    return learning_rate if reference_batch is None else learning_rate * start_batch / reference_batch
 
 
 def learning_rate(rule: str, base_rate: float, base_batch: int, batch_size: int) -> float:

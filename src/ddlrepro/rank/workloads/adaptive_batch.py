@@ -24,7 +24,7 @@ from torch import nn
 from ddlrepro.rank import datasets
 from ddlrepro.rank.models import build_model
 from ddlrepro.rank.monitors import GradientMonitor
-from ddlrepro.rank.policies.batch import AdaptiveBatchPolicy, learning_rate
+from ddlrepro.rank.policies.batch import AdaptiveBatchPolicy, learning_rate, starting_rate
 from ddlrepro.rank.runtime import RankContext
 from ddlrepro.rank.workloads.throughput import data_parallel
 from ddlrepro.records import emit
@@ -49,8 +49,9 @@ class AdaptiveBatchTrainer:
         self.model = data_parallel(self.module, ctx)
         self.base_batch = params["batch_size"]
         self.batch_size = self.base_batch
+        self.base_rate = starting_rate(params["learning_rate"], params["lr_reference_batch"], self.base_batch)
         self.optimizer = torch.optim.SGD(
-            self.module.parameters(), lr=params["learning_rate"], momentum=params["momentum"]
+            decay_groups(self.module, params["weight_decay"]), lr=self.base_rate, momentum=params["momentum"]
         )
         self.monitor: GradientMonitor | None = None
         self.policy: AdaptiveBatchPolicy | None = None
@@ -66,7 +67,12 @@ class AdaptiveBatchTrainer:
             )
             self.monitor.attach(self.model)
             self.policy = AdaptiveBatchPolicy(
-                self.batch_size, params["cap"], params["cycle_epochs"], params["ema_weight"], micro_batches
+                self.batch_size,
+                params["cap"],
+                params["cycle_epochs"],
+                params["ema_weight"],
+                micro_batches,
+                params["batch_rule"],
             )
 
     def epoch_batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -95,7 +101,7 @@ class AdaptiveBatchTrainer:
         self.batch_size = batch_size
         if self.monitor is not None:
             self.monitor.set_batch_size(batch_size)
-        rate = learning_rate(self.params["lr_rule"], self.params["learning_rate"], self.base_batch, batch_size)
+        rate = learning_rate(self.params["lr_rule"], self.base_rate, self.base_batch, batch_size)
         for group in self.optimizer.param_groups:
             group["lr"] = rate
 
@@ -129,6 +135,16 @@ class AdaptiveBatchTrainer:
 
     def parameters_vector(self) -> torch.Tensor:
         return nn.utils.parameters_to_vector(self.module.parameters()).detach().cpu()
+
+
+def decay_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """SGD parameter groups: weight decay on every parameter outside BatchNorm layers, as the fork's L2 loss
+    leaves out its `batch_normalization` variables (luomai/models@osdi20 official/resnet/resnet_run_loop.py:360-367;
+    an L2 term w·|θ|²/2 on the loss adds w·θ to the gradient, as SGD's weight_decay does)."""
+    norms = {id(p) for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) for p in m.parameters()}
+    decayed = [p for p in module.parameters() if id(p) not in norms]
+    kept = [p for p in module.parameters() if id(p) in norms]
+    return [{"params": decayed, "weight_decay": weight_decay}, {"params": kept, "weight_decay": 0.0}]
 
 
 def record_evaluation(trainer: AdaptiveBatchTrainer, epoch: int, train_time: float) -> None:

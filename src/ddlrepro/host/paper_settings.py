@@ -1,0 +1,39 @@
+"""docs/paper-scale.md: every paper-scale parameter of every figure with its source (config/paper.yaml's `paper:`
+block), and the schema defaults a paper-scale figure takes where the block is silent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ddlrepro.host.config import load_config, load_config_file
+
+HEADER = """# Paper-scale parameters and their sources
+
+Written by `ddlrepro paper-settings` from config/paper.yaml (`paper:` block: every value with its source) and the
+config schema (its defaults, where the block is silent). Run with `--configfile config/paper.yaml`, a figure's
+points take exactly these values, and none from config/config.yaml's smoke sizes. `ours:` marks a value neither
+the paper nor its artifact gives, with why.
+"""
+
+
+def shown(value: Any) -> str:
+    """A value as one table cell (JSON, pipes escaped)."""
+    return json.dumps(value, ensure_ascii=False).replace("|", "\\|")
+
+
+def settings_page(smoke: Path, paper: Path) -> str:
+    """The markdown page: per figure, the block's values and sources, then the schema defaults it takes."""
+    block = load_config_file(paper)["paper"]
+    resolved = load_config(smoke, paper)["figures"]
+    lines = [HEADER]
+    for figure, entries in block.items():
+        lines += [f"## {figure}", "", "| parameter | value | source |", "|---|---|---|"]
+        lines += [f"| `{key}` | `{shown(entry['value'])}` | {entry['source']} |" for key, entry in entries.items()]
+        defaults = {key: value for key, value in resolved[figure].items() if key not in entries and key != "enabled"}
+        if defaults:
+            taken = ", ".join(f"`{key}` = `{shown(value)}`" for key, value in sorted(defaults.items()))
+            lines += ["", f"The schema's defaults: {taken}."]
+        lines.append("")
+    return "\n".join(lines)

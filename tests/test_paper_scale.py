@@ -1,0 +1,144 @@
+"""Paper scale as the papers ran it: every paper-scale point takes config/paper.yaml's sourced values and none of
+config/config.yaml's smoke sizes; the values the originals' code sets (issue 36 item 1)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import REPO
+
+from ddlrepro.host.config import ConfigError, load_config, load_config_file, validate_config
+from ddlrepro.host.figures import figure_points
+from ddlrepro.host.paper_settings import settings_page
+from ddlrepro.rank import datasets
+from ddlrepro.rank.policies.batch import starting_rate
+
+SMOKE = REPO / "config" / "config.yaml"
+PAPER = REPO / "config" / "paper.yaml"
+BLOCK = load_config_file(PAPER)["paper"]
+
+
+def paper_config(data_dir: Path, *files: Path) -> dict[str, Any]:
+    """config.yaml then paper.yaml (as Snakemake reads them), with a CIFAR-10-sized folder and BigGAN images."""
+    config = load_config(*files)
+    config["figures"]["kungfu-fig4"]["data_dir"] = str(data_dir)
+    config["figures"]["biggan-profiles"]["enabled"] = False  # its points need the user's images.npy
+    return config
+
+
+@pytest.fixture
+def cifar_like(tmp_path: Path) -> Path:
+    """Files of CIFAR-10's names and sizes (sparse): the paper points' data check and digest, no download."""
+    for name in datasets.CIFAR10_FILES:
+        with open(tmp_path / name, "wb") as handle:
+            handle.truncate(datasets.CIFAR10_MIN_BYTES)
+    return tmp_path
+
+
+def test_paper_points_take_no_value_from_the_smoke_block(cifar_like: Path, tmp_path: Path) -> None:
+    """Drop config.yaml's smoke sizes altogether: the paper-scale points are the same ones, id for id."""
+    without_smoke = tmp_path / "no-smoke.yaml"
+    written = yaml.safe_load(SMOKE.read_text())
+    written.pop("smoke")
+    without_smoke.write_text(yaml.safe_dump(written))
+    with_smoke = figure_points(paper_config(cifar_like, SMOKE, PAPER))
+    assert with_smoke == figure_points(paper_config(cifar_like, without_smoke, PAPER))
+    assert sum(map(len, with_smoke.values())) > 100
+
+
+def test_every_key_the_smoke_block_sets_the_paper_block_sets_with_its_source() -> None:
+    """No paper-scale value is left to a default where the smoke scale chose one: each is a decision, sourced."""
+    smoke = load_config_file(SMOKE)["smoke"]
+    missing = [f"{figure}.{key}" for figure, section in smoke.items() for key in section if key not in BLOCK[figure]]
+    assert missing == []
+    assert all(entry["source"].strip() for section in BLOCK.values() for entry in section.values())
+
+
+def matches(value: Any, configured: Any) -> bool:
+    """A point's parameter against its configured value: equal, or one value of a configured sweep."""
+    return value == configured or (isinstance(configured, list) and value in configured)
+
+
+DERIVED = {
+    ("kungfu-fig4", "batch_size"): "the large run starts at the cap",
+    ("kungfu-fig4", "epochs"): "the adaptive run trains adaptive_epochs",
+    ("kungfu-fig6", "standby"): "runs of a fixed size have no standbys",
+    ("kungfu-fig7", "standby"): "the torchrun modes have no standbys",
+    ("easyscale-fig9", "steps"): "each stage's point trains its share of the steps",
+    ("easyscale-fig12", "logical_workers"): "the DDP baseline's workers",
+    ("easyscale-fig12", "batch_size"): "the DDP baseline's per-worker batch carries its ESTs' samples",
+    ("easyscale-fig14", "device_types"): "the types' definitions (launcher.device_types) in place of their names",
+}
+"""Point parameters a figure computes from its section rather than copying one key (their figures' tests check
+them); every other parameter named like a paper-block key must hold its value."""
+
+
+def test_every_paper_point_parameter_is_the_paper_blocks_value(cifar_like: Path) -> None:
+    points = figure_points(paper_config(cifar_like, SMOKE, PAPER))
+    wrong = [
+        f"{figure} {point.id}: {key} = {value!r}, paper {BLOCK[figure][key]['value']!r}"
+        for figure, by_id in points.items()
+        for point in by_id.values()
+        for key, value in point.params.items()
+        if key in BLOCK[figure] and (figure, key) not in DERIVED and not matches(value, BLOCK[figure][key]["value"])
+    ]
+    assert wrong == []
+    runs = {point.params["run"]: point.params for point in points["kungfu-fig4"].values()}
+    assert runs["large"]["batch_size"] == BLOCK["kungfu-fig4"]["cap"]["value"]
+    assert runs["adaptive"]["epochs"] == BLOCK["kungfu-fig4"]["adaptive_epochs"]["value"]
+
+
+def test_the_originals_values_at_paper_scale(cifar_like: Path) -> None:
+    """The fork's rates (0.1 × B ÷ 128 from each run's start, constant), its every-step monitor and rule; KungFu's
+    one-vote strategy switch; the provisioning artifact's window of 800 steps and α = 1/3."""
+    figures = paper_config(cifar_like, SMOKE, PAPER)["figures"]
+    fig4 = figures["kungfu-fig4"]
+    assert (fig4["lr_rule"], fig4["monitor_interval"], fig4["batch_rule"], fig4["weight_decay"]) == (
+        "fixed",
+        1,
+        "fork",
+        2e-4,
+    )
+    small, large = (starting_rate(fig4["learning_rate"], fig4["lr_reference_batch"], b) for b in (32, 1024))
+    assert (small, large) == (pytest.approx(0.025), pytest.approx(0.8))
+    assert figures["kungfu-fig5"]["patience"] == 1
+    assert (figures["kungfu-fig6"]["window_steps"], figures["kungfu-fig6"]["alpha"]) == (800, pytest.approx(1 / 3))
+
+
+def test_an_unsourced_paper_value_is_refused_naming_its_key() -> None:
+    config = load_config(SMOKE, PAPER)
+    config["paper"] = copy.deepcopy(BLOCK)
+    config["paper"]["kungfu-fig5"]["patience"] = 1
+    config["paper"]["kungfu-fig6"]["alpha"] = {"value": 0.3, "source": " "}
+    with pytest.raises(ConfigError) as caught:
+        validate_config(config)
+    assert "paper.kungfu-fig5.patience: must be {value: ..., source:" in str(caught.value)
+    assert "paper.kungfu-fig6.alpha: its source must be a non-empty string" in str(caught.value)
+
+
+def test_figures_overrides_the_active_scale_only() -> None:
+    """A user's `figures:` wins over either block; the inactive block is dropped from the resolved config."""
+    smoke = validate_config(load_config_file(SMOKE) | {"figures": {"kungfu-fig9": {"batch_size": 7}}})
+    assert smoke["figures"]["kungfu-fig9"]["batch_size"] == 7 and smoke["figures"]["kungfu-fig9"]["image_size"] == 32
+    paper = load_config(SMOKE, PAPER)
+    assert "smoke" not in paper and paper["figures"]["kungfu-fig9"]["image_size"] == 224
+
+
+def test_the_paper_settings_page_is_current() -> None:
+    """docs/paper-scale.md is what `ddlrepro paper-settings --out docs/paper-scale.md` writes today."""
+    assert (REPO / "docs" / "paper-scale.md").read_text() == settings_page(SMOKE, PAPER)
+
+
+def test_the_scale_blocks_name_the_figures_the_workflow_has() -> None:
+    """The schema's list of figure ids (what a block may name) is the workflow's figures and `figures`' sections."""
+    from ddlrepro.host.config import config_schema
+    from ddlrepro.host.figures import FIGURES
+
+    schema = config_schema()
+    ids = schema["$defs"]["figure_id"]["enum"]
+    assert sorted(ids) == sorted(FIGURES) == sorted(schema["properties"]["figures"]["required"])
+    assert sorted(load_config_file(SMOKE)["smoke"]) == sorted(BLOCK) == sorted(ids)
