@@ -12,6 +12,7 @@ configfile: "config/config.yaml"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/images.smk"
+include: "workflow/rules/data.smk"
 include: "workflow/rules/software.smk"
 include: "workflow/rules/runs.smk"
 include: "workflow/rules/tables.smk"
@@ -25,6 +26,7 @@ localrules:
     all,
     build_image,
     build_sif,
+    fetch_cifar10,
     horovod,
     tabulate,
     simulate_table,

@@ -16,7 +16,7 @@ import torch
 from conftest import REPO, snakemake, spawn_gloo
 
 from ddlrepro.host.config import ConfigError, load_config, validate_config
-from ddlrepro.host.figures import figure_points
+from ddlrepro.host.figures import figure_points, waiting_for_data
 from ddlrepro.rank import datasets
 from ddlrepro.rank.policies.batch import AdaptiveBatchPolicy, learning_rate, starting_rate
 
@@ -139,6 +139,7 @@ def _train_across_a_change(rank: int, out_dir: str) -> dict:
     params |= {"test_fraction": 0.25, "learning_rate": 0.05, "momentum": 0.9, "lr_rule": "linear"}
     params |= {"cycle_epochs": 1, "ema_weight": 0.9, "noise_scale_alpha": 0.9, "micro_batches": 4}
     params |= {"monitor_interval": 1, "batch_rule": "fork", "lr_reference_batch": None, "weight_decay": 0.0}
+    params |= {"noise_scale_aggregation": "pooled"}
     trainer = AdaptiveBatchTrainer(params, ctx)
     noise, shapes = [], []
     batches = trainer.epoch_batches(1)
@@ -196,10 +197,6 @@ def refused(config: dict) -> str:
         ({"ema_weight": 1.0}, "figures.kungfu-fig4.ema_weight: 1.0 is greater than or equal to the maximum of 1"),
         ({"noise_scale_alpha": 0}, "figures.kungfu-fig4.noise_scale_alpha: 0 is less than or equal to the minimum"),
         ({"cycle_epochs": 0}, "figures.kungfu-fig4.cycle_epochs: 0 is less than the minimum of 1"),
-        (
-            {"dataset": "cifar10", "model": "resnet56", "micro_batches": 1},
-            "figures.kungfu-fig4.data_dir: dataset cifar10 requires data_dir",
-        ),
         ({"dataset": "cifar10", "model": "resnet56"}, "figures.kungfu-fig4.micro_batches: 1 was expected"),
         (
             {"dataset": "cifar10"},
@@ -214,12 +211,20 @@ def test_bad_input_is_refused_naming_the_key(section: tuple[dict, dict], change:
     assert message in refused(config)
 
 
-def test_cifar10_files_are_checked_never_downloaded(section: tuple[dict, dict], tmp_path: Path) -> None:
+def test_missing_cifar10_files_make_the_figure_wait_and_bad_ones_are_refused(
+    section: tuple[dict, dict], tmp_path: Path
+) -> None:
+    """A folder without all six batches: the figure is skipped naming the first missing file (the workflow plans
+    the others), or fetched with `download`; six files, one too small: refused before any job."""
     config, figure = section
     figure.update(dataset="cifar10", model="resnet56", micro_batches=1, data_dir=str(tmp_path))
     for name in ["data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5"]:
-        (tmp_path / name).write_bytes(b"\0" * 30_730_000)
-    assert f"figures.kungfu-fig4.data_dir: {tmp_path / 'test_batch'}: missing" in refused(copy.deepcopy(config))
+        with open(tmp_path / name, "wb") as handle:
+            handle.truncate(30_730_000)
+    waiting = waiting_for_data(validate_config(copy.deepcopy(config)))
+    assert f"{tmp_path / 'test_batch'}: missing" in waiting["kungfu-fig4"] and "download=True" in waiting["kungfu-fig4"]
+    assert "kungfu-fig4" not in figure_points(validate_config(copy.deepcopy(config)))
+    assert waiting_for_data(validate_config(copy.deepcopy(config) | {"download": True})) == {}
     (tmp_path / "test_batch").write_bytes(b"\0" * 1000)
     assert "1000 bytes, too small for 10,000 CIFAR-10 images" in refused(config)
 

@@ -112,12 +112,11 @@ def order_free_names(state: dict[str, torch.Tensor]) -> list[str]:
 
 
 @pytest.mark.slow
-def test_d0_is_bitwise_only_where_its_summation_order_is_d1s(runs: Path) -> None:
-    """D0 in one process folds the ESTs in D1's order: identical. Across 4 processes gloo's all-reduce sums in its
-    own order: the parameters and momentum differ in their last bits, and so may the ESTs' BatchNorm running
+def test_d0_differs_across_placements_only_where_summation_order_reaches(runs: Path) -> None:
+    """D0 in one process folds the ESTs in order; across 4 processes gloo's all-reduce sums in its own order: the
+    parameters and momentum differ in their last bits, and so may the ESTs' BatchNorm running
     statistics (computed with those parameters); each EST's dropout RNG, augmentation generator and batch count
     may not (D0 still switches them per EST)."""
-    assert differing(runs / "D0-P1", runs / "P1") == []
     changed = differing(runs / "D0-P4", runs / "D0-P1")
     order_free = order_free_names(job_state(runs / "D0-P1"))
     assert len(order_free) == 4 * (2 + 2)  # 4 ESTs × (dropout RNG, augmentation, 2 BatchNorms' batch counts)
@@ -126,11 +125,14 @@ def test_d0_is_bitwise_only_where_its_summation_order_is_d1s(runs: Path) -> None
 
 
 @pytest.mark.slow
-def test_d1_matches_plain_ddp_within_float_tolerance(runs: Path) -> None:
-    assert losses(runs / "ddp") == pytest.approx(losses(runs / "P4"), rel=1e-4)
-    ddp, d1 = job_state(runs / "ddp"), job_state(runs / "P4")
-    for name in (name for name in d1 if name.startswith("parameter")):
-        torch.testing.assert_close(ddp[name], d1[name], rtol=1e-4, atol=1e-6, msg=name)
+@pytest.mark.parametrize("placement", ["P4", "P2", "uneven", "P1"])
+def test_d1_is_plain_ddp_bit_for_bit(runs: Path, placement: str) -> None:
+    """EasyScale's claim as its artifact states it: D1's training is 4-worker DDP's (gloo), whatever the placement;
+    the steps cross DDP's bucket rebuild after the first one."""
+    assert losses(runs / "ddp") == losses(runs / placement)
+    ddp, d1 = job_state(runs / "ddp"), job_state(runs / placement)
+    parameters = [name for name in d1 if name.startswith("parameter")]
+    assert parameters and [name for name in parameters if not torch.equal(ddp[name], d1[name])] == []
 
 
 def test_est_ranges_and_fold_order() -> None:

@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddlrepro.rank.ema import Ema
 from ddlrepro.rank.micro_batch_norms import MicroBatchNorms
-from ddlrepro.rank.monitors import GradientMonitor, NoiseScaleEstimator
+from ddlrepro.rank.monitors import AGGREGATIONS, GradientMonitor, NoiseScaleEstimator
 
 WORLD = 2
 
@@ -270,3 +270,54 @@ def test_monitor_rejects_bad_settings() -> None:
         GradientMonitor("noise-scale", 1, 8, 1)
     with pytest.raises(ValueError, match="divide the batch of 8, got 3"):
         GradientMonitor("noise-scale", 1, 8, 2, micro_batches=3)
+
+
+def aggregated_run(rank: int, world: int) -> dict:
+    """Each aggregation's noise scale over 3 steps beside every worker's estimator computed from the gathered local
+    gradients and the all-reduced one (α 0.5)."""
+    torch.manual_seed(0)
+    reference = small_network()
+    models, monitors = {}, {}
+    for aggregation in AGGREGATIONS:
+        models[aggregation] = DistributedDataParallel(small_network(), bucket_cap_mb=0.0001)
+        models[aggregation].module.load_state_dict(reference.state_dict())
+        monitors[aggregation] = GradientMonitor("noise-scale", 1, 8, world, 0.5, aggregation=aggregation)
+        monitors[aggregation].attach(models[aggregation])
+    workers = [NoiseScaleEstimator(8, 8 * world, 0.5) for _ in range(world)]
+    pooled = NoiseScaleEstimator(8, 8 * world, 0.5)
+    measured: dict[str, list[float]] = {aggregation: [] for aggregation in AGGREGATIONS}
+    expected: dict[str, list[float]] = {aggregation: [] for aggregation in AGGREGATIONS}
+    for step in range(3):
+        x, y = batch(rank, step)
+        for aggregation, model in models.items():
+            model.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            measured[aggregation].append(monitors[aggregation].end_step()[1])
+        reference.zero_grad()
+        F.cross_entropy(reference(x), y).backward()
+        local = torch.cat([parameter.grad.flatten() for parameter in reference.parameters()])
+        gathered = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(gathered, local)
+        smalls = [float(g.double().square().sum()) for g in gathered]
+        big = float(torch.stack(gathered).double().mean(0).square().sum())
+        values = [estimator.update(small, big) for estimator, small in zip(workers, smalls, strict=True)]
+        expected["per-worker"].append(values[rank])
+        expected["mean-of-workers"].append(sum(values) / world)
+        expected["pooled"].append(pooled.update(sum(smalls) / world, big))
+    return {"measured": measured, "expected": expected}
+
+
+def test_each_aggregation_from_gathered_gradients(tmp_path: Path) -> None:
+    """pooled and mean-of-workers give every rank the same value; per-worker each rank its own (KungFu's library);
+    each equals what every worker's gathered gradient gives."""
+    results = spawn_gloo(aggregated_run, WORLD, tmp_path, WORLD)
+    for rank, result in enumerate(results):
+        for aggregation in AGGREGATIONS:
+            assert result["measured"][aggregation] == pytest.approx(result["expected"][aggregation], rel=1e-6), (
+                rank,
+                aggregation,
+            )
+    assert results[0]["measured"]["pooled"] == results[1]["measured"]["pooled"]
+    assert results[0]["measured"]["mean-of-workers"] == results[1]["measured"]["mean-of-workers"]
+    assert results[0]["measured"]["per-worker"] != results[1]["measured"]["per-worker"]
+    assert results[0]["measured"]["mean-of-workers"] != results[0]["measured"]["pooled"]

@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, planned_jobs, snakemake
 
 from ddlrepro.host.config import ConfigError, load_config, load_config_file, validate_config
 from ddlrepro.host.figures import figure_points
+from ddlrepro.host.launchers import check_points, configured_launcher
+from ddlrepro.host.launchers.hosting import elastic_runtime, peak_workers
 from ddlrepro.host.paper_settings import settings_page
 from ddlrepro.rank import datasets
 from ddlrepro.rank.policies.batch import starting_rate
@@ -142,3 +144,56 @@ def test_the_scale_blocks_name_the_figures_the_workflow_has() -> None:
     ids = schema["$defs"]["figure_id"]["enum"]
     assert sorted(ids) == sorted(FIGURES) == sorted(schema["properties"]["figures"]["required"])
     assert sorted(load_config_file(SMOKE)["smoke"]) == sorted(BLOCK) == sorted(ids)
+
+
+@pytest.mark.parametrize("profile", [[], ["--profile", "profiles/slurm"]], ids=["local", "slurm"])
+def test_a_paper_scale_dry_run_plans_and_names_what_it_skips(workflow_copy: Path, profile: list[str]) -> None:
+    """The README's preview of paper scale on a 2-core machine without the data: every other figure is planned;
+    the two waiting for data say what they need and how to get it; under the local launcher what would not fit
+    is told, not refused (under Slurm everything fits)."""
+    done = snakemake(workflow_copy, "-n", *profile, "--configfile", "config/paper.yaml", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "kungfu-fig4 skipped: CIFAR-10's python batches are not in" in done.stderr
+    assert "data_batch_1: missing): add --config download=True to fetch them" in done.stderr
+    assert "biggan-profiles skipped: set figures.biggan-profiles.data_dir" in done.stderr
+    assert ("would not run here: kungfu-fig5 point" in done.stderr) == (not profile)
+    jobs = planned_jobs(done.stdout)
+    assert jobs["run_point"] > 200 and "fetch_cifar10" not in jobs
+
+
+def test_a_paper_scale_dry_run_with_download_plans_the_fetch_first(workflow_copy: Path) -> None:
+    done = snakemake(
+        workflow_copy,
+        "-n",
+        "kungfu_fig4",
+        "--configfile",
+        "config/paper.yaml",
+        "--config",
+        "download=True",
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    jobs = planned_jobs(done.stdout)
+    assert (jobs["fetch_cifar10"], jobs["run_point"]) == (1, 3 * 3)  # 3 runs × 3 replicates (thorough tier)
+
+
+def test_an_unusual_cluster_shape_gets_slurm_requests_that_agree_with_every_point(cifar_like: Path) -> None:
+    """8 nodes × 8 GPUs at paper scale: each point's sbatch request has a task per worker on as few nodes as hold
+    them (no idle node), a GPU per task and each task's memory."""
+    config = paper_config(cifar_like, SMOKE, PAPER)
+    config["launcher"]["name"] = "slurm"
+    config["launcher"]["slurm"] |= {"tasks_per_node": 8, "gpus_per_node": 8, "max_nodes": 8}
+    launcher = configured_launcher(config)
+    check_points(figure_points(config), launcher)  # every point fits 8 nodes
+    points = [point for by_id in figure_points(config).values() for point in by_id.values()]
+    assert max(point.workers for point in points) == 32
+    for point in points:
+        request = launcher.resources(point)
+        nodes, per_node, tasks = request["nodes"], request["tasks_per_node"], request["tasks"]
+        assert tasks == peak_workers(point), point.id
+        if elastic_runtime(point) is None:
+            assert (nodes - 1) * per_node < tasks <= nodes * per_node and per_node == min(tasks, 8), point.id
+            assert nodes * per_node == tasks or tasks < 8, point.id
+        assert request["gres"] == f"gpu:{min(8, per_node)}", point.id
+        assert request["mem_mb"] == 32000 * per_node, point.id
+        assert request["slurm_extra"] == f"--ntasks-per-node={per_node}", point.id

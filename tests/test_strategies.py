@@ -12,7 +12,7 @@ from conftest import spawn_gloo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlrepro.rank.strategies import STRATEGIES, apply_strategy, reducer
+from ddlrepro.rank.strategies import STRATEGIES, apply_strategy, chunk_count, reducer, strategy_pairs
 
 
 def sums_by_strategy(rank: int, group_size: int) -> dict[str, dict[str, torch.Tensor]]:
@@ -120,3 +120,45 @@ def test_moving_star_root_mid_run_changes_no_bit(tmp_path: Path) -> None:
         for reduced_bytes, seconds, mib_per_s in rank_result["moved"]["reduced"]:
             assert reduced_bytes == gradient_bytes
             assert seconds > 0 and mib_per_s > 0
+
+
+def test_the_graphs_are_kungfus() -> None:
+    """lsds/KungFu@osdi20-artifact plan/topology.go and session/strategy.go, on 6 ranks in 3 hosts of 2 (masters 0,
+    2, 4), worked out by hand from the Go: broadcast edges parent → child."""
+    local = {(0, 1), (2, 3), (4, 5)}
+
+    def edges(strategy: str) -> list[set[tuple[int, int]]]:
+        return [set(pair.broadcast) for pair in strategy_pairs(strategy, 6, 2)]
+
+    assert edges("STAR") == [{(0, r) for r in range(1, 6)}]
+    assert edges("TREE") == [local | {(0, 2), (0, 4)}]
+    assert edges("MULTI_STAR") == [local | {(0, 2), (0, 4)}, local | {(2, 0), (2, 4)}, local | {(4, 0), (4, 2)}]
+    assert edges("BINARY_TREE") == [{(0, 1), (0, 2), (1, 3), (1, 4), (2, 5)}]
+    assert edges("BINARY_TREE_STAR") == [local | {(0, 2), (0, 4)}]
+    # genBinaryTreeStar(peers, offset): the masters' tree over masters[(i + offset) % 3]
+    assert edges("MULTI_BINARY_TREE_STAR") == [
+        local | {(0, 2), (0, 4)},
+        local | {(2, 4), (2, 0)},
+        local | {(4, 0), (4, 2)},
+    ]
+    assert edges("CLIQUE") == [{(root, r) for r in range(6) if r != root} for root in range(6)]
+    assert edges("AUTO") == edges("BINARY_TREE_STAR") and strategy_pairs("AUTO", 4, 4) == strategy_pairs("STAR", 4, 4)
+
+
+def sent_per_rank(strategy: str, world: int, nbytes: int) -> list[int]:
+    """Bytes each rank sends for one tensor of `nbytes`: KungFu's chunks, chunk i through pair i mod len."""
+    pairs = strategy_pairs(strategy, world, world)
+    chunks = chunk_count(nbytes)
+    return [
+        sum(pairs[i % len(pairs)].sent_bytes(rank, nbytes // chunks) for i in range(chunks)) for rank in range(world)
+    ]
+
+
+def test_clique_spreads_chunks_over_every_root_and_a_small_tensor_is_one_star() -> None:
+    """KungFu's CLIQUE is k stars: a 4 MiB tensor on 4 ranks is 4 chunks, one rooted at each rank, so every rank
+    sends 1.5× the tensor (2(n−1)/n), not every rank's tensor to every other ((n−1)× = 3×). Up to 1 MiB: one chunk,
+    one plain star."""
+    mib = 1 << 20
+    assert chunk_count(4 * mib) == 4 and chunk_count(mib) == 1 and chunk_count(mib + 1) == 2
+    assert sent_per_rank("CLIQUE", 4, 4 * mib) == [6 * mib] * 4
+    assert sent_per_rank("CLIQUE", 4, mib) == sent_per_rank("STAR", 4, mib) == [3 * mib, mib, mib, mib]

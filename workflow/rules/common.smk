@@ -17,14 +17,16 @@ from ddlrepro.host.checks import (
 from ddlrepro.host.config import validate_config
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.bundle import bundle_name, digest_file
+from ddlrepro.host.datafetch import cifar10_folder
 from ddlrepro.host.figures import (
     FIGURES,
-    enabled_figures,
     figure_module,
     figure_points,
     figure_source,
     previous_replicate,
     is_simulated,
+    planned_figures,
+    waiting_for_data,
     simulated_table_name,
     simulation_inputs,
     simulation_settings,
@@ -33,11 +35,14 @@ from ddlrepro.host.provenance import git_state, profile_from_command, record_inv
 from ddlrepro.host.launchers import (
     check_points,
     configured_launcher,
+    point_problems,
     launcher_classes,
     resolved_launcher_name,
+    snakemake_dry_run,
     snakemake_executor,
 )
 from ddlrepro.host.redaction import declare_secret_variables
+from ddlrepro.rank.datasets import CIFAR10_FILES
 
 try:
     validate_config(config)
@@ -58,7 +63,14 @@ try:
     # The configured launcher, as the workflow sees it: what each run may use and asks for (the image is known
     # only once built: each run builds its own from the same sections, `run-point --config-json`).
     LAUNCHER = configured_launcher(config)
-    check_points(POINTS, LAUNCHER)
+    # A dry run previews (e.g. paper scale on a laptop): what would not fit here is told, and the plan goes on.
+    if snakemake_dry_run(sys.argv[1:]):
+        for problem in point_problems(POINTS, LAUNCHER):
+            print(f"would not run here: {problem}", file=sys.stderr)
+    else:
+        check_points(POINTS, LAUNCHER)
+    for figure, waits_for in waiting_for_data(config).items():
+        print(f"{figure} skipped: {waits_for}", file=sys.stderr)
     declare_secret_variables(config["redaction"]["variables"])
 except (UserError, OSError) as error:
     raise WorkflowError(str(error)) from None
@@ -78,7 +90,7 @@ RERUN_OPTIONS = " ".join(
     ]
     * bool(workflow.overwrite_configfiles)
 )
-ENABLED = enabled_figures(config)
+ENABLED = planned_figures(config)
 # Every path a rule names is relative to the working directory, so that a finished checkout moved or copied
 # elsewhere (with results/ and .snakemake/) plans nothing: Snakemake reruns a job whose input list or params change.
 CHECKOUT = os.path.relpath(workflow.basedir)
@@ -188,8 +200,12 @@ def point_software(wildcards):
 
 
 def point_data(wildcards):
-    """What a run reads besides its point: the packed shards of a non-synthetic data source."""
-    shards = lookup_point(wildcards).inputs.get("shards_dir")
+    """What a run reads besides its point: the packed shards of a non-synthetic data source, CIFAR-10's batches
+    (fetched first by fetch_cifar10 where they are missing and `download` allows)."""
+    point = lookup_point(wildcards)
+    shards = point.inputs.get("shards_dir")
+    if point.params.get("dataset") == "cifar10":
+        return [str(Path(point.inputs["data_dir"]) / name) for name in CIFAR10_FILES]
     return [shards] if shards else []
 
 

@@ -191,6 +191,13 @@ def cmd_paper_settings(args: argparse.Namespace) -> None:
         print(page, end="")
 
 
+def cmd_fetch_data(args: argparse.Namespace) -> None:
+    from ddlrepro.host.datafetch import CIFAR10_URL, fetch_cifar10
+
+    fetch_cifar10(Path(args.folder), args.url or CIFAR10_URL)
+    print(f"CIFAR-10's python batches in {args.folder}, MD5 checked")
+
+
 def cmd_simulate(args: argparse.Namespace) -> None:
     from ddlrepro.host.simulator import cli
 
@@ -330,6 +337,12 @@ def parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check config files (merged in order) against the schema")
     validate.add_argument("configs", nargs="+")
     validate.set_defaults(handler=cmd_validate)
+
+    fetch = commands.add_parser("fetch-data", help="download a data set, verify its checksum, move it into place")
+    fetch.add_argument("dataset", choices=["cifar10"])
+    fetch.add_argument("--folder", required=True, help="where its files go (the figure's data_dir)")
+    fetch.add_argument("--url", help="its address (default: the canonical one)")
+    fetch.set_defaults(handler=cmd_fetch_data)
 
     paper = commands.add_parser("paper-settings", help="every paper-scale parameter with its source, as markdown")
     paper.add_argument("--smoke", default="config/config.yaml", help="the smoke config (read first, as Snakemake)")

@@ -8,9 +8,10 @@ function of E alone, whatever P and the placement:
 
 - D0 keeps only that per-EST state; gradients are summed in each process, then all-reduced across processes, so
   the floating-point summation order depends on the placement.
-- D1 also fixes the aggregation order: the gradient sum is folded in EST order g₀ + g₁ + … + g_{E−1}, passed
-  along the processes as a chain (each adds its ESTs to the running sum and sends it on), then broadcast. On CPU
-  (same kernels and thread count everywhere) D1 gives bitwise-identical training for any placement.
+- D1 also fixes the aggregation: it reproduces what plain E-worker DDP on gloo computes, bit for bit (its buckets,
+  its 1/E scaling and its ring's order of additions: ddp_arithmetic.py), from every EST's gradient gathered on
+  process 0, then broadcast. On CPU (same kernels and thread count everywhere) D1 gives training bitwise identical
+  to E-worker DDP for any placement: the artifact's "exactly the same as DDP-homo".
 
 A checkpoint (parameters, optimizer, every EST's state, the step) moves a job between placements.
 
@@ -33,6 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ddlrepro.rank.ddp_arithmetic import bucket_layout, ddp_average
 from ddlrepro.rank.models import MODELS, build_model
 
 MODES = ("D0", "D1", "ddp")
@@ -163,6 +165,15 @@ class ConsistentTrainer:
         self.step = 0
         self.switch_seconds = 0.0
         self.laps = StepLaps(bool(params.get("est_timings")))
+        self.parameters = list(self.model.parameters())
+        # The order gradients become ready in a backward pass: DDP rebuilds its buckets in it after the first step.
+        self.ready_order: list[int] = []
+        for index, parameter in enumerate(self.parameters):
+            parameter.register_post_accumulate_grad_hook(lambda _, index=index: self._gradient_ready(index))
+
+    def _gradient_ready(self, index: int) -> None:
+        if len(self.ready_order) < len(self.parameters) and index not in self.ready_order:
+            self.ready_order.append(index)
 
     def batch(self, est: LogicalWorker) -> tuple[torch.Tensor, torch.Tensor]:
         """This EST's mini-batch of the current step, augmented (random flip, random 2-pixel shift) with its own RNG."""
@@ -227,25 +238,28 @@ class ConsistentTrainer:
         return global_loss
 
     def aggregate(self, gradients: list[torch.Tensor]) -> torch.Tensor:
-        """The mean gradient over all ESTs: placement-dependent order (D0) or EST order (D1)."""
+        """The mean gradient over all ESTs: in a placement-dependent order (D0), or as E-worker DDP computes it
+        (D1, every EST's gradient gathered on process 0)."""
         if self.params["mode"] == "D0":
             total = fold(gradients)
             if dist.get_world_size() > 1:
                 dist.all_reduce(total)
             return total.div_(self.logical_workers)
-        last = len(self.placement) - 1
+        mine = torch.stack(gradients)
+        averaged = torch.empty_like(gradients[0])
         if self.rank == 0:
-            total = fold(gradients)
+            everyone = [mine]
+            for source, count in enumerate(self.placement[1:], start=1):
+                theirs = torch.empty(count, *mine.shape[1:], dtype=mine.dtype)
+                dist.recv(theirs, src=source)
+                everyone.append(theirs)
+            layout = bucket_layout(self.parameters, self.ready_order if self.step > 0 else None)
+            averaged = ddp_average(torch.cat(everyone), [p.numel() for p in self.parameters], layout)
         else:
-            total = torch.empty_like(gradients[0])
-            dist.recv(total, src=self.rank - 1)
-            for gradient in gradients:
-                total += gradient
-        if self.rank < last:
-            dist.send(total, dst=self.rank + 1)
-        if last > 0:
-            dist.broadcast(total, src=last)
-        return total.div_(self.logical_workers)
+            dist.send(mine, dst=0)
+        if len(self.placement) > 1:
+            dist.broadcast(averaged, src=0)
+        return averaged
 
     def set_gradients(self, flat: torch.Tensor) -> None:
         offset = 0

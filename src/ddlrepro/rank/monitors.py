@@ -8,7 +8,16 @@
   micro-batch gradients (B_small = B/k; micro_batch_norms.py; models without BatchNorm in training mode):
   k·workers small-batch samples a step instead of `workers`. One scalar all-reduce a monitored step, started at
   the end of the backward pass behind the last bucket; no communication hook, so DDP's own C++ all-reduce runs
-  every step.
+  every step. How the workers' |G_small|² combine (`aggregation`):
+  - pooled (this project's default): their mean, then one estimator; every rank reports the same value. Pooling
+    the norms before the ratio averages the noise of single-worker estimates (large at 2 workers) instead of
+    averaging ratios of noisy numbers, which is biased.
+  - per-worker (the KungFu library: lsds/KungFu@osdi20-artifact srcs/python/kungfu/tensorflow/ops/monitor.py:4-16,
+    each worker its own estimator from its own gradient): every rank reports its own value.
+  - mean-of-workers (KungFu's Fig 4 fork: luomai/models@osdi20 kungfu_experiment/gns.py:32-39, the per-worker
+    values averaged by an all-reduce): every rank reports the same value.
+  The last two gather every worker's |G_small|² (a scalar all-gather) and run one estimator per worker on every
+  rank, so each rank can compute every worker's value, in rank order.
 - Gradient variance: one extra all-reduce, of the squared local gradients, on monitored steps only, started
   beside the gradient's own all-reduce in a communication hook. Per tensor var = E[g²] − E[g]²; reported value:
   the sum over tensors of the Frobenius norms of var.
@@ -33,6 +42,7 @@ from ddlrepro.rank.ema import Ema
 from ddlrepro.rank.micro_batch_norms import MicroBatchNorms
 
 MONITORS = ("none", "noise-scale", "variance")
+AGGREGATIONS = ("pooled", "per-worker", "mean-of-workers")
 
 
 @dataclass
@@ -76,9 +86,12 @@ class GradientMonitor:
         world_size: int,
         alpha: float = 0.6,
         micro_batches: int = 1,
+        aggregation: str = "pooled",
     ) -> None:
         if kind not in MONITORS:
             raise ValueError(f"unknown monitor {kind!r}; valid monitors: {', '.join(MONITORS)}")
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {aggregation!r}; valid: {', '.join(AGGREGATIONS)}")
         if interval < 1:
             raise ValueError(f"monitor interval must be >= 1, got {interval}")
         if micro_batches < 1 or batch_size % micro_batches:
@@ -88,17 +101,19 @@ class GradientMonitor:
         self.world_size = world_size
         self.micro_batches = micro_batches
         self.step = 0
-        self.noise_scale = (
+        self.aggregation = aggregation
+        estimators = 1 if aggregation == "pooled" else world_size
+        self.estimators = [
             NoiseScaleEstimator(batch_size // micro_batches, batch_size * world_size, alpha)
-            if kind == "noise-scale"
-            else None
-        )
+            for _ in range(estimators if kind == "noise-scale" else 0)
+        ]
         self.measurements: dict[str, float] = {}
         """Every value of the last monitored step: the reported one and what it was computed from."""
         self._model: DistributedDataParallel | None = None
         self._micro_batches: MicroBatchNorms | None = None
         self._small_sq = torch.zeros(1, dtype=torch.float64)
         self._small_sq_reduced: dist.Work | None = None
+        self._small_sq_gathered: list[torch.Tensor] = []
         # Keyed by bucket index: reduction callbacks may finish in a different order on each rank, and the sums
         # must be taken in one order for every rank to report the same float.
         self._variance_norms: dict[int, torch.Tensor] = {}
@@ -108,9 +123,17 @@ class GradientMonitor:
         EMAs of |G|² and S carry on (both estimate quantities that do not depend on the batch)."""
         if batch_size % self.micro_batches:
             raise ValueError(f"a batch of {batch_size} does not split into {self.micro_batches} micro-batches")
-        if self.noise_scale is not None:
-            self.noise_scale.batch_small = batch_size // self.micro_batches
-            self.noise_scale.batch_big = batch_size * self.world_size
+        for estimator in self.estimators:
+            estimator.batch_small = batch_size // self.micro_batches
+            estimator.batch_big = batch_size * self.world_size
+
+    @property
+    def noise_scale(self) -> NoiseScaleEstimator | None:
+        """The pooled estimator, or this rank's own (per-worker, mean-of-workers); None without the noise scale."""
+        return self.estimators[self._own_index()] if self.estimators else None
+
+    def _own_index(self) -> int:
+        return 0 if self.aggregation == "pooled" else dist.get_rank()
 
     @property
     def active(self) -> bool:
@@ -148,7 +171,11 @@ class GradientMonitor:
         else:
             local_sq = _squared_norm(self._model.module)
         self._small_sq = local_sq.detach().double().reshape(1)
-        self._small_sq_reduced = dist.all_reduce(self._small_sq, async_op=True)
+        if self.aggregation == "pooled":
+            self._small_sq_reduced = dist.all_reduce(self._small_sq, async_op=True)
+        else:
+            self._small_sq_gathered = [torch.empty_like(self._small_sq) for _ in range(self.world_size)]
+            self._small_sq_reduced = dist.all_gather(self._small_sq_gathered, self._small_sq, async_op=True)
 
     def _hook(self, bucket):  # unannotated: DDP rejects string annotations on hooks
         """Runs once per gradient bucket; returns the future of the averaged bucket, as DDP expects."""
@@ -175,15 +202,19 @@ class GradientMonitor:
     def _noise_scale(self) -> dict[str, float]:
         if self._small_sq_reduced is None:
             raise RuntimeError("no backward pass ran through the monitored model on this step")
-        self._small_sq_reduced.wait()  # every rank gets the same sum, hence the same value
-        small_sq = float(self._small_sq) / self.world_size
+        self._small_sq_reduced.wait()  # every rank gets the same sum (or list), hence the same values
         big_sq = float(_squared_norm(self._model.module))
-        estimator = self.noise_scale
-        value = estimator.update(small_sq, big_sq)
+        if self.aggregation == "pooled":
+            smalls = [float(self._small_sq) / self.world_size]
+        else:
+            smalls = [float(small) for small in self._small_sq_gathered]
+        values = [estimator.update(small, big_sq) for estimator, small in zip(self.estimators, smalls, strict=True)]
+        own = self.noise_scale
+        mean = sum(values) / len(values)
         return {
-            "noise_scale": value,
-            "noise_scale_gradient_sq": estimator.gradient_ema.value,
-            "noise_scale_trace": estimator.trace_ema.value,
+            "noise_scale": mean if self.aggregation == "mean-of-workers" else values[self._own_index()],
+            "noise_scale_gradient_sq": own.gradient_ema.value,
+            "noise_scale_trace": own.trace_ema.value,
         }
 
     def end_step(self) -> tuple[str, float] | None:

@@ -1,46 +1,135 @@
 """KungFu's communication strategies for the PyTorch path, as DDP communication hooks over torch.distributed.
 
-Every strategy sums one tensor over all ranks and leaves the same bits on every rank:
-- RING: torch.distributed.all_reduce (gloo's ring all-reduce; DDP's default, so no hook is registered for it).
-- STAR: every rank sends its tensor to the root (rank 0 unless moved: `StrategyHook.root`), which adds them in
-  rank order, whoever the root is (so moving it changes no bit of the sum), and sends the sum back.
-- BINARY_TREE: partial sums flow up the binary tree of ranks (parent of r: (r-1)//2), the total flows down.
-- BINARY_TREE_STAR: a star inside each group of `group_size` consecutive ranks (a machine: its local ranks), a
-  binary tree among the groups' first ranks, then the sum back down the tree and out along each star.
-- CLIQUE: every rank sends its tensor to every other; each adds all of them in rank order.
+As KungFu builds them (lsds/KungFu@osdi20-artifact): a strategy is a list of graph pairs over the ranks
+(session/strategy.go:45-108, plan/topology.go), each pair a broadcast graph and its reduce graph (the broadcast
+graph reversed, a self-loop at every node: plan/topology.go:33-40). A tensor is cut into ceil(bytes / 1 MiB) chunks
+of nearly equal length (session/session.go:335-358, plan/interval.go:12 EvenPartition), exchanged at once; chunk i
+goes through pair i mod len(pairs) (KungFu's default `simpleHash`, session/shard.go:13; its NAME hash is not
+built). Through a pair a node adds what its reduce-graph predecessors send onto its own and passes the result on;
+then it takes what its broadcast-graph parent sends and passes that on (session/session.go:255-332). Hosts are
+consecutive groups of `group_size` ranks (a machine's local ranks; the first is its master):
+- STAR: one star rooted at rank 0 (movable here: `StrategyHook.root`, for Fig 5).
+- MULTI_STAR: a star inside each host, and a star among the masters rooted at each master in turn (one pair each).
+- TREE: a star inside each host, the masters a star rooted at the first master.
+- BINARY_TREE: the binary tree of ranks (children 2i+1, 2i+2).
+- BINARY_TREE_STAR: a star inside each host, a binary tree among the masters.
+- MULTI_BINARY_TREE_STAR: BINARY_TREE_STAR with the masters' tree rotated by each offset in turn (one pair each):
+  the strategy of the artifact's Fig 9 runs.
+- CLIQUE: one star rooted at each rank (one pair each): the chunks spread over every root, ~2× the tensor sent per
+  rank; a tensor up to 1 MiB goes through one plain star.
+- AUTO: STAR on one host, else BINARY_TREE_STAR (session/strategy.go:120-129).
+- RING: here torch.distributed.all_reduce (gloo's bandwidth-optimal ring all-reduce, DDP's default, so no hook is
+  registered), not KungFu's RING (k chained rings, each reducing along the ring to a rotating root).
 
-Messages are torch.distributed point-to-point sends and receives; on integer tensors every strategy gives exactly
-the all-reduce's sum, on floats the same sum up to the order of additions. Tensors larger than CHUNK_BYTES are
-cut into chunks (at most MAX_CHUNKS) exchanged at once, each on its own thread and message tag, so that one
-chunk's sum travels back while the next one is still arriving (a pipeline, as KungFu's chunked all-reduce). The
-hook runs each bucket's exchange on one background thread, in bucket order (the same on every rank), so
-communication still overlaps the rest of the backward pass, as DDP's own all-reduce does, and counts the bytes it
-reduced and the seconds it took (`StrategyHook.throughput`: KungFu's per-step all-reduce throughput).
+Departures, on purpose: a node adds its inputs in rank order (itself included), not in arrival order, so every rank
+ends with the same bits and moving STAR's root changes none; at most MAX_CHUNKS chunks are in flight (a thread and
+a message tag each). The hook runs each bucket's exchange on one background thread, in bucket order (the same on
+every rank), so communication still overlaps the rest of the backward pass, as DDP's own all-reduce does, and
+counts the bytes it reduced and the seconds it took (`StrategyHook.throughput`: KungFu's per-step all-reduce
+throughput). On integer tensors every strategy gives exactly the all-reduce's sum; on floats the same sum up to the
+order of additions.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-STRATEGIES = ["RING", "STAR", "BINARY_TREE", "BINARY_TREE_STAR", "CLIQUE"]
+STRATEGIES = [
+    "RING",
+    "STAR",
+    "MULTI_STAR",
+    "TREE",
+    "BINARY_TREE",
+    "BINARY_TREE_STAR",
+    "MULTI_BINARY_TREE_STAR",
+    "CLIQUE",
+    "AUTO",
+]
 CHUNK_BYTES = 1 << 20
 MAX_CHUNKS = 16
 _chunk_threads = ThreadPoolExecutor(max_workers=MAX_CHUNKS, thread_name_prefix="strategy-chunk")
 
+Edges = frozenset[tuple[int, int]]
+
 
 class Reducer(Protocol):
-    """An in-place sum over all ranks: `options` are the strategy's own (a chunk's message `tag`, STAR's `root`)."""
+    """An in-place sum over all ranks: `options` are the strategy's own (STAR's `root`)."""
 
     def __call__(self, tensor: torch.Tensor, **options: int) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class GraphPair:
+    """A broadcast graph (edges parent → child) and its reduce graph (the reverse, every node adding its inputs)."""
+
+    broadcast: Edges
+
+    def reduce_inputs(self, rank: int) -> list[int]:
+        """Whose partial sums `rank` adds onto its own (its children in the broadcast graph)."""
+        return sorted(child for parent, child in self.broadcast if parent == rank)
+
+    def parent(self, rank: int) -> int | None:
+        return next((parent for parent, child in self.broadcast if child == rank), None)
+
+    def sent_bytes(self, rank: int, nbytes: int) -> int:
+        """What `rank` sends through this pair for a chunk of `nbytes`: up once, down to each child."""
+        return nbytes * ((self.parent(rank) is not None) + len(self.reduce_inputs(rank)))
+
+
+def hosts_of(world: int, group_size: int) -> list[list[int]]:
+    """The ranks of each host: consecutive groups of `group_size` (the first of each is its master)."""
+    size = max(1, group_size)
+    return [list(range(first, min(first + size, world))) for first in range(0, world, size)]
+
+
+def _local_stars(hosts: list[list[int]]) -> set[tuple[int, int]]:
+    return {(ranks[0], rank) for ranks in hosts for rank in ranks[1:]}
+
+
+def _star(nodes: list[int], root: int) -> set[tuple[int, int]]:
+    return {(root, node) for node in nodes if node != root}
+
+
+def _binary_tree(nodes: list[int]) -> set[tuple[int, int]]:
+    return {(nodes[i], nodes[j]) for i in range(len(nodes)) for j in (2 * i + 1, 2 * i + 2) if j < len(nodes)}
+
+
+def strategy_pairs(strategy: str, world: int, group_size: int, root: int = 0) -> list[GraphPair]:
+    """The graph pairs `strategy` runs on `world` ranks in hosts of `group_size` (RING has none: gloo's)."""
+    hosts = hosts_of(world, group_size)
+    masters = [ranks[0] for ranks in hosts]
+    everyone = list(range(world))
+    if strategy == "AUTO":
+        strategy = "STAR" if len(hosts) == 1 else "BINARY_TREE_STAR"
+    graphs: dict[str, Callable[[], list[set[tuple[int, int]]]]] = {
+        "STAR": lambda: [_star(everyone, root)],
+        "MULTI_STAR": lambda: [_local_stars(hosts) | _star(masters, master) for master in masters],
+        "TREE": lambda: [_local_stars(hosts) | _star(masters, masters[0])],
+        "BINARY_TREE": lambda: [_binary_tree(everyone)],
+        "BINARY_TREE_STAR": lambda: [_local_stars(hosts) | _binary_tree(masters)],
+        "MULTI_BINARY_TREE_STAR": lambda: [
+            _local_stars(hosts) | _binary_tree(masters[offset:] + masters[:offset]) for offset in range(len(masters))
+        ],
+        "CLIQUE": lambda: [_star(everyone, rank) for rank in everyone],
+    }
+    if strategy not in graphs:
+        raise ValueError(f"unknown strategy {strategy!r}; valid strategies: {', '.join(STRATEGIES)}")
+    return [GraphPair(frozenset(edges)) for edges in graphs[strategy]()]
+
+
+def chunk_count(nbytes: int) -> int:
+    """KungFu's chunks of a tensor: ceil(bytes / 1 MiB) (session/session.go:347)."""
+    return max(1, math.ceil(nbytes / CHUNK_BYTES))
 
 
 def _send(tensor: torch.Tensor, destinations: list[int], tag: int) -> None:
@@ -48,53 +137,31 @@ def _send(tensor: torch.Tensor, destinations: list[int], tag: int) -> None:
         work.wait()
 
 
-def _sum_in_order(tensor: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
-    """`tensor` (one of `parts`) becomes their sum, added in the order of `parts` (the same bits on every rank)."""
-    total = tensor if parts[0] is tensor else parts[0].clone()
+def _add_inputs(tensor: torch.Tensor, inputs: list[int], tag: int) -> None:
+    """`tensor` (this rank's) plus what each of `inputs` sends, added in rank order with this rank among them (the
+    same bits whichever node adds them); all receives are posted at once."""
+    rank = dist.get_rank()
+    received = {source: torch.empty_like(tensor) for source in inputs}
+    for work in [dist.irecv(received[source], src=source, tag=tag) for source in inputs]:
+        work.wait()
+    parts = [tensor if source == rank else received[source] for source in sorted([rank, *inputs])]
+    total = parts[0].clone()
     for part in parts[1:]:
         total.add_(part)
-    return total if total is tensor else tensor.copy_(total)
+    tensor.copy_(total)
 
 
-def _add_in_member_order(tensor: torch.Tensor, members: list[int], tag: int) -> None:
-    """`tensor` (this rank's, a member) becomes the sum of every member's, added in the order of `members` (all
-    receives are posted at once)."""
+def run_pair(tensor: torch.Tensor, pair: GraphPair, tag: int) -> torch.Tensor:
+    """One chunk through a graph pair: partial sums up the reduce graph, the total down the broadcast graph."""
     rank = dist.get_rank()
-    others = [member for member in members if member != rank]
-    received = {member: torch.empty_like(tensor) for member in others}
-    for work in [dist.irecv(received[member], src=member, tag=tag) for member in others]:
-        work.wait()
-    _sum_in_order(tensor, [tensor if member == rank else received[member] for member in members])
-
-
-def _star_reduce(tensor: torch.Tensor, members: list[int], tag: int, leader: int | None = None) -> None:
-    """The leader (the first member unless given) ends with the sum over `members`, added in member order; the
-    others send theirs."""
-    leader = members[0] if leader is None else leader
-    if dist.get_rank() != leader:
-        dist.send(tensor, dst=leader, tag=tag)
-    else:
-        _add_in_member_order(tensor, members, tag)
-
-
-def _star_broadcast(tensor: torch.Tensor, members: list[int], tag: int, leader: int | None = None) -> None:
-    leader = members[0] if leader is None else leader
-    if dist.get_rank() == leader:
-        _send(tensor, [member for member in members if member != leader], tag)
-    else:
-        dist.recv(tensor, src=leader, tag=tag)
-
-
-def _tree(tensor: torch.Tensor, members: list[int], tag: int) -> None:
-    """Sum over `members` up their binary tree (children 2i+1, 2i+2 of the i-th), then the total back down."""
-    index = members.index(dist.get_rank())
-    children = [members[child] for child in (2 * index + 1, 2 * index + 2) if child < len(members)]
-    _add_in_member_order(tensor, [members[index], *children], tag)
-    if index > 0:
-        parent = members[(index - 1) // 2]
+    inputs, parent = pair.reduce_inputs(rank), pair.parent(rank)
+    if inputs:
+        _add_inputs(tensor, inputs, tag)
+    if parent is not None:
         dist.send(tensor, dst=parent, tag=tag)
         dist.recv(tensor, src=parent, tag=tag)
-    _send(tensor, children, tag)
+    _send(tensor, inputs, tag)
+    return tensor
 
 
 def ring(tensor: torch.Tensor, **_options: int) -> torch.Tensor:
@@ -103,73 +170,31 @@ def ring(tensor: torch.Tensor, **_options: int) -> torch.Tensor:
     return tensor
 
 
-def star(tensor: torch.Tensor, tag: int = 0, root: int = 0) -> torch.Tensor:
-    """The sum at `root` (added in rank order whatever the root), then sent back to every rank."""
-    everyone = list(range(dist.get_world_size()))
-    _star_reduce(tensor, everyone, tag, root)
-    _star_broadcast(tensor, everyone, tag, root)
-    return tensor
+@functools.cache
+def _pairs(strategy: str, world: int, group_size: int, root: int) -> list[GraphPair]:
+    return strategy_pairs(strategy, world, group_size, root)
 
 
-def binary_tree(tensor: torch.Tensor, tag: int = 0) -> torch.Tensor:
-    _tree(tensor, list(range(dist.get_world_size())), tag)
-    return tensor
+def reducer(strategy: str, group_size: int) -> Reducer:
+    """The in-place sum over all ranks that `strategy` names; `group_size`: the ranks of a host."""
+    if strategy == "RING":
+        return ring
+    strategy_pairs(strategy, 1, 1)  # an unknown name is refused here, before any exchange
 
-
-def binary_tree_star(tensor: torch.Tensor, group_size: int, tag: int = 0) -> torch.Tensor:
-    world, rank = dist.get_world_size(), dist.get_rank()
-    first = rank - rank % group_size
-    group = list(range(first, min(first + group_size, world)))
-    _star_reduce(tensor, group, tag)
-    if rank == first:
-        _tree(tensor, list(range(0, world, group_size)), tag)
-    _star_broadcast(tensor, group, tag)
-    return tensor
-
-
-def clique(tensor: torch.Tensor, tag: int = 0) -> torch.Tensor:
-    """Everyone sends to everyone; every rank adds the world's tensors in rank order (hence the same bits)."""
-    world, rank = dist.get_world_size(), dist.get_rank()
-    others = [r for r in range(world) if r != rank]
-    received = {r: torch.empty_like(tensor) for r in others}
-    works = [dist.irecv(received[r], src=r, tag=tag) for r in others]
-    works += [dist.isend(tensor, dst=r, tag=tag) for r in others]
-    for work in works:
-        work.wait()
-    return _sum_in_order(tensor, [tensor if r == rank else received[r] for r in range(world)])
-
-
-def chunked(exchange: Callable[..., torch.Tensor]) -> Reducer:
-    """`exchange(tensor, tag=..., **options)` on chunks of a large tensor at once (one thread and tag each), in
-    place."""
-
-    def reduce(tensor: torch.Tensor, **options: int) -> torch.Tensor:
-        pieces = min(MAX_CHUNKS, max(1, tensor.numel() * tensor.element_size() // CHUNK_BYTES))
-        if pieces == 1 or not tensor.is_contiguous():
-            return exchange(tensor, tag=0, **options)
+    def reduce(tensor: torch.Tensor, root: int = 0, **_options: int) -> torch.Tensor:
+        pairs = _pairs(strategy, dist.get_world_size(), group_size, root)
+        pieces = chunk_count(tensor.numel() * tensor.element_size()) if tensor.is_contiguous() else 1
+        if pieces == 1:
+            return run_pair(tensor, pairs[0], tag=0)
         running = [
-            _chunk_threads.submit(exchange, chunk, tag=tag, **options)
-            for tag, chunk in enumerate(tensor.view(-1).chunk(pieces))
+            _chunk_threads.submit(run_pair, chunk, pairs[index % len(pairs)], index)
+            for index, chunk in enumerate(tensor.view(-1).tensor_split(pieces))
         ]
         for future in running:
             future.result()
         return tensor
 
     return reduce
-
-
-def reducer(strategy: str, group_size: int) -> Reducer:
-    """The in-place sum over all ranks that `strategy` names; `group_size` only matters to BINARY_TREE_STAR."""
-    reducers: dict[str, Reducer] = {
-        "RING": ring,
-        "STAR": chunked(star),
-        "BINARY_TREE": chunked(binary_tree),
-        "BINARY_TREE_STAR": chunked(partial(binary_tree_star, group_size=max(1, group_size))),
-        "CLIQUE": chunked(clique),
-    }
-    if strategy not in reducers:
-        raise ValueError(f"unknown strategy {strategy!r}; valid strategies: {', '.join(STRATEGIES)}")
-    return reducers[strategy]
 
 
 @dataclass
@@ -210,8 +235,7 @@ class StrategyHook:
     def exchange(self, tensor: torch.Tensor, future: torch.futures.Future) -> None:
         try:
             started = time.perf_counter()
-            options = {"root": self.root} if self.strategy == "STAR" else {}
-            result = self.reduce(tensor.div_(dist.get_world_size()), **options)
+            result = self.reduce(tensor.div_(dist.get_world_size()), root=self.root)
             self.reduced.bytes += tensor.numel() * tensor.element_size()
             self.reduced.seconds += time.perf_counter() - started
             future.set_result(result)

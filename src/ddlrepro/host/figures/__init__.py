@@ -52,11 +52,28 @@ def enabled_figures(config: dict[str, Any]) -> list[str]:
     return [figure for figure in FIGURES if config["figures"][figure]["enabled"]]
 
 
+def waiting_for_data(config: dict[str, Any]) -> dict[str, str]:
+    """Enabled figures whose input data is not here and will not be fetched, each with what it waits for (a
+    figure module's `missing_data`): they are skipped, so that one figure's data never blocks the others."""
+    waiting = {}
+    for figure in enabled_figures(config):
+        missing_data = getattr(figure_module(figure), "missing_data", None)
+        if missing_data and (problem := missing_data(config["figures"][figure], config["download"])):
+            waiting[figure] = problem
+    return waiting
+
+
+def planned_figures(config: dict[str, Any]) -> list[str]:
+    """The enabled figures the workflow builds: those not waiting for data."""
+    waiting = waiting_for_data(config)
+    return [figure for figure in enabled_figures(config) if figure not in waiting]
+
+
 def figure_points(config: dict[str, Any], replicated: Collection[str] = ()) -> dict[str, dict[str, Point]]:
-    """Every enabled figure's points by id (ids are unique within a figure); a figure in `replicated` (one with
+    """Every planned figure's points by id (ids are unique within a figure); a figure in `replicated` (one with
     timing claims, checks.timing_figures) has each point `checks.replicates` times, replicates 0, 1, ..."""
     expanded = {}
-    for figure in enabled_figures(config):
+    for figure in planned_figures(config):
         points = figure_module(figure).points(config["figures"][figure], config["launcher"])
         copies = config["checks"]["replicates"] if figure in replicated else 1
         if copies > 1 and any(point.params.get("resume_from") for point in points):

@@ -85,6 +85,19 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     return [environment_point(section, environment, common, inputs) for environment in section["environments"]]
 
 
+def missing_data(section: dict[str, Any], download: bool) -> str | None:
+    """What this figure waits for: the user's own images (dataset folder; never downloaded)."""
+    from ddlrepro.rank.datasets import IMAGE_FOLDER_FILES
+
+    folder = section["data_dir"]
+    if section["dataset"] != "folder" or (folder and all((Path(folder) / f).is_file() for f in IMAGE_FOLDER_FILES)):
+        return None
+    return (
+        f"set figures.{ID}.data_dir to a folder holding {' and '.join(IMAGE_FOLDER_FILES)} (your own images, "
+        f"uint8 N×3×{section['resolution']}×{section['resolution']}; never downloaded)"
+    )
+
+
 def data_inputs(section: dict[str, Any]) -> dict[str, str]:
     """The images folder (dataset folder), checked before any job; absolute, and out of the points' ids."""
     if section["dataset"] != "folder":

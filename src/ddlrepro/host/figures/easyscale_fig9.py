@@ -9,8 +9,8 @@ first placement change.
 
 Panel (b), device types emulated on CPU (ISA cap, threads, CPU quota; rank/devicetypes.py): the same stages typed
 (`heterogeneous_stages`, e.g. the last on [[2, fast], [1, slow], [1, slow]]). Baseline: E × 1 EST on the first
-stage's type with D2 kernels (every process runs the reference type's kernels), in D1's fixed summation order,
-which is what DDP with those kernels computes up to its ring's rounding; D1 + D2 and D0 + D2 elastic runs against
+stage's type with D2 kernels (every process runs the reference type's kernels) and D1's arithmetic, which is what
+DDP with those kernels computes; D1 + D2 and D0 + D2 elastic runs against
 it; D1 alone (each process its own type's kernels) against a D1 baseline on the first stage's type. Expected: D1
 + D2 exactly 0 in every stage, D1 alone exactly 0 until the types mix, then not. A typed point whose processes are
 all on the default type is the untyped point: D1 alone shares panel (a)'s runs until its placements differ.

@@ -10,9 +10,9 @@ per epoch, best and final accuracy, time to the threshold, the batch's largest v
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ddlrepro.host import datafetch
 from ddlrepro.host.figures.common import require, threads_per_worker
 from ddlrepro.points import Point
 from ddlrepro.rank import datasets
@@ -38,7 +38,14 @@ SECTION_KEYS = [
     "seed",
     "test_fraction",
 ]
-ADAPTIVE_KEYS = ["ema_weight", "noise_scale_alpha", "micro_batches", "monitor_interval", "batch_rule"]
+ADAPTIVE_KEYS = [
+    "ema_weight",
+    "noise_scale_alpha",
+    "noise_scale_aggregation",
+    "micro_batches",
+    "monitor_interval",
+    "batch_rule",
+]
 
 
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
@@ -59,12 +66,12 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
             **{key: section[key] for key in ADAPTIVE_KEYS},
         },
     }
-    # The data folder's path stays out of the id and the tables (it is this machine's); its contents' digest is in.
+    # The data folder's path stays out of the id and the tables (it is this machine's); what it holds is in.
     inputs = {}
     if section["dataset"] == "cifar10":
-        # Absolute: the ranks may start in another working directory (a Slurm job's, a container's).
-        inputs = {"data_dir": str(Path(section["data_dir"]).expanduser().resolve())}
-        common["data_digest"] = datasets.cifar10_digest(section["data_dir"])
+        folder = datafetch.cifar10_folder(section["data_dir"])
+        inputs = {"data_dir": str(folder)}
+        common["data_digest"] = datafetch.cifar10_identity(folder)
     workers = section["workers"]
     threads = threads_per_worker(launcher, workers)
     return [
@@ -81,16 +88,10 @@ def check_section(section: dict[str, Any]) -> None:
         "cap",
         f"{section['cap']} is below the starting batch_size {section['batch_size']}",
     )
-    if section["dataset"] == "cifar10":
-        require(
-            section["data_dir"] is not None,
-            ID,
-            "data_dir",
-            "dataset cifar10 requires data_dir, the folder of CIFAR-10's python batches (never downloaded; or set "
-            "figures.kungfu-fig4.enabled: false)",
-        )
+    folder = datafetch.cifar10_folder(section["data_dir"])
+    if section["dataset"] == "cifar10" and datafetch.cifar10_present(folder):
         try:
-            datasets.check_cifar10(section["data_dir"])
+            datasets.check_cifar10(folder)
         except FileNotFoundError as error:
             require(False, ID, "data_dir", str(error))
     require(
@@ -105,6 +106,18 @@ def check_section(section: dict[str, Any]) -> None:
         ID,
         "cap",
         f"{section['cap']} × {section['workers']} workers exceeds the {samples} training samples of one epoch",
+    )
+
+
+def missing_data(section: dict[str, Any], download: bool) -> str | None:
+    """What this figure waits for, when CIFAR-10 is not in its folder and `download` does not allow a fetch."""
+    folder = datafetch.cifar10_folder(section["data_dir"])
+    if section["dataset"] != "cifar10" or datafetch.cifar10_present(folder) or download:
+        return None
+    missing = next(folder / name for name in datasets.CIFAR10_FILES if not (folder / name).is_file())
+    return (
+        f"CIFAR-10's python batches are not in {folder} (figures.{ID}.data_dir; {missing}: missing): add --config "
+        f"download=True to fetch them ({section['data_url']}, MD5 checked), or set data_dir to your copy"
     )
 
 
@@ -167,7 +180,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     figure, (accuracy, batch, noise) = plotting.new_figure(3, TITLE, panel_size=(5.0, 4.2))
     for run in summary["run"]:
         rows = evaluated[evaluated["run"] == run].sort_values("epoch")
-        accuracy.plot(rows["train_time_s"], rows["accuracy"], marker="o", markersize=4, label=run)
+        accuracy.plot(rows["train_time_s"], rows["accuracy"], marker="o", markersize=4, label=run_label(table, run))
         plotting.ring_disturbed(accuracy, rows["train_time_s"], rows["accuracy"], rows["disturbed"])
     accuracy.axhline(summary["threshold"].iloc[0], color="black", linestyle=":", label="best small − 1 point")
     accuracy.set_xlabel("training time, evaluations excluded (s)")
@@ -182,13 +195,22 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     return figure, summary
 
 
+RULE_LABELS = {"fork": "the fork's rule", "per-cycle": "per-cycle rule, not the fork's"}
+
+
+def run_label(table: pd.DataFrame, run: str) -> str:
+    """A run's legend label: the adaptive run names its batch rule (tables from before the rules name none)."""
+    rules = table.loc[table["run"] == run, "batch_rule"].dropna() if "batch_rule" in table else []
+    return f"{run} ({RULE_LABELS[rules.iloc[0]]})" if len(rules) else run
+
+
 def draw_batches(axis, table: pd.DataFrame, summary: pd.DataFrame) -> None:
     from ddlrepro.host import plotting
 
     trained = epochs(table)
     for run in summary["run"]:
         rows = trained[trained["run"] == run].sort_values("epoch")
-        axis.step(rows["epoch"], rows["batch_size"], where="post", label=run)
+        axis.step(rows["epoch"], rows["batch_size"], where="post", label=run_label(table, run))
     axis.axhline(summary["cap"].max(), color="black", linestyle=":", label="cap")
     axis.set_yscale("log", base=2)
     axis.set_xlabel("training time (epochs)")

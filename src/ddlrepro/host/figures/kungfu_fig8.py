@@ -40,7 +40,19 @@ def parse_setting(setting: str) -> dict[str, Any]:
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     settings = [parse_setting(setting) for setting in section["monitors"]]
     model, workers, alpha = section["model"], section["workers"], section["noise_scale_alpha"]
-    return [throughput_point(ID, section, model, workers, launcher, noise_scale_alpha=alpha, settings=settings)]
+    aggregation = section["noise_scale_aggregation"]
+    return [
+        throughput_point(
+            ID,
+            section,
+            model,
+            workers,
+            launcher,
+            noise_scale_alpha=alpha,
+            noise_scale_aggregation=aggregation,
+            settings=settings,
+        )
+    ]
 
 
 def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:

@@ -7,6 +7,7 @@ once from the config's `launcher` and `images` sections, its defaults filled in 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import copy
 import importlib
@@ -55,9 +56,9 @@ def resolved_launcher_name(
     return "slurm" if (executor or "").startswith("slurm") else "local"
 
 
-def snakemake_executor(argv: list[str]) -> str | None:
-    """The executor Snakemake runs with, as its own parser reads the command line `argv` (profiles included: the
-    Snakefile is read before Snakemake sets its executor on the workflow); None when `argv` is not Snakemake's."""
+def snakemake_arguments(argv: list[str]) -> argparse.Namespace | None:
+    """Snakemake's options as its own parser reads the command line `argv` (profiles included: the Snakefile is
+    read before Snakemake sets its executor or dry run on the workflow); None when `argv` is not Snakemake's."""
     from snakemake.cli import parse_args
 
     try:
@@ -65,7 +66,19 @@ def snakemake_executor(argv: list[str]) -> str | None:
             _, args = parse_args(argv)
     except SystemExit:
         return None
-    return args.executor
+    return args
+
+
+def snakemake_executor(argv: list[str]) -> str | None:
+    """The executor Snakemake runs with (None when `argv` is not Snakemake's)."""
+    args = snakemake_arguments(argv)
+    return args.executor if args else None
+
+
+def snakemake_dry_run(argv: list[str]) -> bool:
+    """Whether Snakemake only plans (-n): then a point that would not fit here is told, not refused."""
+    args = snakemake_arguments(argv)
+    return bool(args and args.dryrun)
 
 
 def configured_launcher(config: dict[str, Any] | None = None, image: dict[str, Any] | None = None) -> Launcher:
@@ -80,12 +93,24 @@ def configured_launcher(config: dict[str, Any] | None = None, image: dict[str, A
 
 
 def check_points(points: dict[str, dict[str, Point]], launcher: Launcher) -> None:
-    """Raise ConfigError for the first point the launcher cannot run: an elastic run it cannot host (naming the
-    figure and the launchers that can), or one that cannot fit where it would start."""
+    """Raise ConfigError naming every figure with a point the launcher cannot run: an elastic run it cannot host
+    (naming the launchers that can), or one that cannot fit where it would start."""
+    problems = point_problems(points, launcher)
+    if problems:
+        raise ConfigError("invalid configuration for this launcher:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def point_problems(points: dict[str, dict[str, Point]], launcher: Launcher) -> list[str]:
+    """Each figure's first point the launcher cannot run, and why."""
+    problems = []
     for figure, figure_points in points.items():
-        for point in figure_points.values():
-            check_hostable(figure, point, launcher)
-            launcher.check_fits(point)
+        try:
+            for point in figure_points.values():
+                check_hostable(figure, point, launcher)
+                launcher.check_fits(point)
+        except ConfigError as error:
+            problems.append(str(error).removeprefix("invalid configuration:\n  - "))
+    return problems
 
 
 def check_hostable(figure: str, point: Point, launcher: Launcher) -> None:

@@ -64,6 +64,7 @@ class AdaptiveBatchTrainer:
                 ctx.world_size,
                 params["noise_scale_alpha"],
                 micro_batches,
+                params["noise_scale_aggregation"],
             )
             self.monitor.attach(self.model)
             self.policy = AdaptiveBatchPolicy(

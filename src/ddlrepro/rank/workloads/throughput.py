@@ -135,7 +135,8 @@ def data_parallel(model: nn.Module, ctx: RankContext) -> nn.Module:
 
 
 def attach_monitor(model: nn.Module, params: dict[str, Any], ctx: RankContext) -> GradientMonitor | None:
-    """The configured online monitor (`monitor`, `monitor_interval`, `noise_scale_alpha`), if any."""
+    """The configured online monitor (`monitor`, `monitor_interval`, `noise_scale_alpha`,
+    `noise_scale_aggregation`), if any."""
     kind = params.get("monitor", "none")
     if kind == "none":
         return None
@@ -147,6 +148,7 @@ def attach_monitor(model: nn.Module, params: dict[str, Any], ctx: RankContext) -
         params["batch_size"],
         ctx.world_size,
         params.get("noise_scale_alpha", 0.6),
+        aggregation=params.get("noise_scale_aggregation", "pooled"),
     )
     monitor.attach(model)
     return monitor
