@@ -197,3 +197,14 @@ def test_an_unusual_cluster_shape_gets_slurm_requests_that_agree_with_every_poin
         assert request["gres"] == f"gpu:{min(8, per_node)}", point.id
         assert request["mem_mb"] == 32000 * per_node, point.id
         assert request["slurm_extra"] == f"--ntasks-per-node={per_node}", point.id
+
+
+def test_a_figure_waiting_for_data_lists_its_checks_as_skipped_saying_why() -> None:
+    """checks.tsv keeps a verdict line for every claim: a figure skipped for its data lists each as skipped, why."""
+    from ddlrepro.host.checks import collect_checks, headline, load_references
+
+    references = load_references(REPO / "config" / "references.yaml")
+    collected = collect_checks([], {"kungfu-fig4": "CIFAR-10's python batches are not in x"}, references)
+    assert len(collected) == len(references["kungfu-fig4"]) and set(collected["status"]) == {"skipped"}
+    assert collected["reason"].str.startswith("waiting: CIFAR-10's python batches").all()
+    assert headline(collected).endswith(f"({len(collected)} skipped)")

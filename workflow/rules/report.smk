@@ -20,17 +20,22 @@ rule check_figure:
         " --scale {params.scale} --tier {params.tier} --out {output} --exclude {params.exclude} > {log} 2>&1"
 
 
+# A figure waiting for its data (figures.waiting_for_data) has its references listed as skipped, saying why.
 rule collect_checks:
     input:
-        figure_checks(ENABLED),
+        checks=figure_checks(ENABLED),
+        references=config["references"],
     output:
         "results/checks.tsv",
     log:
         "results/logs/collect_checks.log",
     conda:
         SOFTWARE
+    params:
+        waiting=shlex.quote(json.dumps(waiting_for_data(config))),
     shell:
-        "python -m ddlrepro collect-checks {input} --out {output} > {log} 2>&1"
+        "python -m ddlrepro collect-checks {input.checks} --references {input.references}"
+        " --waiting {params.waiting} --out {output} > {log} 2>&1"
 
 
 # Our one HTML report (Snakemake's --report is not built: this one holds the provenance, checks and rerun command).

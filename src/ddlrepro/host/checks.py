@@ -182,6 +182,20 @@ def timing_figures(
     }
 
 
+def skipped(reference: dict[str, Any], reason: str) -> dict[str, Any]:
+    """A reference's row of checks.tsv (figure aside), skipped for `reason` until judged."""
+    return dict.fromkeys(COLUMNS[1:]) | {
+        "check": reference["id"],
+        "tier": "timing" if reference.get("timing") else "deterministic",
+        "status": "skipped",
+        "unit": reference.get("unit", ""),
+        "scale": reference["scale"],
+        "reason": reason,
+        "claim": reference["claim"],
+        "source": reference.get("source", ""),
+    }
+
+
 def evaluate(
     reference: dict[str, Any],
     summary: pd.DataFrame,
@@ -195,16 +209,7 @@ def evaluate(
     """One row of checks.tsv for one reference; `rerun`, the command that runs the figure's points again;
     `benchmark`: a benchmark's target, over its one summary (judge_timing); `tier`: checks.tier."""
     name = f"{figure}/{reference['id']}" if figure else reference["id"]
-    row = dict.fromkeys(COLUMNS[1:]) | {
-        "check": reference["id"],
-        "tier": "timing" if reference.get("timing") else "deterministic",
-        "status": "skipped",
-        "unit": reference.get("unit", ""),
-        "scale": reference["scale"],
-        "reason": "",
-        "claim": reference["claim"],
-        "source": reference.get("source", ""),
-    }
+    row = skipped(reference, "")
     if excluded:
         return row | {"reason": "excluded by the config (checks.exclude)"}
     if reason := unjudged(reference, scale, tier, figure):
@@ -448,9 +453,18 @@ def thorough_command(figure: str) -> str:
     return f"snakemake {figure.replace('-', '_')} --config 'checks={{tier: thorough}}'"
 
 
-def collect_checks(paths: list[Path]) -> pd.DataFrame:
-    """Every figure's checks TSV in one table (results/checks.tsv), cells kept as written."""
+def collect_checks(
+    paths: list[Path], waiting: dict[str, str] | None = None, references: dict[str, list[dict[str, Any]]] | None = None
+) -> pd.DataFrame:
+    """Every figure's checks TSV in one table (results/checks.tsv), cells kept as written; a figure `waiting` for
+    its data (figures.waiting_for_data) adds each of its `references` as skipped, with what it waits for."""
     tables = [pd.read_csv(path, sep="\t", dtype=str, keep_default_na=False) for path in paths]
+    for figure, reason in (waiting or {}).items():
+        rows = [
+            {"figure": figure, **skipped(reference, f"waiting: {reason}")}
+            for reference in (references or {}).get(figure, [])
+        ]
+        tables.append(pd.DataFrame(rows, columns=COLUMNS).fillna(""))
     return pd.concat(tables, ignore_index=True)
 
 

@@ -97,9 +97,11 @@ def cmd_check(args: argparse.Namespace) -> None:
 
 
 def cmd_collect_checks(args: argparse.Namespace) -> None:
-    from ddlrepro.host.checks import collect_checks, headline
+    from ddlrepro.host.checks import collect_checks, headline, load_references
 
-    checks = collect_checks([Path(path) for path in args.checks])
+    waiting = json.loads(args.waiting)
+    references = load_references(Path(args.references)) if waiting else None
+    checks = collect_checks([Path(path) for path in args.checks], waiting, references)
     checks.to_csv(args.out, sep="\t", index=False)
     print(headline(checks))
 
@@ -294,8 +296,10 @@ def parser() -> argparse.ArgumentParser:
     check.set_defaults(handler=cmd_check)
 
     collect = commands.add_parser("collect-checks", help="concatenate per-figure check tables")
-    collect.add_argument("checks", nargs="+")
+    collect.add_argument("checks", nargs="*")
     collect.add_argument("--out", required=True)
+    collect.add_argument("--waiting", default="{}", help="JSON {figure: what it waits for}: its checks are skipped")
+    collect.add_argument("--references", default="config/references.yaml")
     collect.set_defaults(handler=cmd_collect_checks)
 
     report = commands.add_parser("report", help="self-contained HTML report of the built figures")
