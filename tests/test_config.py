@@ -355,15 +355,16 @@ def test_load_config_names_file_line_and_column(tmp_path: Path, case: str) -> No
         load_config(tmp_path / "config.yaml")
 
 
-def test_snakemake_refuses_a_point_that_cannot_fit_this_machine(workflow_copy: Path) -> None:
+def test_snakemake_refuses_a_point_that_cannot_fit_this_machine_and_a_dry_run_tells_it(workflow_copy: Path) -> None:
+    """A run stops before any job; a dry run (a preview, e.g. of paper scale on a laptop) plans and says so."""
     huge = workflow_copy / "huge.yaml"
     huge.write_text("figures:\n  kungfu-fig9:\n    workers: [10000]\n")
-    done = snakemake(workflow_copy, "-n", "--configfile", str(huge), timeout=120)
-    assert done.returncode != 0
-    assert re.search(
-        r"kungfu-fig9 point \S+-np10000-\S+: 10000 workers × 1 threads = 10000 threads", done.stdout + done.stderr
-    )
+    problem = r"kungfu-fig9 point \S+-np10000-\S+: 10000 workers × 1 threads = 10000 threads"
+    done = snakemake(workflow_copy, "kungfu_fig9", "--configfile", str(huge), timeout=120)
+    assert done.returncode != 0 and re.search(problem, done.stdout + done.stderr)
     assert not (workflow_copy / "results").exists()
+    previewed = snakemake(workflow_copy, "-n", "--configfile", str(huge), timeout=120)
+    assert previewed.returncode == 0 and re.search(f"would not run here: {problem}", previewed.stderr)
 
 
 def test_sizes_are_checked_against_declared_cluster_limits() -> None:
