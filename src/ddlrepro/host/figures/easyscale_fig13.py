@@ -3,9 +3,10 @@
 Points, per model: D1 training of k ESTs on each of P processes, every EST's pieces of every step timed
 (`est_timings`: switch, data, forward_backward, gradient_copy; on a process's last EST also sync, optimizer, loss);
 plain DDP on the same P processes at the per-EST batch (the same per-worker batch). In a process, ESTs 0..k−2 run
-forward and backward and copy their gradient out; its last EST, k−1, also runs D1's chained sync (fold in EST
-order, chain, broadcast), the optimizer step and the loss's all-reduce. Plot: per model, the mean of ESTs 0..k−2
-and EST k−1 (each the slowest process's, median over steps), each ÷ the DDP step (slowest process, median).
+forward and backward and copy their gradient out; its last EST, k−1, also runs D1's sync (every EST's gradient
+gathered on process 0, DDP's arithmetic, broadcast), the optimizer step and the loss's all-reduce. Plot: per model,
+the mean of ESTs 0..k−2 and EST k−1 (each the slowest process's, median over steps), each ÷ the DDP step (slowest
+process, median).
 """
 
 from __future__ import annotations
