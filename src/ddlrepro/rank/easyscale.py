@@ -17,8 +17,8 @@ A checkpoint (parameters, optimizer, every EST's state, the step) moves a job be
 
 With `est_timings`, each step is cut into contiguous laps (`StepLaps`), one per piece of an EST's turn (switch,
 data, forward_backward, gradient_copy) and, on a process's last EST, the pieces after its turn (sync, optimizer,
-loss): they add up to the step. Only time.perf_counter; the sync's lap includes waiting for the peers (the gather on process 0 and the broadcast),
-as a DDP step's all-reduce does.
+loss): they add up to the step. Only time.perf_counter; the sync's lap includes waiting for the peers (the gather
+on process 0 and the broadcast), as a DDP step's all-reduce does.
 """
 
 from __future__ import annotations

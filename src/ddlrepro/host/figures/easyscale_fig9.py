@@ -122,15 +122,27 @@ def loss_differences(table: pd.DataFrame) -> pd.DataFrame:
     table = typing_columns(table)
     losses = table[(table["metric"] == "loss") & table["device_types"].isna() & table["kernels"].isna()]
     baseline = losses[losses["run"] == "baseline"].set_index(["mode", "step"])["value"]
+    baseline_ids = losses[losses["run"] == "baseline"].set_index(["mode", "step"])["point_id"]
     others = losses[losses["run"] != "baseline"].copy()
-    reference_mode = others["mode"].where(others["run"] == "elastic", "D1")
-    others["difference"] = (
-        others["value"].to_numpy() - baseline.loc[list(zip(reference_mode, others["step"], strict=True))].to_numpy()
-    )
+    reference = list(zip(others["mode"].where(others["run"] == "elastic", "D1"), others["step"], strict=True))
+    others["difference"] = others["value"].to_numpy() - baseline.loc[reference].to_numpy()
+    others["parameters_differ"] = parameters_differ(table, others, baseline_ids.loc[reference].to_numpy())
     others["series"] = (
         others["mode"].where(others["run"] == "elastic", "plain DDP").replace({"D0": "D0 elastic", "D1": "D1 elastic"})
     )
     return others.assign(panel="a")
+
+
+def parameters_differ(table: pd.DataFrame, rows: pd.DataFrame, baseline_ids: Any) -> list[float]:
+    """Per row (a run's step): 1.0 where its parameters after the step differ from its baseline's at that step
+    (their digests), 0.0 where equal, NaN where a run recorded no digest (tables from before)."""
+    digests = table[table["metric"] == "parameters_digest"].set_index(["point_id", "step"])["value"].to_dict()
+    return [
+        float(digests[(point, step)] != digests[(base, step)])
+        if (point, step) in digests and (base, step) in digests
+        else float("nan")
+        for point, step, base in zip(rows["point_id"], rows["step"], baseline_ids, strict=True)
+    ]
 
 
 def chain(table: pd.DataFrame, last: str) -> list[str]:
@@ -153,7 +165,7 @@ def typed_loss_differences(table: pd.DataFrame) -> pd.DataFrame:
     own = losses[losses["kernels"].isna() & (losses["mode"] == "D1")]
     typed_own = own[own["device_types"].notna() & (own["run"] == "elastic")]
     if d2.empty or typed_own.empty:
-        return losses.iloc[0:0].assign(difference=[], series=[], panel=[])
+        return losses.iloc[0:0].assign(difference=[], parameters_differ=[], series=[], panel=[])
     last = typed_own.sort_values("stage")["point_id"].iloc[-1]
     alone = own[own["point_id"].isin(chain(table, last))]
     own_baselines = own[own["run"] == "baseline"]
@@ -163,10 +175,11 @@ def typed_loss_differences(table: pd.DataFrame) -> pd.DataFrame:
         (d2[d2["run"] == "elastic"], d2[d2["run"] == "baseline"], {"D1": "D1 + D2", "D0": "D0 + D2"}),
         (alone, typed_baselines if len(typed_baselines) else own_baselines, {"D1": "D1 alone"}),
     ):
-        by_step = baseline.set_index("step")["value"]
+        by_step = baseline.set_index("step")
         parts.append(
             rows.assign(
-                difference=rows["value"].to_numpy() - by_step.loc[rows["step"]].to_numpy(),
+                difference=rows["value"].to_numpy() - by_step.loc[rows["step"], "value"].to_numpy(),
+                parameters_differ=parameters_differ(table, rows, by_step.loc[rows["step"], "point_id"].to_numpy()),
                 series=rows["mode"].map(names),
                 panel="b",
             )
@@ -214,8 +227,9 @@ def draw_panel(axis: Any, differences: pd.DataFrame) -> None:
 
 
 def summarise(differences: pd.DataFrame) -> pd.DataFrame:
-    """Per panel, series and stage: steps, exactly equal steps, first and largest |difference|, whether the
-    stage mixes device types."""
+    """Per panel, series and stage: steps, exactly equal steps, first and largest |difference| of the loss, the
+    steps after which the parameters differ from the baseline's (bit for bit, by digest), whether the stage mixes
+    device types."""
     typed = differences["device_types"].fillna("[]").map(lambda text: len({spec["name"] for spec in json.loads(text)}))
     return (
         differences.assign(
@@ -231,6 +245,7 @@ def summarise(differences: pd.DataFrame) -> pd.DataFrame:
             exact_steps=("exact", "sum"),
             first_difference=("difference", first_nonzero_magnitude),
             max_abs_difference=("difference", lambda d: d.abs().max()),
+            steps_parameters_differ=("parameters_differ", lambda d: d.sum(min_count=1)),
         )
     )
 

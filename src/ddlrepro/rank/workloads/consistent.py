@@ -12,10 +12,13 @@ reallocation costs a job beyond its restart).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ddlrepro.rank import devicetypes
 from ddlrepro.rank.easyscale import ConsistentTrainer, load_checkpoint, save_checkpoint
@@ -54,6 +57,7 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
         )
         if ctx.rank == 0:
             emit("metric", rank=0, step=step, metric="loss", value=loss)
+            emit("metric", rank=0, step=step, metric="parameters_digest", value=parameters_digest(trainer.model))
         # Param est_timings: every EST's laps of the step (easyscale.StepLaps), est_time_s by `est` and `phase`.
         for (est, part), seconds in trainer.laps.seconds.items():
             emit("metric", rank=ctx.rank, step=step, est=est, phase=part, metric="est_time_s", value=seconds, **typed)
@@ -65,3 +69,12 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
             trainer.restore(load_checkpoint(run_dir / CHECKPOINT))
             emit("metric", rank=0, metric="checkpoint_restore_s", value=time.perf_counter() - started, **typed)
         emit("result", rank=0, mode=params["mode"], placement=placement, last_step=trainer.step - 1, loss=loss)
+
+
+def parameters_digest(model: torch.nn.Module) -> float:
+    """The first 48 bits of a SHA-256 of every parameter's bytes after the step, as a float (exact below 2**53):
+    equal for equal parameters; a loss can stay equal for steps while the parameters already differ."""
+    hasher = hashlib.sha256()
+    for parameter in model.parameters():
+        hasher.update(parameter.detach().cpu().contiguous().numpy().tobytes())
+    return float(int(hasher.hexdigest()[:12], 16))
