@@ -303,6 +303,7 @@ def synthetic_records(point) -> list[dict]:
                 )
             ]
             + [{"rank": 0, "step": step, "metric": "loss", "value": 2.0 + loss * step} for step in steps]
+            + [{"rank": 0, "step": step, "metric": "parameters_digest", "value": 7.0 + loss} for step in steps]
             + est_pieces(params, steps)
         )
     if point.workload == "adaptive_strategy":
