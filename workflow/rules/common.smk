@@ -69,7 +69,9 @@ try:
             print(f"would not run here: {problem}", file=sys.stderr)
     else:
         check_points(POINTS, LAUNCHER)
-    for figure, waits_for in waiting_for_data(config).items():
+    # figure → the data it waits for: skipped here, its checks listed as skipped in checks.tsv
+    WAITING = waiting_for_data(config)
+    for figure, waits_for in WAITING.items():
         print(f"{figure} skipped: {waits_for}", file=sys.stderr)
     declare_secret_variables(config["redaction"]["variables"])
 except (UserError, OSError) as error:

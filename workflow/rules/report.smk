@@ -32,7 +32,7 @@ rule collect_checks:
     conda:
         SOFTWARE
     params:
-        waiting=shlex.quote(json.dumps(waiting_for_data(config))),
+        waiting=shlex.quote(json.dumps(WAITING)),
     shell:
         "python -m ddlrepro collect-checks {input.checks} --references {input.references}"
         " --waiting {params.waiting} --out {output} > {log} 2>&1"

@@ -43,8 +43,13 @@ def cifar10_folder(data_dir: str | None) -> Path:
     return Path(data_dir or DEFAULT_CIFAR10_DIR).expanduser().resolve()
 
 
+def cifar10_missing(folder: Path) -> Path | None:
+    """The first of CIFAR-10's python batches not in `folder`; None when all are there."""
+    return next((folder / name for name in datasets.CIFAR10_FILES if not (folder / name).is_file()), None)
+
+
 def cifar10_present(folder: Path) -> bool:
-    return all((folder / name).is_file() for name in datasets.CIFAR10_FILES)
+    return cifar10_missing(folder) is None
 
 
 def fetched_identity(md5: str | None = None) -> str:
@@ -66,9 +71,8 @@ def cifar10_identity(folder: Path) -> str:
 
 
 def file_stamps(folder: Path) -> dict[str, list[int]]:
-    return {
-        name: [(folder / name).stat().st_size, (folder / name).stat().st_mtime_ns] for name in datasets.CIFAR10_FILES
-    }
+    stats = {name: (folder / name).stat() for name in datasets.CIFAR10_FILES}
+    return {name: [stat.st_size, stat.st_mtime_ns] for name, stat in stats.items()}
 
 
 def fetch_cifar10(folder: Path, url: str = CIFAR10_URL, md5: str = CIFAR10_MD5, timeout_s: float = 300) -> None:

@@ -166,14 +166,25 @@ class ConsistentTrainer:
         self.switch_seconds = 0.0
         self.laps = StepLaps(bool(params.get("est_timings")))
         self.parameters = list(self.model.parameters())
-        # The order gradients become ready in a backward pass: DDP rebuilds its buckets in it after the first step.
+        self.sizes = [parameter.numel() for parameter in self.parameters]
+        # D1 computes as DDP, which rebuilds its buckets after the first step in the order gradients became ready.
         self.ready_order: list[int] = []
-        for index, parameter in enumerate(self.parameters):
-            parameter.register_post_accumulate_grad_hook(lambda _, index=index: self._gradient_ready(index))
+        self.rebuilt_layout: list[list[int]] | None = None
+        if params["mode"] == "D1":
+            for index, parameter in enumerate(self.parameters):
+                parameter.register_post_accumulate_grad_hook(lambda _, index=index: self._gradient_ready(index))
 
     def _gradient_ready(self, index: int) -> None:
         if len(self.ready_order) < len(self.parameters) and index not in self.ready_order:
             self.ready_order.append(index)
+
+    def ddp_layout(self) -> list[list[int]]:
+        """DDP's buckets at this step: all parameters in one before its first step's end, then the rebuilt ones."""
+        if self.step == 0:
+            return bucket_layout(self.parameters, None)
+        if self.rebuilt_layout is None:
+            self.rebuilt_layout = bucket_layout(self.parameters, self.ready_order)
+        return self.rebuilt_layout
 
     def batch(self, est: LogicalWorker) -> tuple[torch.Tensor, torch.Tensor]:
         """This EST's mini-batch of the current step, augmented (random flip, random 2-pixel shift) with its own RNG."""
@@ -253,8 +264,7 @@ class ConsistentTrainer:
                 theirs = torch.empty(count, *mine.shape[1:], dtype=mine.dtype)
                 dist.recv(theirs, src=source)
                 everyone.append(theirs)
-            layout = bucket_layout(self.parameters, self.ready_order if self.step > 0 else None)
-            averaged = ddp_average(torch.cat(everyone), [p.numel() for p in self.parameters], layout)
+            averaged = ddp_average(torch.cat(everyone), self.sizes, self.ddp_layout())
         else:
             dist.send(mine, dst=0)
         if len(self.placement) > 1:

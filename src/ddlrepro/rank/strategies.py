@@ -145,10 +145,11 @@ def _add_inputs(tensor: torch.Tensor, inputs: list[int], tag: int) -> None:
     for work in [dist.irecv(received[source], src=source, tag=tag) for source in inputs]:
         work.wait()
     parts = [tensor if source == rank else received[source] for source in sorted([rank, *inputs])]
-    total = parts[0].clone()
+    total = tensor if parts[0] is tensor else parts[0].clone()  # added onto in place when this rank comes first
     for part in parts[1:]:
         total.add_(part)
-    tensor.copy_(total)
+    if total is not tensor:
+        tensor.copy_(total)
 
 
 def run_pair(tensor: torch.Tensor, pair: GraphPair, tag: int) -> torch.Tensor:

@@ -111,10 +111,11 @@ def check_section(section: dict[str, Any]) -> None:
 
 def missing_data(section: dict[str, Any], download: bool) -> str | None:
     """What this figure waits for, when CIFAR-10 is not in its folder and `download` does not allow a fetch."""
-    folder = datafetch.cifar10_folder(section["data_dir"])
-    if section["dataset"] != "cifar10" or datafetch.cifar10_present(folder) or download:
+    if section["dataset"] != "cifar10" or download:
         return None
-    missing = next(folder / name for name in datasets.CIFAR10_FILES if not (folder / name).is_file())
+    folder = datafetch.cifar10_folder(section["data_dir"])
+    if (missing := datafetch.cifar10_missing(folder)) is None:
+        return None
     return (
         f"CIFAR-10's python batches are not in {folder} (figures.{ID}.data_dir; {missing}: missing): add --config "
         f"download=True to fetch them ({section['data_url']}, MD5 checked), or set data_dir to your copy"
