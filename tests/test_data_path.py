@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -12,16 +13,18 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
 from conftest import REPO, tiny_point
 
 from ddlrepro.host import objectstore
 from ddlrepro.host.config import ConfigError, load_config
-from ddlrepro.host.figures import figure_points
+from ddlrepro.host.figures import dlaas_scaling, figure_points
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.redaction import secret_values
 from ddlrepro.host.run import run_point, unmet_requirement
+from ddlrepro.host.tables import tidy_table
 from ddlrepro.rank import shards
 from ddlrepro.rank.pack_shards import pack
 from ddlrepro.rank.workloads.throughput import synthetic_batch
@@ -171,6 +174,46 @@ def test_an_s3_run_reads_the_store_and_records_no_key(packed: Path, tmp_path: Pa
     assert len(keys) == 2
     written = b"".join(path.read_bytes() for path in (tmp_path / "run").rglob("*") if path.is_file())
     assert not [key for key in keys if key.encode() in written]
+
+
+def test_an_s3_run_trains_on_synthetic_data_in_turns_and_pairs_the_two_rates(packed: Path, tmp_path: Path) -> None:
+    settings = [{"data_source": "s3"}, {"data_source": "synthetic"}]
+    point = tiny_point(1, "dlaas-scaling", data_source="s3", store="seaweedfs", shards=COUNT, settings=settings)
+    point = replace(point, params={**point.params, "iterations": 3})
+    record = run_point(replace(point, inputs={"shards_dir": str(packed)}), tmp_path / "run", local_launcher(120))
+    assert record["status"] == "ok"
+    table = tidy_table([tmp_path / "run"])
+    rates = table[table["metric"] == "img_per_sec"]
+    turns = rates.sort_values("time")["setting"].tolist()
+    assert turns == ["s3", "synthetic", "synthetic", "s3", "s3", "synthetic"]  # the order rotated every iteration
+
+    summary = dlaas_scaling.summarize(table.assign(status="ok"))
+    (s3,) = summary[summary["data_source"] == "s3"].itertuples()
+    by_setting = rates.groupby("setting")["value"].mean()
+    assert s3.rate_vs_synthetic == pytest.approx(by_setting["s3"] / by_setting["synthetic"])
+    measured = summary[summary["status"] == "ok"]
+    assert measured["data_source"].tolist() == ["s3"]  # the run's synthetic side is no series of its own
+
+
+def test_a_paused_reader_fetches_nothing_until_resumed() -> None:
+    buffer = io.BytesIO()
+    numpy.savez(buffer, images=numpy.zeros((1, 3, 2, 2), "float32"), labels=numpy.zeros(1, "int64"))
+    fetched: list[str] = []
+    reader = shards.PrefetchingReader(lambda name: fetched.append(name) or buffer.getvalue(), iter(range(100)), 4)
+    try:
+        reader.pause()
+        count = len(fetched)  # what it read ahead before the pause, and the fetch then under way
+        for _ in range(count):  # room in the queue: a running reader would fetch again
+            reader.next()
+        time.sleep(0.3)
+        assert len(fetched) == count
+        reader.resume()
+        deadline = time.monotonic() + 5
+        while len(fetched) < count + 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(fetched) >= count + 4
+    finally:
+        reader.close()
 
 
 def test_default_points_keep_their_ids_and_s3fs_needs_fuse_and_the_local_launcher(

@@ -6,6 +6,7 @@ and provenance, whatever the launcher (local processes, srun, Kubernetes pods).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ddlrepro.rank.allocation import AllocationLimits, allocation_limits
+from ddlrepro.rank.taskenv import NETWORK_INTERFACES_ENV
 from ddlrepro.records import emit
 
 
@@ -81,6 +83,28 @@ def init_distributed(ctx: RankContext, details: dict[str, Any] | None = None) ->
         torch.cuda.set_device(ctx.device)
     dist.init_process_group(ctx.backend, rank=ctx.rank, world_size=ctx.world_size)
     emit("worker", rank=ctx.rank, **describe_worker(ctx), **(details or {}))
+
+
+def network_group(network: str | None) -> dist.ProcessGroup | None:
+    """A gloo group whose ranks talk over `network`'s interface of their testbed host, when that is not the
+    default group's (None); a collective call, in the same order on every rank. Gloo picks its interface from
+    GLOO_SOCKET_IFNAME when a group is made, so it is set around the call."""
+    interfaces = json.loads(os.environ.get(NETWORK_INTERFACES_ENV, "{}"))
+    if network is None or (not interfaces and network == "host"):
+        return None
+    if network not in interfaces:
+        raise ValueError(f"network {network!r}: this rank's host has {sorted(interfaces) or ['host']} only")
+    default = os.environ.get("GLOO_SOCKET_IFNAME")
+    if interfaces[network] == default:
+        return None
+    os.environ["GLOO_SOCKET_IFNAME"] = interfaces[network]
+    try:
+        return dist.new_group(backend="gloo")
+    finally:
+        if default is None:
+            del os.environ["GLOO_SOCKET_IFNAME"]
+        else:
+            os.environ["GLOO_SOCKET_IFNAME"] = default
 
 
 def describe_worker(ctx: RankContext) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 A shard is one batch: the synthetic images and labels the workload trains on (`synthetic_batch`, seeded with the
 shard's index, so shard 0 is rank 0's synthetic batch), saved uncompressed with numpy (`shard-00000.npz`). Every
 reader delivers shard `(step × world + rank) mod shards` at a rank's step `step`, decoded on a thread behind a
-bounded queue (`prefetch` shards ahead), so that reading hides behind the training step:
+bounded queue (`prefetch` shards ahead), so that reading hides behind the training step. A reader can be paused:
+in a paired run (the throughput workload's `settings`) it reads only during its own setting's turn, so its work is
+timed with the setting that needs it, never with the other:
 
 - `local`: files in a folder (the packer's output); `s3fs`: the same files through the FUSE mount of the bucket;
 - `s3`: objects in a bucket, read with MinIO's S3 client; the endpoint is checked first (an unreachable one fails
@@ -58,13 +60,17 @@ def shard_order(rank: int, world_size: int, count: int) -> Iterator[int]:
 
 
 class PrefetchingReader:
-    """Fetches and decodes shards on a thread, at most `depth` ahead of the consumer; its errors reach the consumer."""
+    """Fetches and decodes shards on a thread, at most `depth` ahead of the consumer; its errors reach the consumer.
+    `pause` returns once no fetch is under way and none starts until `resume`."""
 
     def __init__(self, fetch: Callable[[str], bytes], order: Iterator[int], depth: int) -> None:
         self._fetch = fetch
         self._order = order
         self._queue: queue.Queue[tuple[torch.Tensor, torch.Tensor] | BaseException] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
+        self._running = threading.Event()
+        self._running.set()
+        self._fetching = threading.Lock()  # held while a shard is fetched and decoded
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._produce, name="shard-prefetch", daemon=True)
         self._thread.start()
@@ -72,11 +78,30 @@ class PrefetchingReader:
     def _produce(self) -> None:
         try:
             for index in self._order:
-                if self._stop.is_set():
+                item = self._fetch_when_running(index)
+                if item is None:
                     return
-                self._put(decode(self._fetch(shard_name(index))))
+                self._put(item)
         except BaseException as error:  # handed to the consumer, which raises it
             self._put(error)
+
+    def _fetch_when_running(self, index: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Shard `index`, fetched once the reader runs; None once it is closed."""
+        while not self._stop.is_set():
+            if not self._running.wait(timeout=0.1):
+                continue
+            with self._fetching:
+                if self._running.is_set():  # not paused between the wait and the lock
+                    return decode(self._fetch(shard_name(index)))
+        return None
+
+    def pause(self) -> None:
+        self._running.clear()
+        with self._fetching:  # the fetch under way, if any, finishes first
+            pass
+
+    def resume(self) -> None:
+        self._running.set()
 
     def _put(self, item: tuple[torch.Tensor, torch.Tensor] | BaseException) -> None:
         while not self._stop.is_set():

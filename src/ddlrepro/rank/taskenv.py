@@ -1,5 +1,5 @@
 """What each rank's task is given to find its peers: TensorFlow's TF_CONFIG, and Horovod's gloo rendezvous, as
-`horovodrun --gloo` sets it up, without its own process tree.
+`horovodrun --gloo` sets it up, without its own process tree; and on a testbed host, each network's interface.
 
 horovodrun starts an HTTP rendezvous server, then every rank with HOROVOD_RANK / SIZE / LOCAL_* / CROSS_* and the
 server's address in its environment. The local and Slurm launchers do the same themselves, so Horovod ranks are
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from horovod.runner.common.util.hosts import SlotInfo
 
 LOCALHOST = "localhost"
+# On a testbed host, each network's interface (JSON, {"bridge": "eth0", "overlay": "vxlan0"}): a paired run trains a
+# model over each (runtime.network_group; GLOO_SOCKET_IFNAME names the default group's).
+NETWORK_INTERFACES_ENV = "DDLREPRO_NETWORK_INTERFACES"
 
 
 def slots(hosts: list[tuple[str, int]]) -> list[SlotInfo]:

@@ -14,6 +14,10 @@ elsewhere they are skipped, with the reason, in the table, the figure and the ch
 beside it (the overlay's check compares the two); a missing bridge or overlay run makes that check skipped with
 what is missing.
 
+Paired runs: a data source's run trains on synthetic data too, in turns, when `data_sources` has synthetic, and an
+overlay run trains a model over the bridge too: `rate_vs_synthetic` (what reading costs) and `rate_vs_bridge`
+(what encapsulation costs) are ratios measured in the same processes, which the checks judge.
+
 Plot: total images/s against the ideal, and efficiency rate_N / (N × rate_1) per series (network or data source)
 beside the DLaaS measurements; the summary table is the DLaaS-style table, one block per series, with
 `efficiency_vs_ceiling`: the per-worker rate ÷ that of as many independent processes at once on the host network
@@ -52,11 +56,13 @@ NETWORK_LABELS = {
 
 
 def network_params(section: dict[str, Any], network: str, workers: int) -> dict[str, Any]:
-    """What a network mode adds to a point: nothing for `host`; one testbed host per rank otherwise."""
+    """What a network mode adds to a point: nothing for `host`; one testbed host per rank otherwise, and on the
+    overlay a model over the bridge too (`PARTNERS`)."""
     if network == DEFAULT_NETWORK:
         return {}
     rate = {"link_rate": section["link_rate"]} if "link_rate" in section else {}
-    return {"network": network, "testbed_hosts": workers, **rate}
+    paired = {"settings": paired_settings("network", network)} if network == "overlay" else {}
+    return {"network": network, "testbed_hosts": workers, **rate, **paired}
 
 
 def check_networks(section: dict[str, Any]) -> None:
@@ -78,6 +84,16 @@ def check_networks(section: dict[str, Any]) -> None:
 
 
 SHARDS_DIR = f"results/data/{ID}/shards"
+# What a run also trains on, per series key, taking turns with its own series in the same processes (the throughput
+# workload's `settings`): a data source's run trains on synthetic data too (each reader reads only in its own
+# turn), an overlay run a model over the bridge too. The ratio of the two rates (`rate_vs_<partner>`) is paired:
+# the machine's drift and the noise between fresh processes hit both sides alike.
+PARTNERS = {"data_source": "synthetic", "network": "bridge"}
+PAIRED_VALUES = {"data_source": ("local", "s3", "s3fs"), "network": ("overlay",)}  # the series that have a partner
+LACKING_PARTNER = {
+    "data_source": f"no synthetic data beside it: figures.{ID}.data_sources has no synthetic",
+    "network": "its run trained no model over the bridge beside the overlay's (a run from before runs were paired)",
+}
 
 
 def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
@@ -103,14 +119,22 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
 
 def with_data_source(point: Point, source: str, section: dict[str, Any]) -> Point:
     """The point reading `source`: synthetic keeps today's point (and id); the others read the packed shards
-    (`SHARDS_DIR`, relative to the checkout), from the configured store or one started for the run."""
+    (`SHARDS_DIR`, relative to the checkout), from the configured store or one started for the run, and, where
+    `data_sources` has synthetic, train on synthetic data too in the same processes, taking turns (`PARTNERS`)."""
     if source == "synthetic":
         return point
     params = {**point.params, "data_source": source, "shards": section["shards"]}
     if source in ("s3", "s3fs"):  # which store: one started per run, or the configured one (its endpoint: provenance)
         params["store"] = "configured" if section.get("store", {}).get("endpoint") else "seaweedfs"
+    if PARTNERS["data_source"] in section["data_sources"]:
+        params["settings"] = paired_settings("data_source", source)
     inputs = {"shards_dir": SHARDS_DIR, **store_inputs(section.get("store", {}))}
     return replace(point, params=params, inputs=inputs)
+
+
+def paired_settings(key: str, value: str) -> list[dict[str, str]]:
+    """The run's own setting and its partner's (`PARTNERS`), trained in turns."""
+    return [{key: value}, {key: PARTNERS[key]}]
 
 
 def shard_settings(section: dict[str, Any]) -> dict[str, Any]:
@@ -163,6 +187,9 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
 
     table = with_defaults(table)
     ceilings, table = table[is_ceiling(table)], table[~is_ceiling(table)]
+    partners = {key: is_partner(table, key) for key in PARTNERS}
+    besides = {key: table[rows] for key, rows in partners.items()}
+    table = table[~(partners["data_source"] | partners["network"])]
     by = ["model", "batch_size", *SERIES]
     measured = table[table["status"] == "ok"]
     summary = plotting.throughput_summary(measured, by=by).assign(status="ok", reason="")
@@ -170,7 +197,39 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     summary = summary[columns + plotting.HOST_LOAD_COLUMNS].rename(columns={"total": "images_per_sec"})
     skipped = plotting.skipped_points(table, by)
     summary = pd.concat([summary, skipped], ignore_index=True) if not skipped.empty else summary
+    for key, beside in besides.items():
+        summary = with_rate_vs_partner(summary, beside, by, key)
     return with_efficiency_vs_ceiling(with_efficiency_vs_bridge(summary), ceilings, ["model", "batch_size"])
+
+
+def is_partner(table: pd.DataFrame, key: str) -> pd.Series:
+    """The records of what a run of another `key` trained on beside its own (`PARTNERS`)."""
+    import pandas as pd
+
+    if "setting" not in table:
+        return pd.Series(False, index=table.index)
+    return (table["setting"] == PARTNERS[key]) & (table[key] != PARTNERS[key])
+
+
+def with_rate_vs_partner(summary: pd.DataFrame, beside: pd.DataFrame, by: list[str], key: str) -> pd.DataFrame:
+    """`rate_vs_<partner>`: a row's per-worker rate ÷ that of the partner its own run trained on in turns (paired:
+    the same processes, the same moments), and, where a run that has a partner lacks it, why (`..._skipped`)."""
+    from ddlrepro.host import plotting
+
+    column, keys = f"rate_vs_{PARTNERS[key]}", [*by, "workers"]
+    measured = beside[beside["status"] == "ok"]
+    if measured.empty:
+        paired = summary[keys].assign(partner_rate=float("nan"))
+    else:
+        paired = plotting.throughput_summary(measured, by=by)[[*keys, "per_worker"]]
+        paired = paired.rename(columns={"per_worker": "partner_rate"})
+    joined = summary.merge(paired, on=keys, how="left")
+    lacking = (joined["status"] == "ok") & joined[key].isin(PAIRED_VALUES[key]) & joined["partner_rate"].isna()
+    reason = LACKING_PARTNER[key]
+    return summary.assign(
+        **{column: (joined["per_worker"] / joined["partner_rate"]).to_numpy()},
+        **{f"{column}_skipped": lacking.map({True: reason, False: ""}).to_numpy()},
+    )
 
 
 def with_efficiency_vs_bridge(summary: pd.DataFrame) -> pd.DataFrame:

@@ -6,7 +6,8 @@ prefix (its network namespace and hostname); MASTER_ADDR is host 1's 198.18.x ad
 rank's only sends the traffic. Every link has the point's `link_rate` (none: unlimited). The point's `network`
 says what the ranks talk over: `bridge` (default here) their links to the testbed's bridge, `overlay` a VXLAN
 overlay over those links (testbed/overlay.py, the stand-in for Calico's): MASTER_ADDR and gloo's interface are then
-the overlay's, so every byte between ranks is encapsulated.
+the overlay's, so every byte between ranks is encapsulated. Each rank also gets each network's interface on its
+host (`NETWORK_INTERFACES_ENV`): a paired run trains a model over the bridge beside one over the overlay.
 
 The traffic (`traffic` in the params: connections, offered rate, seconds) is real TCP from that extra host into
 host 1 (rank 0, STAR's first root), started when rank 0 prints its `interference_requested` record: the host side
@@ -35,6 +36,7 @@ from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.host.testbed import Testbed, traffic
 from ddlrepro.host.testbed.network import plan_hosts, run
 from ddlrepro.host.testbed.overlay import SUBNET as OVERLAY_SUBNET
+from ddlrepro.rank.taskenv import NETWORK_INTERFACES_ENV
 from ddlrepro.records import RECORD_PREFIX
 
 SUBNET = "198.18.0.0/24"
@@ -102,6 +104,8 @@ def placed_workers(workers: list[WorkerSpec], where: TestbedPlacement) -> tuple[
         env = {**worker.env, "MASTER_ADDR": master, "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
         host = testbed.hosts[worker.rank]
         env["GLOO_SOCKET_IFNAME"] = host.overlay_interface if overlay else host.interface
+        interfaces = {"bridge": host.interface} | ({"overlay": host.overlay_interface} if overlay else {})
+        env[NETWORK_INTERFACES_ENV] = json.dumps(interfaces)
         placed.append(replace(worker, command=[*testbed.exec_prefix(worker.rank + 1), *worker.command], env=env))
     return placed, master
 

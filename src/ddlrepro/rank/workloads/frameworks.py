@@ -19,3 +19,5 @@ class Trainer:
     parameter_sum: Callable[[], float]
     settings: dict[str, Any]
     close: Callable[[], None] = lambda: None
+    pause: Callable[[], None] = lambda: None  # the trainer's background work (a data reader) stops, and ...
+    resume: Callable[[], None] = lambda: None  # ... starts again: in a paired run, it works only in its own turn

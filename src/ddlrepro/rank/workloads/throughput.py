@@ -10,10 +10,11 @@ all-reduce over gloo or MPI) or `tensorflow` (Keras model, MultiWorkerMirroredSt
 custom training loop: see tensorflow_trainer.py). The protocol and records are the same for all three.
 
 `settings` (torch only): several settings of the same workload (each a dict of parameters over the point's, e.g.
-`{monitor: variance, monitor_interval: 8}`) trained side by side in the same processes, one model each from the
-same seed, taking turns iteration by iteration (the order rotated every iteration), as
-benchmarks/monitor_overhead.py does: the machine's drift and noise hit them alike, so a ratio between two of them
-is paired. Every record carries its `setting` label.
+`{monitor: variance, monitor_interval: 8}`, `{data_source: s3}`, `{network: bridge}`) trained side by side in the
+same processes, one model each from the same seed, taking turns iteration by iteration (the order rotated every
+iteration), as benchmarks/monitor_overhead.py does: the machine's drift and noise hit them alike, so a ratio
+between two of them is paired. A setting's data reader reads only in its turn; a setting's network is the
+interface its model's gradients go over (testbed hosts). Every record carries its `setting` label.
 
 `independent` (torch only): every rank trains its own plain model, no gradient exchange: the same number of
 processes on the same host(s) as a data-parallel run, nothing but their own compute. Its per-worker rate is the
@@ -23,9 +24,10 @@ VM each run slower than one, whatever the communication).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -36,8 +38,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddlrepro.rank.models import MODELS, build_model
 from ddlrepro.rank.monitors import GradientMonitor
-from ddlrepro.rank.runtime import RankContext
-from ddlrepro.rank.shards import reader
+from ddlrepro.rank.runtime import RankContext, network_group
+from ddlrepro.rank.shards import PrefetchingReader, reader
 from ddlrepro.rank.strategies import apply_strategy
 from ddlrepro.rank.workloads.frameworks import FRAMEWORKS, Trainer
 from ddlrepro.records import emit, say
@@ -105,16 +107,16 @@ def make_streaming_train_step(
 
 def data_train_step(
     model: nn.Module, params: dict[str, Any], ctx: RankContext
-) -> tuple[Callable[[], torch.Tensor], Callable[[], None]]:
+) -> tuple[Callable[[], torch.Tensor], PrefetchingReader | None]:
     """The training step on the point's `data_source` (the rank's fixed synthetic batch, or shards read ahead on a
-    thread), and what stops its reader."""
+    thread), and the reader of those shards (None for synthetic data)."""
     if params.get("data_source", "synthetic") == "synthetic":
         images, labels = synthetic_batch(
             params["model"], params["batch_size"], params.get("image_size"), ctx.device, seed=ctx.rank
         )
-        return make_train_step(model, images, labels), lambda: None
+        return make_train_step(model, images, labels), None
     shards = reader(params, ctx.rank, ctx.world_size)
-    return make_streaming_train_step(model, shards.next, ctx.device), shards.close
+    return make_streaming_train_step(model, shards.next, ctx.device), shards
 
 
 def mean_and_confidence(rates: list[float]) -> tuple[float, float]:
@@ -123,15 +125,16 @@ def mean_and_confidence(rates: list[float]) -> tuple[float, float]:
     return float(values.mean()), float(1.96 * values.std())
 
 
-def data_parallel(model: nn.Module, ctx: RankContext) -> nn.Module:
-    """DDP across the workers; a single worker trains the plain model, as single-device baselines do.
+def data_parallel(model: nn.Module, ctx: RankContext, network: str | None = None) -> nn.Module:
+    """DDP across the workers (over `network`'s interface on testbed hosts, see `network_group`); a single worker
+    trains the plain model, as single-device baselines do.
 
     (DDP over one process still buckets and all-reduces every gradient: ~5 % of a small model's step on a CPU.)
     """
     if ctx.world_size == 1:
         return model
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=device_ids)
+    return DistributedDataParallel(model, device_ids=device_ids, process_group=network_group(network))
 
 
 def attach_monitor(model: nn.Module, params: dict[str, Any], ctx: RankContext) -> GradientMonitor | None:
@@ -158,13 +161,13 @@ def torch_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
     """DDP (plain model on one worker), gradients averaged with the point's strategy, optionally monitored."""
     torch.manual_seed(params.get("seed", 0))
     model = build_model(params["model"]).to(ctx.device)
-    trained = model if params.get("independent") else data_parallel(model, ctx)
+    trained = model if params.get("independent") else data_parallel(model, ctx, params.get("network"))
     strategy = params.get("strategy", "RING")
     if isinstance(trained, DistributedDataParallel):
         apply_strategy(trained, strategy, group_size=ctx.local_world_size)
     monitor = attach_monitor(trained, params, ctx)
     source = params.get("data_source", "synthetic")
-    train_step, close = data_train_step(trained, params, ctx)
+    train_step, shards = data_train_step(trained, params, ctx)
 
     labelled = {"setting": params["setting"]} if "setting" in params else {}
 
@@ -178,7 +181,10 @@ def torch_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
     settings = {"framework": "torch", "strategy": strategy, "monitor": params.get("monitor", "none")}
     settings |= {"independent": True} if params.get("independent") else {}
     settings |= {"data_source": source} if source != "synthetic" else {}
-    return Trainer(step, lambda loss: float(loss.item()), torch_parameter_sum(model), settings, close)
+    trainer = Trainer(step, lambda loss: float(loss.item()), torch_parameter_sum(model), settings)
+    if shards is not None:
+        trainer.close, trainer.pause, trainer.resume = shards.close, shards.pause, shards.resume
+    return trainer
 
 
 def horovod_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
@@ -252,7 +258,11 @@ def timed_iterations(trainer: Trainer, params: dict[str, Any], ctx: RankContext)
 
 
 def setting_label(setting: dict[str, Any]) -> str:
-    """`none`, or `<monitor>@<interval>` (`variance@8`): what the records and the figure call a setting."""
+    """What the records and the figure call a setting: its data source (`synthetic`, `s3`) or network (`bridge`,
+    `overlay`), or its monitor, `none` or `<monitor>@<interval>` (`variance@8`)."""
+    for key in ("data_source", "network"):
+        if key in setting:
+            return str(setting[key])
     monitor = setting.get("monitor", "none")
     return monitor if monitor == "none" else f"{monitor}@{setting.get('monitor_interval', 1)}"
 
@@ -266,13 +276,15 @@ def run_paired(params: dict[str, Any], ctx: RankContext) -> None:
     for setting in params["settings"]:
         label = setting_label(setting)
         trainers[label] = make_trainer({**params, **setting, "setting": label}, ctx)
+        trainers[label].pause()
     try:
         for trainer in trainers.values():
-            loss = None
-            for _ in range(params["warmup_batches"]):
-                loss = trainer.step()
-            if loss is not None:
-                trainer.loss_value(loss)
+            with turn(trainer):
+                loss = None
+                for _ in range(params["warmup_batches"]):
+                    loss = trainer.step()
+                if loss is not None:
+                    trainer.loss_value(loss)
         ctx.synchronize()
         rates = paired_iterations(trainers, params, ctx)
     finally:
@@ -282,6 +294,17 @@ def run_paired(params: dict[str, Any], ctx: RankContext) -> None:
         means = {label: mean_and_confidence(values)[0] for label, values in rates.items()}
         say(f"RESULT: {json.dumps(means)} img/s per worker by setting")
         emit("result", rank=0, img_per_sec_per_worker_by_setting=means)
+
+
+@contextlib.contextmanager
+def turn(trainer: Trainer) -> Iterator[None]:
+    """The trainer's turn: its background work (a data reader) runs only inside it, so the reading a setting needs
+    is timed with that setting, never with another."""
+    trainer.resume()
+    try:
+        yield
+    finally:
+        trainer.pause()
 
 
 def paired_iterations(trainers: dict[str, Trainer], params: dict[str, Any], ctx: RankContext) -> dict[str, list[float]]:
@@ -294,9 +317,10 @@ def paired_iterations(trainers: dict[str, Trainer], params: dict[str, Any], ctx:
         for label in labels[shift:] + labels[:shift]:
             trainer, loss = trainers[label], None
             started = time.perf_counter()
-            for _ in range(params["batches_per_iteration"]):
-                loss = trainer.step()
-            value = trainer.loss_value(loss)
+            with turn(trainer):  # a fetch still under way at the turn's end is timed with it
+                for _ in range(params["batches_per_iteration"]):
+                    loss = trainer.step()
+                value = trainer.loss_value(loss)
             ctx.synchronize()
             rates[label].append(images / (time.perf_counter() - started))
             emit(
