@@ -15,7 +15,8 @@ from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import metric_records
 from ddlrepro.points import Point
-from ddlrepro.rank.easyscale import SyntheticImages, est_ranges, fold, load_checkpoint
+from ddlrepro.rank.checkpoints import load_checkpoint
+from ddlrepro.rank.easyscale import SyntheticImages, est_ranges, fold
 from ddlrepro.rank.models import build_model
 from ddlrepro.rank.workloads.consistent import CHECKPOINT
 

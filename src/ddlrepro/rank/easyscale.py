@@ -26,7 +26,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -322,13 +321,3 @@ def fold(tensors: Iterator[torch.Tensor] | list[torch.Tensor]) -> torch.Tensor:
     for tensor in tensors[1:]:
         total += tensor
     return total
-
-
-def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
-    partial = path.with_name(path.name + ".partial")
-    torch.save(checkpoint, partial)
-    partial.replace(path)
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    return torch.load(path, weights_only=False)

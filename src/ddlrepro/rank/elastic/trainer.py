@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddlrepro.rank import gan_models
+from ddlrepro.rank.checkpoints import save_checkpoint
 from ddlrepro.rank.elastic import GAN_MODEL
 from ddlrepro.rank.models import build_model
 from ddlrepro.rank.workloads.throughput import synthetic_batch
@@ -153,9 +154,7 @@ class ElasticTrainer:
 
     def save_final_state(self, run_dir: Path) -> None:
         """Write the trained state to `final_state.pt` in the run folder, atomically (the tests compare it)."""
-        partial = run_dir / (FINAL_STATE + ".partial")
-        torch.save(self.checkpoint(), partial)
-        partial.replace(run_dir / FINAL_STATE)
+        save_checkpoint(self.checkpoint(), run_dir / FINAL_STATE)
 
     def checkpoint(self) -> dict[str, Any]:
         return {

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from ddlrepro.rank import devicetypes
-from ddlrepro.rank.easyscale import ConsistentTrainer, load_checkpoint, save_checkpoint
+from ddlrepro.rank.checkpoints import load_checkpoint, save_checkpoint
+from ddlrepro.rank.easyscale import ConsistentTrainer
 from ddlrepro.rank.runtime import RankContext
 from ddlrepro.records import emit
 
