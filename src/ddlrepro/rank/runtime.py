@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import psutil
@@ -81,8 +82,36 @@ def init_distributed(ctx: RankContext, details: dict[str, Any] | None = None) ->
     torch.set_num_threads(ctx.threads)
     if ctx.device.type == "cuda":
         torch.cuda.set_device(ctx.device)
-    dist.init_process_group(ctx.backend, rank=ctx.rank, world_size=ctx.world_size)
+    dist.init_process_group(ctx.backend, store=rendezvous_store(ctx.rank), rank=ctx.rank, world_size=ctx.world_size)
     emit("worker", rank=ctx.rank, **describe_worker(ctx), **(details or {}))
+
+
+RENDEZVOUS_TIMEOUT = timedelta(minutes=30)  # torch's default for env:// rendezvous
+LISTEN_BACKLOG = 1024  # every worker (and, in-place, every standby) connects at once: the default 5 makes them wait
+
+
+def rendezvous_store(rank: int, timeout: timedelta = RENDEZVOUS_TIMEOUT) -> dist.TCPStore:
+    """The job's rendezvous store at MASTER_ADDR:MASTER_PORT, as env:// makes it, except that rank 0's listens on
+    MASTER_ADDR's address only: torch binds a master store to every interface whatever MASTER_ADDR says, and the
+    store has no authentication. So rank 0 binds the socket itself (127.0.0.1 for a job on one host, the
+    rendezvous host's own address for a multi-node one) and hands it over."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if rank != 0:
+        return dist.TCPStore(host, port, is_master=False, timeout=timeout)
+    return listening_store(host, port, timeout)
+
+
+def listening_store(host: str, port: int, timeout: timedelta) -> dist.TCPStore:
+    """A master TCPStore whose socket listens on `host`'s address only (bound here, then handed over)."""
+    listener = socket.create_server((host, port), backlog=LISTEN_BACKLOG)
+    return dist.TCPStore(
+        host,
+        port,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=timeout,
+        master_listen_fd=listener.detach(),  # the store owns and closes the socket from here on
+    )
 
 
 def network_group(network: str | None) -> dist.ProcessGroup | None:

@@ -21,7 +21,15 @@ from pathlib import Path
 
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
 from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
-from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, free_loopback_port, start, stop
+from ddlrepro.host.launchers.processes import (
+    ON_THIS_HOST,
+    POLL_INTERVAL_S,
+    Started,
+    drain,
+    free_loopback_port,
+    start,
+    stop,
+)
 from ddlrepro.host.launchers.situations import Director, Situation, record
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
@@ -47,6 +55,7 @@ def request(point: Point, run_dir: Path) -> DdpRequest:
     if situation is None:
         raise ValueError("elastic: ddp needs a point `situation` (late-start, killed or joins)")
     env = {
+        **ON_THIS_HOST,
         "OMP_NUM_THREADS": str(point.threads_per_worker),
         "PYTHONUNBUFFERED": "1",
         "DDLREPRO_RUN_DIR": str(run_dir.resolve()),

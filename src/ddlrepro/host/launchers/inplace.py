@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import socket
 import sys
 import threading
 import time
@@ -22,9 +21,17 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddlrepro.host.configserver import LISTEN_BACKLOG, ClusterConfig, ConfigServer, RequestError
+from ddlrepro.host.configserver import ClusterConfig, ConfigServer, RequestError
 from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
-from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, free_loopback_port, start, stop
+from ddlrepro.host.launchers.processes import (
+    ON_THIS_HOST,
+    POLL_INTERVAL_S,
+    Started,
+    drain,
+    free_loopback_port,
+    start,
+    stop,
+)
 from ddlrepro.host.launchers.situations import Director, Situation
 from ddlrepro.host.ledger import LedgerError, verify
 from ddlrepro.host.rundir import OutputCollector
@@ -59,6 +66,7 @@ class InplaceRequest:
 def request(point: Point, run_dir: Path) -> InplaceRequest:
     """What the job will start (no process is started; the token is made at start)."""
     env = {
+        **ON_THIS_HOST,
         "OMP_NUM_THREADS": str(point.threads_per_worker),
         "PYTHONUNBUFFERED": "1",
         "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
@@ -169,18 +177,10 @@ def host_store(address: str, timeout_s: float) -> dist.TCPStore:
     so we bind the listening socket ourselves and hand it over. Elastic jobs run on one node, so `address` is on
     127.0.0.1; on a multi-node job it would be the rendezvous host's own address, protected only by the job's
     network."""
-    import torch.distributed as dist
+    from ddlrepro.rank.runtime import listening_store
 
     host, _, port = address.rpartition(":")
-    listener = socket.create_server((host, int(port)), backlog=LISTEN_BACKLOG)
-    return dist.TCPStore(
-        host,
-        int(port),
-        is_master=True,
-        wait_for_workers=False,
-        timeout=timedelta(seconds=timeout_s),
-        master_listen_fd=listener.detach(),  # the store owns and closes the socket from here on
-    )
+    return listening_store(host, int(port), timedelta(seconds=timeout_s))
 
 
 def _await_ready(store, workers: list[int], pool: WorkerPool, timeout_s: float) -> None:

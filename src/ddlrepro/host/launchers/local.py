@@ -36,6 +36,7 @@ from ddlrepro.host.launchers import hosting, testbed_ranks
 from ddlrepro.host.launchers.base import CpuCounter, JobSpec, RunFailed, WorkerSpec
 from ddlrepro.host.launchers.hosting import peak_workers
 from ddlrepro.host.launchers.processes import (
+    ON_THIS_HOST,
     POLL_INTERVAL_S,
     Started,
     describe_exit,
@@ -166,6 +167,7 @@ class LocalLauncher:
         port = free_loopback_port()
         mode = launch_mode(point)
         common = {
+            **ON_THIS_HOST,
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": str(point.threads_per_worker),

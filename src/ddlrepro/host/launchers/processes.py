@@ -18,6 +18,9 @@ from ddlrepro.host.launchers.base import WorkerSpec
 
 POLL_INTERVAL_S = 0.05
 STOP_GRACE_S = 3.0
+# The environment of ranks that all run on this host: gloo's pair sockets on loopback (unset, gloo binds the address
+# the host's name resolves to, reachable from its network); testbed placement sets its hosts' own interfaces.
+ON_THIS_HOST = {"GLOO_SOCKET_IFNAME": "lo"}
 
 
 def free_loopback_port() -> int:

@@ -21,13 +21,23 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
 from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
 from ddlrepro.host.launchers.inplace import starting_workers, verify_continuity
-from ddlrepro.host.launchers.processes import POLL_INTERVAL_S, Started, drain, free_loopback_port, start, stop
+from ddlrepro.host.launchers.processes import (
+    ON_THIS_HOST,
+    POLL_INTERVAL_S,
+    Started,
+    drain,
+    free_loopback_port,
+    start,
+    stop,
+)
 from ddlrepro.host.launchers.situations import Director, Situation
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
@@ -54,9 +64,9 @@ def rdzv_conf(params: dict) -> str:
 
 @dataclass(frozen=True)
 class TorchrunRequest:
-    """A torchrun elastic job: the agent command and environment (agent i adds its `--rdzv-conf`, the first with
-    `is_host`), the c10d rendezvous endpoint, the config server, the schedule, the initial members and the
-    situation the host acts out, if any (a late worker or a joiner: one more agent)."""
+    """A torchrun elastic job: the agent command and environment (agent i adds its `--rdzv-conf`), the c10d
+    rendezvous endpoint (its store hosted by the launcher), the config server, the schedule, the initial members
+    and the situation the host acts out, if any (a late worker or a joiner: one more agent)."""
 
     runtime: str
     agent: WorkerSpec
@@ -90,6 +100,7 @@ def request(point: Point, run_dir: Path) -> TorchrunRequest:
         point.to_json(),
     ]
     env = {
+        **ON_THIS_HOST,
         "OMP_NUM_THREADS": str(point.threads_per_worker),
         "PYTHONUNBUFFERED": "1",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
@@ -122,9 +133,9 @@ class Agents:
         self.host_exited: float | None = None
 
     def start(self, agent: int) -> None:
-        is_host = int(agent == 0)
         command = list(self.template.command)
-        command.insert(command.index(WORKER_MODULE) - 1, f"--rdzv-conf={self.rdzv_conf},is_host={is_host}")
+        # No agent hosts the rendezvous store: `execute` does, listening on loopback only (torch's binds everywhere).
+        command.insert(command.index(WORKER_MODULE) - 1, f"--rdzv-conf={self.rdzv_conf},is_host=0")
         env = {**self.template.env, TOKEN_ENV: self.token}
         self.running[agent] = start(WorkerSpec(agent, command, env), partial(self.output.add_line, agent))
 
@@ -152,8 +163,8 @@ class Agents:
         return all(one.process.poll() is not None for one in list(self.running.values()))
 
     def finished(self) -> bool:
-        """Every agent exited, or the host agent (which holds the rendezvous) exited STRAGGLER_GRACE_S ago: an agent
-        still running then (one that came too late to join) can never rendezvous again."""
+        """Every agent exited, or the first agent exited STRAGGLER_GRACE_S ago: the job is over, and an agent still
+        running then (one that came too late to join) has no one left to rendezvous with."""
         if self.all_exited():
             return True
         host = self.running[0].process
@@ -171,6 +182,7 @@ def execute(job: TorchrunRequest, timeout_s: float, output: OutputCollector) -> 
     host, _, port = job.config_server.rpartition(":")
     deadline = time.monotonic() + timeout_s
     director = job.situation and Director(job.situation, lambda: agents.start(len(agents.running)), output, config.stop)
+    store = rendezvous_host(job.endpoint, timeout_s)
     try:
         with ConfigServer(config, token, host, int(port)):
             if director:
@@ -194,3 +206,12 @@ def execute(job: TorchrunRequest, timeout_s: float, output: OutputCollector) -> 
         drain(list(agents.running.values()))
         if director:
             director.finish()
+        del store  # the rendezvous ends with the job
+
+
+def rendezvous_host(endpoint: str, timeout_s: float) -> Any:
+    """The c10d rendezvous' TCPStore at `endpoint` (127.0.0.1:port), hosted here for the whole job."""
+    from ddlrepro.rank.runtime import listening_store
+
+    host, _, port = endpoint.rpartition(":")
+    return listening_store(host, int(port), timedelta(seconds=timeout_s))

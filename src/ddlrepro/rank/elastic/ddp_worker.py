@@ -23,6 +23,7 @@ from ddlrepro.rank.elastic.client import ConfigClient
 from ddlrepro.rank.elastic.cluster import SERVER_ENV, TOKEN_ENV
 from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import DefaultGroup, announce, build_trainer, emit_step
+from ddlrepro.rank.runtime import rendezvous_store
 from ddlrepro.records import emit
 from ddlrepro.shutdown import skip_final_collection
 
@@ -34,7 +35,9 @@ def main(argv: list[str]) -> None:
     stop = parse_schedule(point.params["schedule"])[-1].step
     trainer = build_trainer(point.params, point.threads_per_worker)
     announce(int(os.environ["RANK"]))  # ready to train, before the rendezvous: a waiting worker counts as started
-    dist.init_process_group("gloo", timeout=timedelta(seconds=float(point.params["rendezvous_timeout_s"])))
+    rank, timeout = int(os.environ["RANK"]), timedelta(seconds=float(point.params["rendezvous_timeout_s"]))
+    store = rendezvous_store(rank, timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
     group = DefaultGroup(version=0)
     client = ConfigClient(os.environ[SERVER_ENV], os.environ.get(TOKEN_ENV))
     while trainer.step < stop:

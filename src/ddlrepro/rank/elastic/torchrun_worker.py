@@ -24,11 +24,13 @@ import torch
 import torch.distributed as dist
 
 from ddlrepro.points import Point
+from ddlrepro.rank.checkpoints import load_checkpoint, save_checkpoint
 from ddlrepro.rank.elastic.client import ConfigClient
 from ddlrepro.rank.elastic.cluster import SERVER_ENV, TOKEN_ENV
 from ddlrepro.rank.elastic.events import RESTART_PHASES, ResizeEvent
 from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import DefaultGroup, ElasticTrainer, announce, build_trainer, emit_step
+from ddlrepro.rank.runtime import rendezvous_store
 from ddlrepro.records import emit
 from ddlrepro.shutdown import skip_final_collection
 
@@ -47,7 +49,8 @@ def event_path() -> Path:
 
 def main(argv: list[str]) -> None:
     point = Point.from_json(argv[0])
-    dist.init_process_group("gloo")
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", store=rendezvous_store(rank), rank=rank, world_size=world_size)
     group_formed = time.time()
     trainer = build_trainer(point.params, point.threads_per_worker)
     event = resume(trainer, dist.get_rank())
@@ -89,7 +92,7 @@ def resume(trainer: ElasticTrainer, rank: int) -> ResizeEvent | None:
     """Load the checkpoint a resize left, if any; the event it carries continues in this incarnation."""
     if not checkpoint_path().exists():
         return None
-    trainer.restore(torch.load(checkpoint_path(), weights_only=False))
+    trainer.restore(load_checkpoint(checkpoint_path()))
     if rank != 0:
         return None
     emit("ledger", rank=0, step=None, resume=trainer.offset, version=trainer.step)
@@ -107,7 +110,7 @@ def resize(trainer: ElasticTrainer, group: DefaultGroup, client: ConfigClient, s
             if size == 0:
                 emit("result", rank=0, steps=trainer.step, samples=trainer.offset)
             else:
-                save_checkpoint(trainer, event)
+                checkpoint_for_resize(trainer, event)
     if size == 0:
         dist.destroy_process_group()
         sys.exit(0)
@@ -130,7 +133,7 @@ def termination_deferred() -> Iterator[None]:
             signal.raise_signal(signal.SIGTERM)
 
 
-def save_checkpoint(trainer: ElasticTrainer, event: ResizeEvent) -> None:
+def checkpoint_for_resize(trainer: ElasticTrainer, event: ResizeEvent) -> None:
     write_checkpoint(trainer)
     event.mark("checkpointed")
     written = event_path().with_suffix(".partial")
@@ -139,9 +142,7 @@ def save_checkpoint(trainer: ElasticTrainer, event: ResizeEvent) -> None:
 
 
 def write_checkpoint(trainer: ElasticTrainer) -> None:
-    partial = checkpoint_path().with_suffix(".partial")
-    torch.save(trainer.checkpoint(), partial)
-    os.replace(partial, checkpoint_path())
+    save_checkpoint(trainer.checkpoint(), checkpoint_path())
 
 
 def save_periodic_checkpoint(trainer: ElasticTrainer) -> None:
