@@ -3,6 +3,7 @@ settings are not secrets, and the configuration may name more secret variables."
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import shlex
@@ -17,8 +18,10 @@ from conftest import REPO, written_forms
 
 from ddlrepro.host.bundle import create_bundle
 from ddlrepro.host.config import ConfigError, validate_config
+from ddlrepro.host.provenance import run_provenance
 from ddlrepro.host.redaction import MARKER, NAMED_SECRETS_ENV, redact, register_secret, secret_values
 from ddlrepro.host.rundir import OutputCollector, write_json_atomic
+from ddlrepro.records import RECORD_PREFIX
 
 # Quotes, a backslash, spaces, `$` and non-ASCII: each is escaped by JSON, repr, URLs or the shell.
 TRICKY = "tok\"en \\ it's $HOME – é-42"
@@ -92,6 +95,97 @@ def test_bundle_refuses_a_secret_committed_to_the_code(tmp_path: Path, monkeypat
         subprocess.run([*git, *command], check=True, capture_output=True)
     with pytest.raises(ValueError, match=r"refusing to bundle code\.tar\.gz: .*DB_PASSWORD"):
         bundle_with_report(tmp_path, "<p>nothing secret</p>", repo)
+
+
+# A deploy key as it sits in an environment variable: several lines (each printed with its own `[rank N]` prefix).
+PEM = (
+    "-----BEGIN OPENSSH PRIVATE KEY-----\n"
+    "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n"
+    "QyNTUxOQAAACBvZ2Y5c2RmZ2hqa2xxd2VydHl1aW9wYXNkZmdoamtsenhjdmJuAAAA\n"
+    "-----END OPENSSH PRIVATE KEY-----"
+)
+SHAPED = 's3cr/et"val-ü-0042'  # a slash, a quote and a non-ASCII letter
+
+
+def shapes(secret: str) -> dict[str, tuple[str, str]]:
+    """How a secret gets written beyond plain escaping (spelt out here, independently of ddlrepro.host.redaction):
+    per shape, the line a rank prints and the piece of it that gives the secret away."""
+    basic = base64.b64encode(b"user:" + secret.encode()).decode()
+    cut = secret[5:]  # what a `[-300:]` tail that began inside the secret kept
+    escaped_first = f"\\u{ord(secret[0]):04x}" + json.dumps(secret)[2:-1]
+    return {
+        "json-escaped-slashes": (json.dumps({"k": secret}).replace("/", "\\/"), json.dumps(secret).replace("/", "\\/")),
+        "csv-doubled-quotes": ('"' + secret.replace('"', '""') + '",1', secret.replace('"', '""')),
+        "bytes-repr": (f"data={secret.encode()!r}", repr(secret.encode())[2:-1]),
+        "base64": (base64.b64encode(secret.encode()).decode(), base64.b64encode(secret.encode()).decode()[:16]),
+        "http-basic": (f"Authorization: Basic {basic}", basic[8:24]),
+        "hex": (secret.encode().hex(), secret.encode().hex()),
+        "cut-tail": (cut, cut),
+        "u-escaped-record": (RECORD_PREFIX + '{"kind": "metric", "note": "' + escaped_first + '"}', secret),
+    }
+
+
+@pytest.mark.parametrize("shape", list(shapes(SHAPED)))
+def test_a_secret_is_redacted_in_every_shape_a_rank_may_print_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str
+) -> None:
+    monkeypatch.setenv("MY_SERVICE_TOKEN", SHAPED)
+    line, giveaway = shapes(SHAPED)[shape]
+    with OutputCollector(tmp_path) as output:
+        output.add_line(0, "stdout", line)
+    written = b"".join(path.read_bytes() for path in tmp_path.iterdir())
+    assert giveaway.encode() not in written and SHAPED.encode() not in written
+    assert MARKER.encode() in written
+
+
+def test_a_multi_line_secret_is_redacted_line_by_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEPLOY_KEY", PEM)
+    with OutputCollector(tmp_path) as output:
+        for line in PEM.splitlines():
+            output.add_line(1, "stderr", line)
+    log = (tmp_path / "log.txt").read_text()
+    assert not [line for line in PEM.splitlines() if line in log], log
+    assert log.count(MARKER) == 4
+
+
+@pytest.mark.parametrize("shape", [shape for shape in shapes(SHAPED) if shape not in ("cut-tail", "u-escaped-record")])
+def test_bundle_refuses_a_secret_in_every_shape(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shape: str) -> None:
+    monkeypatch.setenv("MY_SERVICE_TOKEN", SHAPED)
+    with pytest.raises(ValueError, match=r"refusing to bundle results/report\.html: .*MY_SERVICE_TOKEN"):
+        bundle_with_report(tmp_path, f"<p>{shapes(SHAPED)[shape][0]}</p>")
+
+
+def test_bundle_refuses_a_line_of_a_multi_line_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEPLOY_KEY", PEM)
+    with pytest.raises(ValueError, match=r"refusing to bundle results/report\.html: .*DEPLOY_KEY line 2"):
+        bundle_with_report(tmp_path, f"<pre>{PEM.splitlines()[1]}</pre>")
+
+
+def test_bundle_looks_for_the_secrets_the_runs_saw(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A variable the runs' config declared secret (redaction.variables) is not one in the shell that bundles:
+    the runs' provenance names it, so the bundle still looks for its value."""
+    monkeypatch.setenv("DEPLOYMENT_BLOB", "blob-value-0042")
+    run_dir = tmp_path / "results" / "runs" / "kungfu-fig9" / "p1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "provenance.json").write_text(json.dumps({"secret_variables": ["DEPLOYMENT_BLOB", "GONE_TOKEN"]}))
+    (run_dir / "log.txt").write_text("[rank 0] blob-value-0042\n")
+    results = tmp_path / "results"
+    (results / "provenance").mkdir()
+    (results / "report.html").write_text("<p>fine</p>")
+    (results / "checks.tsv").write_text("")
+    references = REPO / "config" / "references.yaml"
+    with pytest.raises(ValueError, match=r"refusing to bundle results/runs/kungfu-fig9/p1/log\.txt: .*DEPLOYMENT_BLOB"):
+        create_bundle(tmp_path / "b.tar.gz", results, [], [run_dir], {"scale": "smoke"}, references, tmp_path)
+    assert "secret variable(s) GONE_TOKEN, not set here" in capsys.readouterr().err
+
+
+def test_a_run_records_the_names_of_its_secret_variables_never_their_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_SERVICE_TOKEN", SHAPED)
+    recorded = run_provenance({}, {}, {})
+    assert "MY_SERVICE_TOKEN" in recorded["secret_variables"]
+    assert SHAPED not in json.dumps(recorded, ensure_ascii=False)
 
 
 ORDINARY = {

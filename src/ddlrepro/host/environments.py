@@ -27,6 +27,7 @@ from typing import Any
 from ddlrepro.host.config import schema_default
 from ddlrepro.host.hostload import HostLoad
 from ddlrepro.host.launchers.base import Launcher
+from ddlrepro.host.redaction import redacted_tail
 from ddlrepro.host.rundir import write_json_atomic
 from ddlrepro.points import Point
 
@@ -57,7 +58,7 @@ def engine_unavailable_reason() -> str | None:
     except subprocess.TimeoutExpired:
         return "a limited podman container did not start within 60 s"
     if done.returncode != 0:
-        return f"a limited podman container does not start here: {done.stderr.strip()[-200:]}"
+        return f"a limited podman container does not start here: {redacted_tail(done.stderr.strip(), 200)}"
     return None
 
 

@@ -12,6 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ddlrepro.host.redaction import secret_variable_names
+
 PACKAGES = [
     "ddlrepro",
     "torch",
@@ -95,6 +97,7 @@ def run_provenance(
         "image": image,
         "jobspec": jobspec,
         "point": point,
+        "secret_variables": secret_variable_names(),  # names, never values: what a bundle must look for
     }
 
 

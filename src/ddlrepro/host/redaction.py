@@ -3,14 +3,18 @@
 A secret is the value of an environment variable that is a secret by name (tokens, keys, passwords,
 credentials: `SECRET_NAME`), or of a variable the configuration names (`redaction.variables`, passed to every job
 as the names in `DDLREPRO_REDACT_VARIABLES`), or a value this process made and registered (the elastic config
-server's token). Values too short or too common to be secrets are skipped (`plausible_secret`). Every secret is
-replaced by a marker however it is written (raw, JSON-, Python-, HTML-, URL- or shell-escaped) in every log line,
-JSON file, report and error message ddlrepro writes; the bundle refuses to pack a file that still contains one.
-Variables themselves are never recorded.
+server's token). Values too short or too common to be secrets are skipped (`plausible_secret`); each line of a
+multi-line secret (a PEM key) is a secret of its own, since output is filed line by line. Every secret is replaced
+by a marker however it is written (raw; JSON-escaped, with `\\/` or not; Python str and bytes reprs; HTML-, URL-,
+shell- or CSV-quoted; base64 at any alignment, HTTP Basic credentials included; hex) in every log line, JSON file,
+report and error message ddlrepro writes, and a piece of one at either end of a text (what a cut tail leaves) too;
+the bundle refuses to pack a file that still contains one. Values are never recorded; the names of the secret
+variables a run saw are (provenance), so that the bundle can look for their values.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import html
 import json
@@ -104,7 +108,8 @@ def registrations() -> int:
 
 
 def secret_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Secret values by the variable that holds them (registered values under `<registered>`)."""
+    """Secret values by the variable that holds them (registered values under `<registered>`; a multi-line value's
+    lines under `<name> line <n>` as well)."""
     environ = os.environ if environ is None else environ
     named = named_secret_variables(environ)
     found = {
@@ -113,7 +118,26 @@ def secret_variables(environ: Mapping[str, str] | None = None) -> dict[str, str]
         if (looks_secret(name) or name in named) and plausible_secret(value)
     }
     found.update({f"<registered {index}>": value for index, value in enumerate(sorted(_registered))})
+    for name, value in list(found.items()):
+        lines = [line.strip() for line in value.splitlines()]
+        found.update(
+            {f"{name} line {n}": line for n, line in enumerate(lines, 1) if len(lines) > 1 and plausible_secret(line)}
+        )
     return found
+
+
+def secret_variable_names(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The variables holding a secret (names only: what a run's provenance records, so that a bundle made later,
+    elsewhere, knows which values to look for)."""
+    environ = os.environ if environ is None else environ
+    return sorted(name for name in secret_variables(environ) if name in environ)
+
+
+def with_secret_variables(names: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A copy of the environment in which `names` are secret variables too (`DDLREPRO_REDACT_VARIABLES`)."""
+    environ = dict(os.environ if environ is None else environ)
+    environ[NAMED_SECRETS_ENV] = " ".join(sorted(named_secret_variables(environ) | set(names)))
+    return environ
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -136,11 +160,32 @@ def encoded_forms(value: str) -> dict[str, str]:
         once = json.dumps(value, ensure_ascii=ensure_ascii)[1:-1]
         forms[f"JSON-escaped (ensure_ascii={ensure_ascii})"] = once
         forms[f"JSON-escaped twice (ensure_ascii={ensure_ascii})"] = json.dumps(once, ensure_ascii=ensure_ascii)[1:-1]
+    forms["JSON-escaped (slashes escaped)"] = json.dumps(value)[1:-1].replace("/", "\\/")
     for safe in ("", "/"):
         forms[f"URL-encoded (safe={safe!r})"] = quote(value, safe=safe)
         forms[f"URL-encoded + (safe={safe!r})"] = quote_plus(value, safe=safe)
+    forms["CSV-quoted"] = value.replace('"', '""')
+    forms["Python bytes repr"] = repr(value.encode())[2:-1]
+    forms["hex"] = value.encode().hex()
+    forms["hex (upper case)"] = forms["hex"].upper()
+    for offset in range(3):
+        forms[f"base64 (offset {offset})"] = base64_inside(value.encode(), offset)
+        forms[f"base64url (offset {offset})"] = base64_inside(value.encode(), offset).translate(URLSAFE)
     forms["raw"] = value
-    return forms
+    return {name: form for name, form in forms.items() if form}
+
+
+URLSAFE = str.maketrans("+/", "-_")
+SKIPPED_BASE64_CHARACTERS = {0: 0, 1: 2, 2: 3}  # those that also carry bits of the bytes before the value
+
+
+def base64_inside(data: bytes, offset: int) -> str:
+    """The base64 characters that `data` alone determines when it starts `offset` bytes into a base64 stream (as
+    after `user:` in an HTTP Basic header): the same in every stream holding it at that alignment."""
+    encoded = base64.b64encode(bytes(offset) + data).decode()
+    end = (offset + len(data)) // 3 * 4  # the last whole group: a partial one depends on what follows
+    skip = SKIPPED_BASE64_CHARACTERS[offset]
+    return encoded[skip:end] if end - skip >= MIN_SECRET_LENGTH else ""
 
 
 @functools.lru_cache(maxsize=16)
@@ -153,9 +198,29 @@ def _pattern(secrets: tuple[str, ...]) -> re.Pattern[str] | None:
 
 
 def redact(text: str, secrets: Iterable[str] | None = None) -> str:
-    """`text` with every form of every secret value replaced by the marker."""
-    pattern = _pattern(tuple(secret_values() if secrets is None else secrets))
-    return text if pattern is None else pattern.sub(MARKER, text)
+    """`text` with every form of every secret value replaced by the marker, and a piece of one (at least
+    `MIN_SECRET_LENGTH` characters) that starts or ends the text, as a cut tail or head leaves it."""
+    secrets = tuple(secret_values() if secrets is None else secrets)
+    pattern = _pattern(secrets)
+    return text if pattern is None else _redact_cut_ends(pattern.sub(MARKER, text), secrets)
+
+
+def _redact_cut_ends(text: str, secrets: tuple[str, ...]) -> str:
+    for value in secrets:
+        for length in range(len(value) - 1, MIN_SECRET_LENGTH - 1, -1):
+            if text.startswith(value[-length:]):
+                text = MARKER + text[length:]
+                break
+        for length in range(len(value) - 1, MIN_SECRET_LENGTH - 1, -1):
+            if text.endswith(value[:length]):
+                text = text[:-length] + MARKER
+                break
+    return text
+
+
+def redacted_tail(text: str, characters: int) -> str:
+    """The last `characters` of `text`, redacted before it is cut (a cut through a secret leaves no piece of it)."""
+    return redact(text)[-characters:]
 
 
 def redact_object(value: Any, secrets: Iterable[str] | None = None) -> Any:

@@ -108,7 +108,7 @@ class OutputCollector:
         """A record; one that cannot be read (a line cut in two on its way, or not a record at all) is named in the
         rank's stderr tail, so that a run missing its result says why, and the rest of the output is still filed."""
         try:
-            record = json.loads(text)
+            record = redact_object(json.loads(text), self._secrets)  # again: a `\u`-escape parses back to the value
             problem = None if isinstance(record, dict) and "kind" in record else "not a record"
         except json.JSONDecodeError as error:
             problem = error.msg

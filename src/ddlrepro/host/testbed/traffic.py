@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ddlrepro.host.redaction import redacted_tail
 from ddlrepro.host.testbed import limits
 from ddlrepro.host.testbed.limits import TestbedError
 from ddlrepro.host.testbed.network import Testbed
@@ -124,7 +125,7 @@ class Traffic:
             out, err = process.communicate()
         lines = [line for line in out.splitlines() if line.startswith("{")]
         if process.returncode != 0 or not lines:
-            return {f"{side}_error": f"exit {process.returncode}: {err.strip()[-300:]}"}
+            return {f"{side}_error": f"exit {process.returncode}: {redacted_tail(err.strip(), 300)}"}
         report = json.loads(lines[-1])
         return {**report, f"{side}_cpu_s": report.pop("cpu_s")}
 
