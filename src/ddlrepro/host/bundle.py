@@ -23,8 +23,10 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import re
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -40,7 +42,7 @@ from ddlrepro.host.config import ConfigError, config_schema, read_yaml, validate
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.provenance import git_state
-from ddlrepro.host.redaction import find_secret
+from ddlrepro.host.redaction import find_secret, with_secret_variables
 
 MANIFEST = "MANIFEST.json"
 MANIFEST_DIGEST = "MANIFEST.sha256"
@@ -53,8 +55,17 @@ PIXEL_TOLERANCE = 2 / 255
 TABLE_TOLERANCE = 1e-9
 POINT_FOLDER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 INPUTS = "inputs/"  # files a simulated figure read outside results/, per figure
-# verify reads every member into memory: a gzip bomb must be refused before that, by the sizes its headers declare.
-MAX_BUNDLE_BYTES = 4 * 2**30
+# verify reads bundles from others, every member into memory: each read is on a budget, checked before (or while)
+# what it bounds is read, so a small hostile file cannot make it read, allocate or print without end.
+MAX_COMPRESSED_BYTES = 2**30  # the tarball as stored (gzip, the one compression a bundle uses)
+MAX_BUNDLE_BYTES = 2 * 2**30  # its members unpacked, all together ...
+MAX_RATIO, RATIO_FLOOR_BYTES = 100, 64 * 2**20  # ... and at most 100 × the stored size (or 64 MiB): no gzip bomb
+MAX_MEMBERS = 100_000
+MAX_NAME_BYTES = 4096  # a member's path, a GNU long name included
+MAX_PAX_HEADER_BYTES = 64 * 2**10
+MAX_PIXELS = 64 * 2**20  # a bundled PNG's width × height, read from its header before it is decoded
+GZIP_MAGIC = b"\x1f\x8b"
+SHOWN_NAME_CHARACTERS = 120  # of a refused member's name in an error
 REQUIRED_FOR_REDERIVING = ("config-used.yaml", "references.yaml", "results/checks.tsv")
 SSH_KEYGEN_TIMEOUT_S = 60
 
@@ -152,7 +163,7 @@ def create_bundle(
     for path in results_files(results, figures, run_dirs):
         members[f"results/{path.relative_to(results).as_posix()}"] = path.read_bytes()
     members |= simulation_members(figures, config)
-    refuse_secrets(members)
+    refuse_secrets(members, scan_environment(run_dirs))
     manifest = {
         "format": BUNDLE_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -204,10 +215,28 @@ def sign_manifest(manifest: bytes, key: Path) -> bytes:
         return message.with_name(SIGNATURE).read_bytes()
 
 
-def refuse_secrets(members: dict[str, bytes]) -> None:
+def scan_environment(run_dirs: list[Path]) -> dict[str, str]:
+    """This environment, in which the secret variables the runs saw (their provenance names them) are secrets too;
+    one not set here cannot be looked for, which is said on stderr."""
+    names: set[str] = set()
+    for run_dir in run_dirs:
+        provenance = run_dir / "provenance.json"
+        if provenance.is_file():
+            names |= set(json.loads(provenance.read_text()).get("secret_variables", []))
+    unset = sorted(name for name in names if name not in os.environ)
+    if unset:
+        print(
+            f"bundle: the runs saw secret variable(s) {', '.join(unset)}, not set here: their values cannot be looked"
+            " for in the bundle (set them when bundling)",
+            file=sys.stderr,
+        )
+    return with_secret_variables(names)
+
+
+def refuse_secrets(members: dict[str, bytes], environ: dict[str, str] | None = None) -> None:
     """Raise naming the first file that holds a secret in any form (compressed members are searched unpacked)."""
     for name, data in members.items():
-        found = find_secret(unpacked(data) if name.endswith(".gz") else data)
+        found = find_secret(unpacked(data) if name.endswith(".gz") else data, environ)
         if found:
             raise BundleError(f"refusing to bundle {name}: it contains the value of a secret variable ({found})")
 
@@ -234,44 +263,103 @@ def write_tarball(out: Path, top: str, members: dict[str, bytes]) -> None:
 
 
 def read_bundle(bundle: Path) -> dict[str, bytes]:
-    """Every regular file of the bundle by its path below the top folder, read in memory (nothing is extracted);
-    BundleError, naming the bundle, for anything but a complete tarball of plain files under one top folder."""
+    """Every regular file of the bundle by its path below the top folder, read in memory in one pass over the stream
+    (nothing is extracted); BundleError, naming the bundle, for anything but a complete gzip tarball of plain files
+    under one top folder within the budgets (MAX_* above)."""
     try:
-        with tarfile.open(bundle, "r:*") as tar:
-            infos = tar.getmembers()
-            names = member_names(bundle, infos)
-            refuse_oversized(bundle, infos)
-            return {names[index]: tar.extractfile(info).read() for index, info in enumerate(infos) if info.isfile()}
+        size = bundle.stat().st_size
+        if size > MAX_COMPRESSED_BYTES:
+            raise BundleError(f"{bundle}: {size} bytes, more than verify reads (MAX_COMPRESSED_BYTES in {__name__})")
+        with bundle.open("rb") as stored:
+            if stored.read(2) != GZIP_MAGIC:
+                raise BundleError(f"{bundle}: not a gzip tarball (a bundle is a .tar.gz)")
+            stored.seek(0)
+            budget = unpacked_budget(size)
+            with gzip.GzipFile(fileobj=stored) as unpacked_stream:
+                budgeted = BudgetedStream(bundle, unpacked_stream, budget + 1024 * MAX_MEMBERS)
+                with tarfile.open(fileobj=budgeted, mode="r|", tarinfo=GuardedTarInfo) as tar:
+                    return read_members(bundle, tar, budget)
     except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
         raise BundleError(f"{bundle}: not a readable bundle tarball ({type(error).__name__}: {error})") from None
 
 
-def refuse_oversized(bundle: Path, infos: list[tarfile.TarInfo]) -> None:
-    """BundleError when the members together declare more than MAX_BUNDLE_BYTES (nothing has been read yet)."""
-    total = sum(info.size for info in infos if info.isfile())
-    if total > MAX_BUNDLE_BYTES:
-        raise BundleError(
-            f"{bundle}: its files hold {total} bytes unpacked, more than verify reads"
-            f" (MAX_BUNDLE_BYTES = {MAX_BUNDLE_BYTES} in {__name__})"
-        )
+def unpacked_budget(stored_bytes: int) -> int:
+    """How many bytes a bundle stored in `stored_bytes` may unpack to (MAX_BUNDLE_BYTES, MAX_RATIO)."""
+    return min(MAX_BUNDLE_BYTES, max(RATIO_FLOOR_BYTES, MAX_RATIO * stored_bytes))
 
 
-def member_names(bundle: Path, infos: list[tarfile.TarInfo]) -> list[str]:
-    """Each member's path below the top folder; BundleError for the first member a bundle never holds."""
-    if not infos:
-        raise BundleError(f"{bundle}: empty tarball, not a bundle")
-    top = PurePosixPath(infos[0].name).parts[0] if infos[0].name else ""
-    names, seen = [], set()
-    for info in infos:
+def read_members(bundle: Path, tar: tarfile.TarFile, budget: int) -> dict[str, bytes]:
+    """The stream's files, each member checked (`refused_member`) and counted against `budget` before its data is
+    read."""
+    members: dict[str, bytes] = {}
+    top, total, count = None, 0, 0
+    for info in tar:
+        count += 1
+        if count > MAX_MEMBERS:
+            raise BundleError(f"{bundle}: more than {MAX_MEMBERS} members (MAX_MEMBERS in {__name__})")
+        top = top if top is not None else (PurePosixPath(info.name).parts or ("",))[0]
         reason = refused_member(info, top)
         if reason:
-            raise BundleError(f"{bundle}: member {info.name!r} {reason}")
+            raise BundleError(f"{bundle}: member {shown(info.name)} {reason}")
+        if not info.isfile():
+            continue
         name = "/".join(PurePosixPath(info.name).parts[1:])
-        if info.isfile() and name in seen:
-            raise BundleError(f"{bundle}: member {info.name!r} appears twice (which copy counts would be ambiguous)")
-        seen.add(name)
-        names.append(name)
-    return names
+        if name in members:
+            raise BundleError(
+                f"{bundle}: member {shown(info.name)} appears twice (which copy counts would be ambiguous)"
+            )
+        total += info.size
+        if total > budget:
+            raise BundleError(
+                f"{bundle}: its files hold more than {budget} bytes unpacked, more than verify reads of a bundle"
+                f" this size (MAX_BUNDLE_BYTES, MAX_RATIO in {__name__})"
+            )
+        members[name] = tar.extractfile(info).read()  # type: ignore[union-attr]  # a file member has data
+    if count == 0:
+        raise BundleError(f"{bundle}: empty tarball, not a bundle")
+    return members
+
+
+def shown(name: str) -> str:
+    """A member's name for an error message: quoted, and cut (a hostile name may be kilobytes)."""
+    return repr(name if len(name) <= SHOWN_NAME_CHARACTERS else name[:SHOWN_NAME_CHARACTERS] + "…")
+
+
+class BudgetedStream(io.RawIOBase):
+    """The unpacked tar stream, refusing (BundleError) to deliver more than `budget` bytes in all."""
+
+    def __init__(self, bundle: Path, stream: Any, budget: int) -> None:
+        self.bundle, self.stream, self.budget, self.delivered = bundle, stream, budget, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        wanted = self.budget + 1 - self.delivered if size < 0 else min(size, self.budget + 1 - self.delivered)
+        data = self.stream.read(wanted)
+        self.delivered += len(data)
+        if self.delivered > self.budget:
+            raise BundleError(
+                f"{self.bundle}: unpacks to more than {self.budget} bytes, more than verify reads"
+                f" (MAX_BUNDLE_BYTES in {__name__})"
+            )
+        return data
+
+
+class GuardedTarInfo(tarfile.TarInfo):
+    """tarfile's member headers, with the sizes of a GNU long name and a pax header checked before they are read."""
+
+    def _proc_gnulong(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+        if self.size > MAX_NAME_BYTES:
+            raise BundleError(f"a member's long name declares {self.size} bytes (MAX_NAME_BYTES = {MAX_NAME_BYTES})")
+        return super()._proc_gnulong(tarfile)  # type: ignore[misc]
+
+    def _proc_pax(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+        if self.size > MAX_PAX_HEADER_BYTES:
+            raise BundleError(
+                f"a member's pax header declares {self.size} bytes (MAX_PAX_HEADER_BYTES = {MAX_PAX_HEADER_BYTES})"
+            )
+        return super()._proc_pax(tarfile)  # type: ignore[misc]
 
 
 def refused_member(info: tarfile.TarInfo, top: str) -> str | None:
@@ -282,7 +370,7 @@ def refused_member(info: tarfile.TarInfo, top: str) -> str | None:
     if ".." in path.parts:
         return "has '..' in its path"
     if info.issym() or info.islnk():
-        return f"is a link (to {info.linkname!r}); a bundle holds only plain files"
+        return f"is a link (to {shown(info.linkname)}); a bundle holds only plain files"
     if not (info.isfile() or info.isdir()):
         return "is a device, FIFO or other special file; a bundle holds only plain files"
     if not path.parts or path.parts[0] != top or (info.isfile() and len(path.parts) < 2):
@@ -295,7 +383,13 @@ def verify_bundle(
 ) -> list[str]:
     """Problems found in the bundle, one line each naming the file; empty when it verifies. BundleError when the
     file cannot be read safely as a bundle at all."""
-    members = read_bundle(bundle)
+    return verify_members(read_bundle(bundle), render, expect, allowed_signers)
+
+
+def verify_members(
+    members: dict[str, bytes], render: bool = True, expect: str | None = None, allowed_signers: Path | None = None
+) -> list[str]:
+    """`verify_bundle` on a bundle already read (`read_bundle`): the bundle is read once."""
     problems = check_hashes(members)
     if not problems and expect is not None:
         problems += check_expected_digest(members, expect)
@@ -612,10 +706,21 @@ def row_label(table: Any, row: int) -> str:
     return ""
 
 
+def png_pixels(data: bytes) -> int | None:
+    """Width × height from a PNG's header (its IHDR chunk), before anything is decoded; None if it is no PNG."""
+    if len(data) < 24 or data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(data[16:20], "big") * int.from_bytes(data[20:24], "big")
+
+
 def same_picture(rendered: bytes, bundled: bytes) -> bool:
+    """Whether the bundled PNG shows what this installation draws (within PIXEL_TOLERANCE); a PNG whose header
+    declares more than MAX_PIXELS, or none at all, is not decoded and differs."""
     import matplotlib.image as mpimg
     import numpy as np
 
+    if (png_pixels(bundled) or MAX_PIXELS + 1) > MAX_PIXELS:
+        return False
     try:
         left, right = mpimg.imread(io.BytesIO(rendered), "png"), mpimg.imread(io.BytesIO(bundled), "png")
     except (OSError, ValueError, SyntaxError):

@@ -134,17 +134,18 @@ def cmd_bundle(args: argparse.Namespace) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
-    from ddlrepro.host.bundle import BundleError, manifest_digest, read_bundle, verify_bundle
+    from ddlrepro.host.bundle import BundleError, manifest_digest, read_bundle, verify_members
 
     bundle = Path(args.bundle)
     signers = Path(args.allowed_signers) if args.allowed_signers else None
     try:
-        problems = verify_bundle(bundle, not args.hashes_only, args.expect, signers)
+        members = read_bundle(bundle)
+        problems = verify_members(members, not args.hashes_only, args.expect, signers)
     except BundleError as error:
         sys.exit(f"{bundle} does NOT verify: {error}")
     if problems:
         sys.exit(f"{bundle} does NOT verify:\n" + "\n".join(f"  - {problem}" for problem in problems))
-    digest = manifest_digest(read_bundle(bundle))
+    digest = manifest_digest(members)
     print(f"{bundle} verifies: every hash matches (manifest sha256 {digest})")
     print("  - digest: " + ("as expected" if args.expect else "not anchored (pass --expect with the published one)"))
     print("  - signature: " + (f"by a key in {signers}" if signers else "not checked (pass --allowed-signers)"))

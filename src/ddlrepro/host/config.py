@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import reprlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,15 @@ class ConfigError(UserError):
     """The configuration does not satisfy its schema; the message lists every problem by key path."""
 
 
+# A value in a problem's line: cut, never its whole repr (a value may be huge).
+SHORT = reprlib.Repr()
+SHORT.maxlevel, SHORT.maxdict, SHORT.maxlist, SHORT.maxstring, SHORT.maxother = 3, 8, 8, 200, 200
+
+
+def brief(text: str, characters: int) -> str:
+    return text if len(text) <= characters else text[:characters] + f"… ({len(text) - characters} more characters)"
+
+
 def key_path(path: Any) -> str:
     """Render a jsonschema path deque as `figures.kungfu-fig9.workers[0]`."""
     text = ""
@@ -50,9 +60,12 @@ def describe(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
         return f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}"
     values = error.validator_value if error.validator == "enum" else choices(error)
     if values:
-        return f"{where}: {error.instance!r} is not valid; valid values: {', '.join(map(str, values))}"
+        return f"{where}: {SHORT.repr(error.instance)} is not valid; valid values: {', '.join(map(str, values))}"
+    if error.validator == "pattern" and "description" in error.schema:  # the pattern says less than its description
+        return f"{where}: {SHORT.repr(error.instance)} is not valid: {error.schema['description'].strip()}"
     if error.validator == "oneOf":
-        return f"{where}: {error.instance!r} is not valid: {error.schema.get('description', 'see the schema')}"
+        described = error.schema.get("description", "see the schema")
+        return f"{where}: {SHORT.repr(error.instance)} is not valid: {described}"
     return f"{where}: {error.message}"
 
 
@@ -101,9 +114,34 @@ def _property_names(subschema: dict[str, Any], schema: dict[str, Any]) -> set[st
     return names
 
 
+# A config or references file holds a few thousand values; YAML aliases let a file of a few hundred bytes stand for
+# billions, which every later step (the schema's error messages included) would expand.
+MAX_VALUES = 200_000
+MAX_PROBLEM_CHARACTERS = 400  # of one schema problem's line: a message may hold the offending value
+
+
+def refuse_expanded_size(instance: Any, name: str, limit: int = MAX_VALUES) -> None:
+    """ConfigError when `instance`, its YAML aliases expanded, holds more than `limit` values (counted only up to
+    the limit, so the check itself stays small)."""
+    count, pending = 0, [instance]
+    while pending:
+        value = pending.pop()
+        count += 1
+        if count > limit:
+            raise ConfigError(
+                f"invalid {name}: more than {limit} values once its YAML aliases are expanded; refused before"
+                " validating (MAX_VALUES in ddlrepro.host.config)"
+            )
+        if isinstance(value, dict):
+            pending += [*value.keys(), *value.values()]
+        elif isinstance(value, list):
+            pending += value
+
+
 def validate_against(instance: Any, schema_path: Path, name: str, schema: dict[str, Any] | None = None) -> None:
     """Fill in the schema's defaults, then raise ConfigError listing every violation of the schema in `instance`
     (`name`: the file, for the message)."""
+    refuse_expanded_size(instance, name)
     schema = schema or read_yaml(schema_path.read_text())
     registry = sibling_schemas(schema_path.parent)
     validator = DefaultFillingValidator(schema, registry=registry)
@@ -111,7 +149,8 @@ def validate_against(instance: Any, schema_path: Path, name: str, schema: dict[s
     if errors:
         # errors inside a sibling schema name its `#/$defs/...`: describe them with every file's definitions
         definitions = {"$defs": {**sibling_definitions(schema, registry), **schema.get("$defs", {})}}
-        lines = "\n".join(f"  - {describe(leaf, definitions)}" for error in errors for leaf in _leaves(error))
+        problems = (describe(leaf, definitions) for error in errors for leaf in _leaves(error))
+        lines = "\n".join(f"  - {brief(problem, MAX_PROBLEM_CHARACTERS)}" for problem in problems)
         raise ConfigError(f"invalid {name} (schema {schema_path.name}):\n{lines}")
 
 
@@ -183,6 +222,7 @@ def validate_config(config: dict[str, Any], partial: bool = False) -> dict[str, 
     caller sees the same filled config) and raise ConfigError listing every schema violation in `config`, each with
     its key path. `partial`: only the sections given need be there (e.g. a command's `launcher` and `images`).
     Returns `config`."""
+    refuse_expanded_size(config, "configuration")
     resolve_scale(config)
     schema = copy.deepcopy(config_schema())  # the schema read once; a partial check drops its copy's `required`
     if partial:
