@@ -54,6 +54,35 @@ def test_wrong_type_in_list_names_index(smoke: dict) -> None:
     assert "figures.dlaas-scaling.workers[1]" in problems(smoke)
 
 
+ARGUMENTS = [("launcher", "slurm", "container"), ("bundle", "sign_key"), ("images", "base"), ("images", "ca_bundle")]
+
+
+@pytest.mark.parametrize("keys", ARGUMENTS, ids=[".".join(keys) for keys in ARGUMENTS])
+@pytest.mark.parametrize("value", ["--privileged", " -x", "image.sif\n--bind=/:/host", "a\nb"])
+def test_a_value_that_becomes_an_argument_cannot_be_an_option_or_two_lines(
+    smoke: dict, keys: tuple[str, ...], value: str
+) -> None:
+    *parents, last = keys
+    section = smoke
+    for key in parents:
+        section = section.setdefault(key, {})
+    section[last] = value
+    assert f"{'.'.join(keys)}: {value!r} is not valid" in problems(smoke)
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    ["http://s3.example:9000,allow_other", "http://s3.example ssl_verify_hostname=0", "http://s3.example\n", "ftp://x"],
+)
+def test_a_store_endpoint_is_a_url_of_a_host_and_port_only(smoke: dict, endpoint: str) -> None:
+    store = {"endpoint": endpoint, "credentials_env": {"access_key": "A_KEY", "secret_key": "S_KEY"}}
+    smoke["figures"]["dlaas-scaling"]["store"] = store
+    assert "figures.dlaas-scaling.store.endpoint" in problems(smoke)
+    for good in ("https://s3.example.org", "http://127.0.0.1:9000", "http://[::1]:8333"):
+        smoke["figures"]["dlaas-scaling"]["store"]["endpoint"] = good
+        validate_config(copy.deepcopy(smoke))
+
+
 def test_unknown_keys_are_errors_at_every_level(smoke: dict) -> None:
     bad = copy.deepcopy(smoke)
     bad["figures"]["kungfu-fig9"]["batchsize"] = 32

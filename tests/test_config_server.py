@@ -139,6 +139,49 @@ def test_the_store_listens_on_loopback_only() -> None:
     assert store.get("key") == b"value"
 
 
+def test_a_silent_connection_is_closed_after_the_idle_timeout(
+    server: ConfigServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    handler = server.http.RequestHandlerClass
+    monkeypatch.setattr(handler, "timeout", 0.5)
+    host, port = server.address.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as silent:
+        silent.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # half a request, then nothing
+        started = time.monotonic()
+        assert silent.recv(1024) == b""  # closed by the server, not held
+        assert time.monotonic() - started < 5
+    still_serving(server)
+
+
+def test_connections_beyond_the_cap_are_closed_and_the_server_keeps_serving(server: ConfigServer) -> None:
+    server.http.slots = threading.BoundedSemaphore(3)
+    host, port = server.address.split(":")
+    held = [socket.create_connection((host, int(port)), timeout=10) for _ in range(3)]
+    try:
+        for connection in held:  # each holds a thread: a request begun, never finished
+            connection.sendall(b"GET /health HTTP/1.1\r\n")
+        time.sleep(0.3)
+        with socket.create_connection((host, int(port)), timeout=10) as extra:
+            extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert extra.recv(1024) == b""  # refused: closed without an answer
+    finally:
+        for connection in held:
+            connection.close()
+    time.sleep(0.5)  # the held threads end once their clients left, and give back their slots
+    still_serving(server)
+
+
+def test_a_client_that_hangs_up_leaves_no_traceback(server: ConfigServer, capfd: pytest.CaptureFixture[str]) -> None:
+    host, port = server.address.split(":")
+    for _ in range(20):
+        with socket.create_connection((host, int(port)), timeout=10) as rude:
+            rude.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            rude.sendall(b"GET /config?after=0&timeout=1 HTTP/1.1\r\nHost: x\r\n\r\n")  # reset before the answer
+    time.sleep(1.5)
+    still_serving(server)
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_int_fields_need_not_have_both_bounds() -> None:
     assert _field({"n": 7}, "n", int) == 7
     with pytest.raises(RequestError, match=r"^`n` must be a whole number from 0, got -1$") as refused:

@@ -80,6 +80,24 @@ def test_manifests_validate_strictly(kind: str, version: str) -> None:
         kubernetes_validate.validate(manifest, version, strict=True)
 
 
+@pytest.mark.parametrize("kind", ["job", "pytorchjob"])
+def test_pods_run_unprivileged_without_an_api_token_and_only_their_own_pods_reach_them(kind: str) -> None:
+    manifests = by_kind(rendered(kind))
+    if kind == "job":
+        template = manifests["Job"]["spec"]["template"]
+    else:
+        template = manifests["PyTorchJob"]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    pod = template["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    (container,) = pod["containers"]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    run = template["metadata"]["labels"]
+    policy = manifests["NetworkPolicy"]["spec"]
+    assert policy["podSelector"] == {"matchLabels": run} and policy["policyTypes"] == ["Ingress"]
+    assert policy["ingress"] == [{"from": [{"podSelector": {"matchLabels": run}}]}]
+
+
 def test_strict_validation_catches_a_misspelt_field() -> None:
     job = copy.deepcopy(by_kind(rendered("job"))["Job"])
     job["spec"]["parallelizm"] = 4
@@ -104,8 +122,8 @@ def test_render_command_prints_the_manifests(capsys: pytest.CaptureFixture[str])
     config = json.dumps({"launcher": {"name": "kubernetes", "kubernetes": {**SETTINGS, "kind": "job"}}})
     main(["render", "--point", tiny_point(workers=3).to_json(), "--config-json", config])
     documents = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [document["kind"] for document in documents] == ["Service", "Job"]
-    assert documents[1]["spec"]["completions"] == 3
+    assert [document["kind"] for document in documents] == ["NetworkPolicy", "Service", "Job"]
+    assert documents[2]["spec"]["completions"] == 3
     for document in documents:
         kubernetes_validate.validate(document, "1.30.0", strict=True)
 
@@ -217,7 +235,12 @@ def pod(job: str, namespace: str, kind: str, rank: int, state: str) -> dict[str,
     return obj
 
 
-RESOURCES = {"Service": ("services", ""), "Job": ("jobs", "batch"), "PyTorchJob": ("pytorchjobs", "kubeflow.org")}
+RESOURCES = {
+    "NetworkPolicy": ("networkpolicies", "networking.k8s.io"),
+    "Service": ("services", ""),
+    "Job": ("jobs", "batch"),
+    "PyTorchJob": ("pytorchjobs", "kubeflow.org"),
+}
 
 
 def api_error(status: str, kind: str, name: str) -> client.ApiException:
@@ -252,7 +275,7 @@ class FakeCluster:
         """`events`: the recorded event list every pod has (its volumes then: `claim_volumes`), or none."""
         self.kind, self.script, self.logs, self.events = kind, script, logs, events
         self.job_kind = "Job" if kind == "job" else "PyTorchJob"
-        self.core = self.batch = self.custom = self
+        self.core = self.batch = self.custom = self.networking = self
         self.calls: list[tuple[str, str]] = []
         self.objects: dict[str, int | None] = {}  # kind → None while live, else the reads left while terminating
         self.linger, self.stuck = linger, set(stuck)
@@ -271,6 +294,9 @@ class FakeCluster:
         if kind == self.job_kind:
             self.attempt, self.polls = self.attempt + 1, 0
             self.job, self.namespace = body["metadata"]["name"], body["metadata"]["namespace"]
+
+    def create_namespaced_network_policy(self, namespace: str, body: dict[str, Any]) -> None:
+        self._create("NetworkPolicy", body)
 
     def create_namespaced_service(self, namespace: str, body: dict[str, Any]) -> None:
         self._create("Service", body)
@@ -326,6 +352,9 @@ class FakeCluster:
     def delete_namespaced_service(self, name: str, namespace: str) -> None:
         self._delete("Service")
 
+    def delete_namespaced_network_policy(self, name: str, namespace: str) -> None:
+        self._delete("NetworkPolicy")
+
     def _read(self, kind: str) -> dict[str, Any]:
         """The object (terminating: with its deletion metadata); a terminating object is gone after `linger` reads."""
         if kind not in self.objects:
@@ -342,6 +371,9 @@ class FakeCluster:
 
     def read_namespaced_service(self, name: str, namespace: str) -> dict[str, Any]:
         return self._read("Service")
+
+    def read_namespaced_network_policy(self, name: str, namespace: str) -> dict[str, Any]:
+        return self._read("NetworkPolicy")
 
     def read_namespaced_job(self, name: str, namespace: str) -> dict[str, Any]:
         return self._read("Job")
@@ -390,7 +422,7 @@ def test_successful_job_collects_every_pod_log_and_is_deleted(
     rates = table[table["metric"] == "img_per_sec"]
     assert sorted(rates["rank"].unique()) == [0, 1]
     created = [what for verb, what in fake.calls if verb == "create"]
-    assert created == (["Service", "Job"] if kind == "job" else ["PyTorchJob"])
+    assert created == (["NetworkPolicy", "Service", "Job"] if kind == "job" else ["NetworkPolicy", "PyTorchJob"])
     assert {what for verb, what in fake.calls if verb == "delete"} == set(created)
     provenance = json.loads((run_dir / "provenance.json").read_text())
     assert provenance["jobspec"]["manifests"] and provenance["jobspec"]["launcher"] == "kubernetes"
@@ -401,10 +433,11 @@ def test_objects_left_by_a_killed_launcher_are_replaced(
 ) -> None:
     """The leftovers answer 409; the launcher deletes them and creates its objects once they are gone."""
     fake = FakeCluster("job", [[["succeeded", "succeeded"]]], [worker_logs])
-    fake.leave_behind("Service", "Job")
+    fake.leave_behind("NetworkPolicy", "Service", "Job")
     run_dir = run_on(fake, tmp_path, "job", monkeypatch)
     assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
-    assert fake.calls[:4] == [("delete", "Service"), ("delete", "Job"), ("create", "Service"), ("create", "Job")]
+    kinds = ["NetworkPolicy", "Service", "Job"]
+    assert fake.calls[:6] == [("delete", kind) for kind in kinds] + [("create", kind) for kind in kinds]
     assert fake.objects == {}
 
 
@@ -415,7 +448,13 @@ def test_a_leftover_pytorchjob_without_a_service_is_replaced(
     fake.leave_behind("PyTorchJob")
     run_dir = run_on(fake, tmp_path, "pytorchjob", monkeypatch)
     assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
-    assert fake.calls == [("delete", "PyTorchJob"), ("create", "PyTorchJob"), ("delete", "PyTorchJob")]
+    kinds = ["NetworkPolicy", "PyTorchJob"]
+    assert fake.calls == [
+        ("create", "NetworkPolicy"),  # the leftover job's name answers 409 next: all of this run's go, then again
+        *[("delete", kind) for kind in kinds],
+        *[("create", kind) for kind in kinds],
+        *[("delete", kind) for kind in kinds],
+    ]
 
 
 def test_delete_names_the_objects_it_could_not_remove(
@@ -447,7 +486,7 @@ def test_failed_pod_fails_the_run_naming_its_rank(tmp_path: Path, monkeypatch: p
     assert failure.value.rank == 1
     assert "exited with code 1" in str(failure.value)
     assert "CUDA out of memory" in str(failure.value)
-    assert [verb for verb, _ in fake.calls].count("create") == 2  # service and job, once: no retry of a crash
+    assert [verb for verb, _ in fake.calls].count("create") == 3  # policy, service and job once: no retry of a crash
     run_dir = tmp_path / "runs" / "kungfu-fig9" / tiny_point(workers=2).id
     assert not (run_dir / "result.json").exists()
     assert ("delete", "Job") in fake.calls and ("delete", "Service") in fake.calls
@@ -462,7 +501,7 @@ def test_startup_race_starts_the_job_again(
     fake = FakeCluster("job", [race, success], [{1: substituted(RECORDED["dns_race_log"], job)}, worker_logs])
     run_dir = run_on(fake, tmp_path, "job", monkeypatch)
     assert json.loads((run_dir / "result.json").read_text())["status"] == "ok"
-    assert [what for verb, what in fake.calls if verb == "create"] == ["Service", "Job", "Service", "Job"]
+    assert [what for verb, what in fake.calls if verb == "create"] == ["NetworkPolicy", "Service", "Job"] * 2
     assert "Name or service not known" in (run_dir / "pods" / "attempt-0" / f"{job}-1-x7k2p.log").read_text()
     log = (run_dir / "log.txt").read_text()
     assert "start-up race; starting the job again" in log

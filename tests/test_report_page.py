@@ -89,6 +89,32 @@ def test_caption_cannot_bring_a_script(tmp_path: Path) -> None:
     assert "<script" not in caption_html(caption)
 
 
+@pytest.mark.parametrize(
+    ("text", "refused"),
+    [
+        ("`click <javascript:alert(1)>`_", "caption link 'javascript:alert(1)'"),
+        ("`local <file:///etc/passwd>`_", "caption link 'file:///etc/passwd'"),
+        (".. image:: https://example.invalid/track.png", "caption image 'https://example.invalid/track.png'"),
+    ],
+    ids=["javascript-link", "file-link", "remote-image"],
+)
+def test_a_caption_links_only_to_http_and_shows_only_inline_images(tmp_path: Path, text: str, refused: str) -> None:
+    caption = tmp_path / "evil.rst"
+    caption.write_text(f"Fine text.\n\n{text}\n")
+    with pytest.raises(ValueError, match=re.escape(f"{caption}: {refused}")):
+        caption_html(caption)
+    caption.write_text("See `the paper <https://example.invalid/paper.pdf>`_ and `above <#top>`_.\n")
+    assert 'href="https://example.invalid/paper.pdf"' in caption_html(caption)
+
+
+def test_the_page_forbids_scripts_and_remote_fetches(report: Path) -> None:
+    policy = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)">', report.read_text())
+    assert policy, "no Content-Security-Policy"
+    directives = dict(part.strip().split(" ", 1) for part in policy.group(1).split(";"))
+    assert directives["default-src"] == "'none'" and directives["img-src"] == "data:"
+    assert "script-src" not in directives  # default-src 'none' covers scripts
+
+
 def test_every_table_scrolls_inside_its_box(report: Path) -> None:
     html = report.read_text()
     tables = [match.start() for match in re.finditer(r"<table", html)]

@@ -224,6 +224,8 @@ def test_what_a_killed_run_left_is_removed_by_the_next_create(owner: str) -> Non
         ({"hosts": 100_000}, "100000 hosts is more than this machine can hold: at most"),
         ({"hosts": 5, "subnet": "198.18.0.0/30"}, "at most 2 \\(subnet 198.18.0.0/30 holds 2 host addresses\\)"),
         ({"link_rate": "0mbit"}, "link rate '0mbit' must be above 0"),
+        ({"link_rate": "9" * 400 + "gbit"}, "link rate '9999.*' must be above 0 and at most 1000gbit"),
+        ({"link_rate": "2000gbit"}, "link rate '2000gbit' must be above 0 and at most 1000gbit"),
         ({"link_rate": "-5mbit"}, "link rate '-5mbit' is not a rate"),
         ({"link_rate": "fast"}, "link rate 'fast' is not a rate"),
         (

@@ -54,7 +54,7 @@ rule plot:
     shell:
         "python -m ddlrepro plot {wildcards.figure} --table {input.table} --png {output.png}"
         " --pdf {output.pdf} --summary {output.summary} --scale {params.scale}"
-        " --references {input.references} --runs {input.runs} > {log} 2>&1"
+        " --references {input.references:q} --runs {input.runs} > {log} 2>&1"
 
 
 for figure_id in ENABLED:

@@ -19,7 +19,7 @@ rule build_image:
         repository=CHECKOUT,
     shell:
         "python -m ddlrepro build-image --engine {params.engine} --variant {wildcards.variant}"
-        " --settings {params.settings} --repository {params.repository} --out {output} > {log} 2>&1"
+        " --settings {params.settings} --repository {params.repository:q} --out {output} > {log} 2>&1"
 
 
 rule build_sif:
@@ -39,4 +39,4 @@ rule build_sif:
         repository=CHECKOUT,
     shell:
         "python -m ddlrepro build-image --engine apptainer --variant {wildcards.variant}"
-        " --settings {params.settings} --repository {params.repository} --out {output.sif} > {log} 2>&1"
+        " --settings {params.settings} --repository {params.repository:q} --out {output.sif} > {log} 2>&1"

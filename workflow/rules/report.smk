@@ -16,7 +16,7 @@ rule check_figure:
         exclude=" ".join(CHECKS["exclude"]),
         tier=CHECKS["tier"],
     shell:
-        "python -m ddlrepro check {wildcards.figure} --summary {input.summary} --references {input.references}"
+        "python -m ddlrepro check {wildcards.figure} --summary {input.summary} --references {input.references:q}"
         " --scale {params.scale} --tier {params.tier} --out {output} --exclude {params.exclude} > {log} 2>&1"
 
 
@@ -34,7 +34,7 @@ rule collect_checks:
     params:
         waiting=shlex.quote(json.dumps(WAITING)),
     shell:
-        "python -m ddlrepro collect-checks {input.checks} --references {input.references}"
+        "python -m ddlrepro collect-checks {input.checks} --references {input.references:q}"
         " --waiting {params.waiting} --out {output} > {log} 2>&1"
 
 
@@ -62,8 +62,8 @@ rule report:
         repository=CHECKOUT,
     shell:
         "python -m ddlrepro report {params.figures} --out {output} --scale {params.scale}"
-        " --launcher {params.launcher} --rerun-options {params.rerun_options} --captions {input.captions}"
-        " --repository {params.repository} > {log} 2>&1"
+        " --launcher {params.launcher} --rerun-options {params.rerun_options} --captions {input.captions:q}"
+        " --repository {params.repository:q} > {log} 2>&1"
 
 
 rule bundle:
@@ -87,7 +87,7 @@ rule bundle:
         repository=CHECKOUT,
     shell:
         "python -m ddlrepro bundle --out {output.bundle} --figures {params.figures} --runs {input.runs}"
-        " --config-json {params.config} --references {input.references} --repository {params.repository}"
+        " --config-json {params.config} --references {input.references:q} --repository {params.repository:q}"
         " > {log} 2>&1"
         # Printed where the user sees it: the digest is the anchor to publish outside the bundle.
         " && echo '{output.bundle}: manifest sha256' $(cat {output.digest})"

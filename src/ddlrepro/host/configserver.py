@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,10 +41,12 @@ MAX_WAIT_S = 60.0
 MAX_DIGITS = 18  # any number a client may send fits in 64 bits; int() of 5,000 digits raises instead
 MAX_WORKER_ID = 2**31 - 1
 # Every worker and standby of a job connects at once, to this server (long polls: the default backlog of 5 made 200
-# polls wait up to 31 s) and to the job's TCPStore socket (launchers/inplace.py).
+# polls wait up to 31 s); the job's TCPStore socket has its own (rank/runtime.py).
 LISTEN_BACKLOG = 1024
 DRAIN_BYTES = 16 * 1024 * 1024  # an oversized body is read and dropped up to this much, so the client gets its 413
 DRAIN_S = 5.0
+IDLE_TIMEOUT_S = 30.0  # a connection's socket reads: between requests, and within one
+MAX_CONNECTIONS = 256  # at once: every worker and standby of the largest job keeps one, and long-polls on it
 
 
 class RequestError(Exception):
@@ -171,13 +174,37 @@ class ConfigServer:
 
 
 class _Listener(ThreadingHTTPServer):
+    """One thread per connection, at most MAX_CONNECTIONS at once (one more is closed at once); a client that hangs
+    up is no error worth a traceback."""
+
     request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # BrokenPipe, reset: the client left
+            super().handle_error(request, client_address)
 
 
 def _handler_for(server: ConfigServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True  # else headers and body wait for the client's delayed ACK (~40 ms)
+        timeout = IDLE_TIMEOUT_S  # a silent or half-sent request frees its thread (clients reconnect once)
 
         def do_GET(self) -> None:
             self._answer(lambda: _get(server.config, self.path))

@@ -105,24 +105,45 @@ def interval_drawing(check: pd.Series) -> str:
     return f'<svg width="{width}" height="{height}" role="img">{band}{interval}{dot}</svg>'
 
 
+CAPTION_SETTINGS = {
+    "raw_enabled": False,
+    "file_insertion_enabled": False,
+    "halt_level": 2,
+    "report_level": 5,
+    "_disable_config": True,
+}
+
+
 def caption_html(path: Path) -> str:
-    """A caption's reStructuredText as an HTML fragment. Raw HTML and file inclusion are off, so a caption cannot
-    bring a script into the report; a caption docutils warns about is an error naming its file."""
-    from docutils.core import publish_parts
+    """A caption's reStructuredText as an HTML fragment. Raw HTML and file inclusion are off, links go to http(s)
+    or within the page, images are inline (`data:`), so a caption cannot bring a script or a remote fetch into the
+    report (the page's Content-Security-Policy says the same); a caption breaking that, or one docutils warns
+    about, is an error naming its file."""
+    from docutils.core import publish_doctree, publish_parts
     from docutils.utils import SystemMessage
 
-    settings = {
-        "raw_enabled": False,
-        "file_insertion_enabled": False,
-        "halt_level": 2,
-        "report_level": 5,
-        "_disable_config": True,
-    }
+    text = path.read_text()
     try:
-        parts = publish_parts(path.read_text(), source_path=str(path), writer="html5", settings_overrides=settings)
+        refuse_unsafe_targets(publish_doctree(text, source_path=str(path), settings_overrides=CAPTION_SETTINGS), path)
+        parts = publish_parts(text, source_path=str(path), writer="html5", settings_overrides=CAPTION_SETTINGS)
     except SystemMessage as error:
         raise ValueError(f"{path}: caption is not valid reStructuredText: {error}") from error
     return parts["body"]
+
+
+def refuse_unsafe_targets(doctree: Any, path: Path) -> None:
+    """Refuse a caption's link other than http(s) or in-page (`javascript:`, `file:`, ...) and a non-inline image."""
+    from urllib.parse import urlsplit
+
+    from docutils import nodes
+
+    for reference in doctree.findall(nodes.reference):
+        uri = reference.get("refuri", "")
+        if uri and urlsplit(uri).scheme.lower() not in ("http", "https") and not uri.startswith("#"):
+            raise ValueError(f"{path}: caption link {uri[:80]!r}: only http(s) and in-page (#) links are allowed")
+    for image in doctree.findall(nodes.image):
+        if not image.get("uri", "").startswith("data:"):
+            raise ValueError(f"{path}: caption image {image.get('uri', '')[:80]!r}: only inline (data:) images")
 
 
 def disturbed_runs(figures: list[str], results: Path, checks: pd.DataFrame) -> pd.DataFrame:

@@ -35,6 +35,7 @@ REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 PYTORCHJOB = {"group": "kubeflow.org", "version": "v1", "plural": "pytorchjobs"}
 POD_RUN_DIR = "/tmp/ddlrepro-run"
+UNPRIVILEGED_ID = 65534  # nobody/nogroup: ranks run as no user of the image
 LOG_TAIL_LINES = 20
 DELETE_GRACE_S = 60
 # A worker that gives up before the master is reachable: its DNS record or its listening socket is not there yet.
@@ -154,9 +155,13 @@ def request(point: Point, options: KubernetesOptions) -> KubernetesRequest:
     name = job_name(point)
     master = f"{name}-0.{name}"
     if options.kind == "pytorchjob":
-        manifests = [pytorchjob_manifest(point, options, name)]
+        manifests = [network_policy_manifest(options, name), pytorchjob_manifest(point, options, name)]
     else:
-        manifests = [service_manifest(options, name), indexed_job_manifest(point, options, name)]
+        manifests = [
+            network_policy_manifest(options, name),
+            service_manifest(options, name),
+            indexed_job_manifest(point, options, name),
+        ]
     workers = [
         WorkerSpec(rank, worker_command(point), {**rank_env(point, options, master), "RANK": str(rank)})
         for rank in range(point.workers)
@@ -187,6 +192,7 @@ def rank_env(point: Point, options: KubernetesOptions, master: str) -> dict[str,
         "OMP_NUM_THREADS": str(point.threads_per_worker),
         "PYTHONUNBUFFERED": "1",
         "DDLREPRO_RUN_DIR": POD_RUN_DIR,
+        "HOME": "/tmp",  # the unprivileged user has no home of its own in the image
     }
     if options.kind == "job":
         env = {"MASTER_ADDR": master, "MASTER_PORT": str(options.port), **env}
@@ -219,6 +225,9 @@ def container(point: Point, options: KubernetesOptions, name: str, container_nam
         env=env,
         ports=[client.V1ContainerPort(name="rendezvous", container_port=options.port)],
         resources=resources(point, options),
+        security_context=client.V1SecurityContext(
+            allow_privilege_escalation=False, capabilities=client.V1Capabilities(drop=["ALL"])
+        ),
     )
 
 
@@ -230,6 +239,14 @@ def pod_template(point: Point, options: KubernetesOptions, name: str, container_
         service_account_name=options.service_account,
         subdomain=name if options.kind == "job" else None,
         enable_service_links=False,
+        # Ranks need no API access, no root and no privilege: training writes only under /tmp.
+        automount_service_account_token=False,
+        security_context=client.V1PodSecurityContext(
+            run_as_non_root=True,
+            run_as_user=UNPRIVILEGED_ID,
+            run_as_group=UNPRIVILEGED_ID,
+            seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
+        ),
     )
     return client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels={RUN_LABEL: name}), spec=spec)
 
@@ -253,6 +270,23 @@ def service_manifest(options: KubernetesOptions, name: str) -> dict[str, Any]:
         ),
     )
     return serialize(service)
+
+
+def network_policy_manifest(options: KubernetesOptions, name: str) -> dict[str, Any]:
+    """Only the run's own pods reach the run's pods (the rendezvous port and the ports gloo's pairs pick alike);
+    where the cluster's network plugin enforces NetworkPolicies, no other pod of the namespace can."""
+    own_pods = client.V1LabelSelector(match_labels={RUN_LABEL: name})
+    policy = client.V1NetworkPolicy(
+        api_version="networking.k8s.io/v1",
+        kind="NetworkPolicy",
+        metadata=metadata(options, name),
+        spec=client.V1NetworkPolicySpec(
+            pod_selector=own_pods,
+            policy_types=["Ingress"],
+            ingress=[client.V1NetworkPolicyIngressRule(_from=[client.V1NetworkPolicyPeer(pod_selector=own_pods)])],
+        ),
+    )
+    return serialize(policy)
 
 
 def indexed_job_manifest(point: Point, options: KubernetesOptions, name: str) -> dict[str, Any]:
@@ -306,6 +340,7 @@ class Apis:
     core: client.CoreV1Api
     batch: client.BatchV1Api
     custom: client.CustomObjectsApi
+    networking: client.NetworkingV1Api
 
 
 def connect(context: str | None = None) -> Apis:
@@ -316,7 +351,7 @@ def connect(context: str | None = None) -> Apis:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config(context=context)
-    return Apis(client.CoreV1Api(), client.BatchV1Api(), client.CustomObjectsApi())
+    return Apis(client.CoreV1Api(), client.BatchV1Api(), client.CustomObjectsApi(), client.NetworkingV1Api())
 
 
 def execute(spec: JobSpec[KubernetesRequest], options: KubernetesOptions, output: OutputCollector, apis: Apis) -> None:
@@ -368,7 +403,9 @@ def apply(apis: Apis, job: KubernetesRequest, options: KubernetesOptions) -> Non
 def create(apis: Apis, job: KubernetesRequest) -> None:
     namespace = job.namespace
     for manifest in job.manifests:
-        if manifest["kind"] == "Service":
+        if manifest["kind"] == "NetworkPolicy":
+            apis.networking.create_namespaced_network_policy(namespace, manifest)
+        elif manifest["kind"] == "Service":
             apis.core.create_namespaced_service(namespace, manifest)
         elif manifest["kind"] == "Job":
             apis.batch.create_namespaced_job(namespace, manifest)
@@ -533,7 +570,9 @@ def delete(apis: Apis, job: KubernetesRequest, options: KubernetesOptions) -> li
     namespace, name = job.namespace, job.name
     body = client.V1DeleteOptions(propagation_policy="Foreground")
     for manifest in job.manifests:
-        if manifest["kind"] == "Service":
+        if manifest["kind"] == "NetworkPolicy":
+            _ignore_missing(apis.networking.delete_namespaced_network_policy, name, namespace)
+        elif manifest["kind"] == "Service":
             _ignore_missing(apis.core.delete_namespaced_service, name, namespace)
         elif manifest["kind"] == "Job":
             _ignore_missing(apis.batch.delete_namespaced_job, name, namespace, body=body)
@@ -549,6 +588,7 @@ def remaining(apis: Apis, job: KubernetesRequest) -> list[str]:
     """The run's objects and pods that still exist (terminating ones included), as 'Kind namespace/name'."""
     namespace, name = job.namespace, job.name
     readers = {
+        "NetworkPolicy": lambda: apis.networking.read_namespaced_network_policy(name, namespace),
         "Service": lambda: apis.core.read_namespaced_service(name, namespace),
         "Job": lambda: apis.batch.read_namespaced_job(name, namespace),
         "PyTorchJob": lambda: apis.custom.get_namespaced_custom_object(**PYTORCHJOB, namespace=namespace, name=name),

@@ -52,6 +52,9 @@ def check_owner(owner: str) -> str:
     return owner
 
 
+MAX_RATE_BITS = 10**12  # 1000gbit: no link the testbed emulates is faster
+
+
 def parse_rate(rate: str | int | None) -> int | None:
     """A link rate in bit/s from `200mbit`, `1gbit`, `1.5Gbit`, `500kbit` or a number of bit/s; None: unlimited."""
     if rate is None:
@@ -60,8 +63,8 @@ def parse_rate(rate: str | int | None) -> int | None:
     if not match:
         raise TestbedError(f"link rate {rate!r} is not a rate: write e.g. 200mbit or 1gbit (bits per second)")
     bits = float(match["number"]) * RATE_UNITS[(match["unit"] or "bit").lower()]
-    if bits < 1:
-        raise TestbedError(f"link rate {rate!r} must be above 0")
+    if not 1 <= bits <= MAX_RATE_BITS:  # inf included: a number of 400 digits parses as one
+        raise TestbedError(f"link rate {str(rate)[:40]!r} must be above 0 and at most {format_rate(MAX_RATE_BITS)}")
     return round(bits)
 
 
