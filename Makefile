@@ -1,7 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make reproduce   create the environment if missing, build every enabled figure at smoke scale + the report
 #   make test        create the environment if missing, run the tests
-#   make benchmarks  every benchmark: results/benchmarks/*.json, results/benchmarks.tsv, README's performance table
+#   make benchmarks  every benchmark: results/benchmarks/*.json, results/benchmarks.tsv, docs/performance.md's table
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv

@@ -1,11 +1,12 @@
-"""The README's performance table, generated from the benchmarks' JSON files (results/benchmarks/*.json).
+"""The performance page's table (docs/performance.md), generated from the benchmarks' JSON files
+(results/benchmarks/*.json).
 
-Rewrites README.md between `<!-- benchmarks:begin -->` and `<!-- benchmarks:end -->`: one row per figure measured,
+Rewrites the page between `<!-- benchmarks:begin -->` and `<!-- benchmarks:end -->`: one row per figure measured,
 with its target and verdict from benchmarks/targets.yaml (the same checks as results/benchmarks.tsv), the host load
 it was measured under, the date and commit of its run and the command that ran it; below it, the machines.
-`--check` changes nothing and fails when the README's table differs from the one the JSON files give.
+`--check` changes nothing and fails when the page's table differs from the one the JSON files give.
 
-    python benchmarks/readme_table.py [--results results/benchmarks] [--readme README.md] [--check]
+    python benchmarks/readme_table.py [--results results/benchmarks] [--readme docs/performance.md] [--check]
 """
 
 from __future__ import annotations
@@ -99,8 +100,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", type=Path, default=RESULTS, help="the benchmarks' JSON files")
     parser.add_argument("--targets", type=Path, default=TARGETS)
-    parser.add_argument("--readme", type=Path, default=REPO / "README.md")
-    parser.add_argument("--check", action="store_true", help="fail if the README's table is stale; change nothing")
+    parser.add_argument("--readme", type=Path, default=REPO / "docs" / "performance.md")
+    parser.add_argument("--check", action="store_true", help="fail if the page's table is stale; change nothing")
     args = parser.parse_args()
     current = args.readme.read_text()
     updated = with_table(current, table(read_results(args.results), load_targets(args.targets)), args.readme.name)

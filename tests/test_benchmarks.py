@@ -1,5 +1,5 @@
 """The benchmarks' results: each script's JSON record, its targets checked like the papers' references,
-results/benchmarks.tsv and the README's generated table, from real records of each script at its smallest
+results/benchmarks.tsv and docs/performance.md's generated table, from real records of each script at its smallest
 settings (tests/data/benchmarks/)."""
 
 from __future__ import annotations

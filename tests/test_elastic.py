@@ -229,8 +229,8 @@ def test_a_rank_records_its_slice_before_the_all_reduce(capsys: pytest.CaptureFi
 
 
 def test_a_lost_step_moves_batchnorm_statistics_but_not_parameters() -> None:
-    """What the README says of a fault: when the all-reduce fails, the step's forward pass has already folded this
-    rank's slice into the running BatchNorm statistics; parameters and momentum are untouched."""
+    """What docs/elasticity.md says of a fault: when the all-reduce fails, the step's forward pass has already folded
+    this rank's slice into the running BatchNorm statistics; parameters and momentum are untouched."""
     trainer = ClassifierTrainer(elastic_point("4:0").params, threads=1)
     kept = [tensor.clone() for tensor in trainer.parameters_and_momentum()]
     running = {name: buffer.clone() for name, buffer in trainer.model.named_buffers()}

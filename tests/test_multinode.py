@@ -140,7 +140,7 @@ def test_profile_runs_every_framework_across_two_nodes(cluster: dict[str, str], 
     }
     configs = ["tests/configs/tiny.yaml", only(workdir, "multinode.yaml", sections), two_per_node(workdir)]
     tables = [f"results/tables/{figure}.csv" for figure in sections]  # the runs, not the checks against the papers
-    env = empty_config_homes(cluster, tmp_path / "home")  # `snakemake --profile slurm` after the README's setup
+    env = empty_config_homes(cluster, tmp_path / "home")  # `snakemake --profile slurm` after docs/slurm.md's setup
     setup_profile(workdir, env)
     done = slurm_snakemake(workdir, env, *tables, "--configfile", *configs, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]

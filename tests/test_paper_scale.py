@@ -148,7 +148,7 @@ def test_the_scale_blocks_name_the_figures_the_workflow_has() -> None:
 
 @pytest.mark.parametrize("profile", [[], ["--profile", "profiles/slurm"]], ids=["local", "slurm"])
 def test_a_paper_scale_dry_run_plans_and_names_what_it_skips(workflow_copy: Path, profile: list[str]) -> None:
-    """The README's preview of paper scale on a 2-core machine without the data: every other figure is planned;
+    """The preview of paper scale (docs/running.md) on a 2-core machine without the data: every other figure is planned;
     the two waiting for data say what they need and how to get it; under the local launcher what would not fit
     is told, not refused (under Slurm everything fits)."""
     done = snakemake(workflow_copy, "-n", *profile, "--configfile", "config/paper.yaml", timeout=300)
