@@ -474,6 +474,14 @@ def test_a_figureless_bundle_verifies(tmp_path: Path) -> None:
     assert verify_bundle(figureless_bundle(figureless_members(), tmp_path / "b.tar.gz")) == []
 
 
+def test_verify_says_what_it_does_not_rederive(tmp_path: Path) -> None:
+    bundle = figureless_bundle(figureless_members(), tmp_path / "b.tar.gz")
+    done = subprocess.run([sys.executable, "-m", "ddlrepro", "verify", str(bundle)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if "not re-derived" in line]
+    assert "NOT anchored" in line and "results/report.html" in line and "result.json fields" in line
+
+
 def test_rederiving_needs_the_collected_checks(tmp_path: Path) -> None:
     members = figureless_members()
     del members["results/checks.tsv"]

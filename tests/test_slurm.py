@@ -182,13 +182,28 @@ def test_ranks_out_of_block_order_are_refused() -> None:
         task_environment(cyclic, NODES)
 
 
+SLURM_CLUSTER = str(REPO / "scripts" / "slurm-cluster")
+DEFAULT_CONF = Path("/etc/slurm/slurm.conf")
+FOUND: dict[str, object] = {}  # the host as the cluster fixture found it
+
+
+def host_state() -> dict[str, object]:
+    """What a cluster's start and stop may change on the host: /etc/slurm/slurm.conf (a link to someone else's
+    configuration, or none: a link a stopped or removed cluster of ours left is swept) and whether munged runs."""
+    ours = DEFAULT_CONF.exists() and "ClusterName=ddlrepro" in DEFAULT_CONF.read_text().splitlines()
+    link = os.readlink(DEFAULT_CONF) if DEFAULT_CONF.is_symlink() and DEFAULT_CONF.exists() and not ours else None
+    munged = subprocess.run(["ps", "-C", "munged", "-o", "stat="], capture_output=True, text=True).stdout.split()
+    return {"link": link, "munged": any(not status.startswith("Z") for status in munged)}
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A real single-node Slurm cluster (installed from Debian's packages when root), stopped afterwards."""
     if os.geteuid() != 0 and not shutil.which("slurmctld"):
         pytest.skip("Slurm is not installed and installing it needs root")
     state = tmp_path_factory.mktemp("slurm")
-    script = str(REPO / "scripts" / "slurm-cluster")
+    script = SLURM_CLUSTER
+    FOUND.update(host_state())
     subprocess.run([script, "start", str(state)], check=True, capture_output=True, timeout=600)
     yield {**os.environ, "SLURM_CONF": str(state / "slurm.conf")}
     subprocess.run([script, "stop", str(state)], capture_output=True, timeout=60)
@@ -396,3 +411,19 @@ def test_a_workflow_that_is_done_does_not_sit_out_the_status_check_interval(
     workflow.wait()
     assert (workflow.returncode == 0) == (exit_code == 0) and seen, "".join(lines[-40:])
     assert time.monotonic() - seen < 4, "".join(lines[-20:])  # not the interval's 10 s
+
+
+def test_the_daemons_listen_on_loopback_only(cluster: dict[str, str]) -> None:
+    lines = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout.splitlines()
+    daemons = [line.split() for line in lines if '"slurmctld"' in line or '"slurmd"' in line]
+    assert len(daemons) >= 2, lines
+    assert all(fields[3].startswith("127.0.0.1:") for fields in daemons), daemons
+
+
+def test_stop_leaves_the_host_as_start_found_it(cluster: dict[str, str]) -> None:
+    """Last in the module: stops the cluster (the fixture's own stop then finds nothing to do)."""
+    state = Path(cluster["SLURM_CONF"]).parent
+    done = subprocess.run([SLURM_CLUSTER, "stop", str(state)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert host_state() == FOUND
+    assert not [path for path in ("etc-link.previous", "munged.pid") if (state / path).exists()]

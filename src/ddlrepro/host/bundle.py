@@ -67,6 +67,13 @@ MAX_PIXELS = 64 * 2**20  # a bundled PNG's width × height, read from its header
 GZIP_MAGIC = b"\x1f\x8b"
 SHOWN_NAME_CHARACTERS = 120  # of a refused member's name in an error
 REQUIRED_FOR_REDERIVING = ("config-used.yaml", "references.yaml", "results/checks.tsv")
+# What verify does not re-derive: a forger who rehashes the manifest can change these unseen, unless the manifest's
+# digest (--expect) or signature (--allowed-signers) is checked against one published elsewhere.
+NOT_REDERIVED = (
+    "results/report.html",
+    "results/provenance/*",
+    "each run's log.txt, provenance.json and the result.json fields its figure's table does not take",
+)
 SSH_KEYGEN_TIMEOUT_S = 60
 
 

@@ -134,7 +134,7 @@ def cmd_bundle(args: argparse.Namespace) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> None:
-    from ddlrepro.host.bundle import BundleError, manifest_digest, read_bundle, verify_members
+    from ddlrepro.host.bundle import NOT_REDERIVED, BundleError, manifest_digest, read_bundle, verify_members
 
     bundle = Path(args.bundle)
     signers = Path(args.allowed_signers) if args.allowed_signers else None
@@ -151,6 +151,8 @@ def cmd_verify(args: argparse.Namespace) -> None:
     print("  - signature: " + (f"by a key in {signers}" if signers else "not checked (pass --allowed-signers)"))
     if not args.hashes_only:
         print("  - every table, figure and check re-derived from the bundled runs matches")
+    anchored = "anchored by the digest or signature" if args.expect or signers else "NOT anchored: pass --expect"
+    print(f"  - not re-derived, covered by the hashes only ({anchored}): {'; '.join(NOT_REDERIVED)}")
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
