@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Self
 from ddlrepro.host.config import ConfigError
 from ddlrepro.host.cpuquota import CpuQuotas
 from ddlrepro.host.hostload import process_tree_cpu
-from ddlrepro.host.launchers import hosting, testbed_ranks
+from ddlrepro.host.launchers import hosting, isolation, testbed_ranks
 from ddlrepro.host.launchers.base import CpuCounter, JobSpec, RunFailed, WorkerSpec
 from ddlrepro.host.launchers.hosting import peak_workers
 from ddlrepro.host.launchers.processes import (
@@ -100,6 +100,7 @@ class LocalRequest:
     container_engine: list[str] = field(default_factory=list)
     testbed: testbed_ranks.TestbedPlacement | None = None
     cpu_quotas: dict[int, float] = field(default_factory=dict)
+    network_namespace: str | None = None  # the run's own (isolation.py), for what binds every interface
 
 
 def check_fits_machine(point: Point, oversubscription: float, cores: int | None = None) -> None:
@@ -177,8 +178,10 @@ class LocalLauncher:
         rendezvous = {"mode": mode, "ranks": point.workers, "master_addr": "127.0.0.1", "master_port": port}
         worker_command = [sys.executable, "-m", "ddlrepro.rank.workloads", point.to_json()]
         if mode == "mpirun":
-            step = WorkerSpec(None, mpirun_command(point.workers, worker_command), common)
-            return LocalRequest(**rendezvous, workers=[step])
+            namespace = isolation.planned_name()  # Open MPI's out-of-band listener binds every interface
+            command = mpirun_command(point.workers, worker_command)
+            step = WorkerSpec(None, isolation.exec_prefix(namespace) + command if namespace else command, common)
+            return LocalRequest(**rendezvous, workers=[step], network_namespace=namespace)
         horovod_port = free_loopback_port() if mode == "horovod-gloo" else None
         tensorflow = point.params.get("framework") == "tensorflow"
         tensorflow_workers = [f"127.0.0.1:{free_loopback_port()}" for _ in range(point.workers)] if tensorflow else []
@@ -206,6 +209,9 @@ class LocalLauncher:
         placed = testbed_ranks.placement(point.params, point.workers)
         if placed:
             workers, rendezvous["master_addr"] = testbed_ranks.placed_workers(workers, placed)
+        namespace = isolation.planned_name() if tensorflow and not (placed or in_image) else None
+        if namespace:
+            workers = [replace(worker, command=isolation.exec_prefix(namespace) + worker.command) for worker in workers]
         return LocalRequest(
             **rendezvous,
             testbed=placed,
@@ -215,15 +221,18 @@ class LocalLauncher:
             containers=[container_name(point, rank) for rank in range(point.workers)] if in_image else [],
             container_engine=container_run[: container_run.index("run")] if in_image else [],
             cpu_quotas=cpu_quotas(point),
+            network_namespace=namespace,
         )
 
     def execute(self, spec: JobSpec[Any], output: OutputCollector) -> None:
         """Run every worker to completion, with a temporary folder of their own; raise RunFailed naming the first
         rank that failed."""
-        with private_temporary_folder():
-            if hosting.is_elastic(spec):
+        if hosting.is_elastic(spec):
+            with private_temporary_folder():
                 hosting.execute_elastic(spec, output)
-            elif spec.request.mode == "mpirun":
+            return
+        with private_temporary_folder(), isolation.own_network(spec.request.network_namespace):
+            if spec.request.mode == "mpirun":
                 _execute_mpirun(spec, output)
             else:
                 _execute_ranks(spec, output)
@@ -276,10 +285,14 @@ def in_container(
     return [*run, "--rm", "--network=host", "--name", name, "-v", f"{runs}:{runs}", *settings, image, *inside]
 
 
+# Open MPI's out-of-band and TCP byte-transfer sockets on loopback only: the ranks are all on this host.
+MPI_ON_THIS_HOST = ["--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo"]
+
+
 def mpirun_command(workers: int, command: list[str]) -> list[str]:
     """Open MPI's mpirun starting `workers` copies of `command` here, each line tagged with its rank."""
     as_root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return ["mpirun", *as_root, "-np", str(workers), "--bind-to", "none", "--tag-output", *command]
+    return ["mpirun", *as_root, *MPI_ON_THIS_HOST, "-np", str(workers), "--bind-to", "none", "--tag-output", *command]
 
 
 def _execute_ranks(spec: JobSpec[LocalRequest], output: OutputCollector) -> None:
