@@ -20,6 +20,7 @@ from spython.main.parse.parsers import DockerParser, SingularityParser
 from ddlrepro.host.config import load_config
 from ddlrepro.host.images import build_command, read_image
 from ddlrepro.host.launchers import configured_launcher
+from ddlrepro.host.launchers.local import container_name
 
 CONTAINERS = REPO / "containers"
 ENGINE_RUN = ["podman", "--runtime", "runc", "run", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"]
@@ -102,7 +103,7 @@ def test_local_workers_in_containers_get_only_their_rank_environment(
     for rank, worker in enumerate(job.workers):
         command = worker.command
         assert command[: len(ENGINE_RUN)] == ENGINE_RUN
-        assert command[command.index("--name") + 1] == f"ddlrepro-{tiny_point(workers=2).id}-{rank}"
+        assert command[command.index("--name") + 1] == container_name(tiny_point(workers=2), rank, tmp_path / "run")
         assert f"RANK={rank}" in command and "--network=host" in command
         assert command[command.index("abc123") + 1 :][:3] == ["python", "-m", "ddlrepro.rank.workloads"]
         assert "canary" not in json.dumps(command)
@@ -230,3 +231,11 @@ def test_images_are_wired_into_the_runs_only_when_asked(workflow_copy: Path) -> 
 
     code, refused = dry_run(workflow_copy, "images={build: apptainer}")
     assert code != 0 and "images.build: apptainer images are not run by the local launcher" in refused
+
+
+def test_two_checkouts_running_one_point_never_share_a_container_name(tmp_path: Path) -> None:
+    point = tiny_point(workers=2)
+    mine, theirs = tmp_path / "a" / "runs" / point.id, tmp_path / "b" / "runs" / point.id
+    assert container_name(point, 0, mine) == container_name(point, 0, mine)
+    assert len({container_name(point, 0, mine), container_name(point, 0, theirs), container_name(point, 1, mine)}) == 3
+    assert re.fullmatch(r"ddlrepro-[a-z0-9_-]+-[0-9a-f]{8}-0", container_name(point, 0, mine))

@@ -153,6 +153,16 @@ def test_the_groups_go_even_when_a_run_fails_with_a_process_left_in_them() -> No
         sleeper.wait()
 
 
+def test_a_group_of_the_same_name_is_someone_elses_and_stays(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")  # a v2 hierarchy with the cpu controller
+    theirs = tmp_path / "ddlrepro-x"
+    theirs.mkdir()
+    (theirs / "cgroup.procs").write_text("4242\n")
+    with CpuQuotas("x", {0: 0.5}, root=tmp_path) as quotas:
+        assert not quotas.applied and "File exists" in quotas.status
+    assert (theirs / "cgroup.procs").read_text() == "4242\n"
+
+
 def test_a_machine_without_a_cpu_controller_applies_nothing(tmp_path: Path) -> None:
     with CpuQuotas("x", {1: 0.6}, root=tmp_path) as quotas:
         quotas.join(0, os.getpid())

@@ -54,8 +54,9 @@ class CpuQuotas:
             return self
         version, hierarchy = found
         try:
-            self.base = hierarchy / f"ddlrepro-{self.name}"
-            self.base.mkdir()
+            base = hierarchy / f"ddlrepro-{self.name}"
+            base.mkdir()  # a group of that name already there is someone else's: never adopted, never removed
+            self.base = base
             if version == "v2":
                 (self.base / "cgroup.subtree_control").write_text("+cpu")
             for rank, cores in self.cores.items():

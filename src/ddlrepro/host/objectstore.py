@@ -40,6 +40,7 @@ DEFAULT_BUCKET = "ddlrepro-shards"
 START_TIMEOUT_S = 10.0
 STOP_GRACE_S = 0.5
 MOUNT_TIMEOUT_S = 10.0
+UMOUNT_TIMEOUT_S = 30.0  # each of umount and umount -l: a dead endpoint can hang the first
 VOLUME_SIZE_MB = 64
 SPARE_VOLUMES = 8  # SeaweedFS grows volumes several at a time (7 without replication)
 S3FS_TIMEOUTS = "connect_timeout=3,readwrite_timeout=30"
@@ -316,13 +317,21 @@ def mounted(store: Store) -> Iterator[Path]:
             unmount(mountpoint)
 
 
+
 def unmount(mountpoint: Path) -> None:
     """`umount`, then `umount -l` (lazy: detached now, released when no longer busy); an error if still mounted."""
+    problem = ""
     for command in (["umount"], ["umount", "-l"]):
-        done = subprocess.run([*command, str(mountpoint)], capture_output=True, text=True, check=False)
+        try:
+            done = subprocess.run(
+                [*command, str(mountpoint)], capture_output=True, text=True, check=False, timeout=UMOUNT_TIMEOUT_S
+            )
+            problem = done.stderr.strip()
+        except subprocess.TimeoutExpired:  # a dead endpoint can hang a plain umount: the lazy one comes next
+            problem = f"{' '.join(command)} did not return within {UMOUNT_TIMEOUT_S:.0f} s"
         if not os.path.ismount(mountpoint):
             return
-    raise RuntimeError(f"s3fs mount at {mountpoint} could not be unmounted: {done.stderr.strip()}")
+    raise RuntimeError(f"s3fs mount at {mountpoint} could not be unmounted: {problem}")
 
 
 def wait_for_mount(mountpoint: Path) -> None:

@@ -18,6 +18,7 @@ Elastic points run under their runtime (hosting.py), as processes on this machin
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import subprocess
@@ -202,7 +203,13 @@ class LocalLauncher:
             command = worker_command
             if in_image:
                 command = in_container(
-                    container_run, container, container_name(point, rank), env, run_dir, command, self.options.rootfs
+                    container_run,
+                    container,
+                    container_name(point, rank, run_dir),
+                    env,
+                    run_dir,
+                    command,
+                    self.options.rootfs,
                 )
             workers.append(WorkerSpec(rank, command, env))
         check_testbed_can_run(point)
@@ -218,7 +225,7 @@ class LocalLauncher:
             workers=workers,
             horovod_port=horovod_port,
             tensorflow_workers=tensorflow_workers,
-            containers=[container_name(point, rank) for rank in range(point.workers)] if in_image else [],
+            containers=[container_name(point, rank, run_dir) for rank in range(point.workers)] if in_image else [],
             container_engine=container_run[: container_run.index("run")] if in_image else [],
             cpu_quotas=cpu_quotas(point),
             network_namespace=namespace,
@@ -262,8 +269,11 @@ def cpu_quotas(point: Point) -> dict[int, float]:
     return {rank: cores for rank, cores in quotas.items() if cores is not None}
 
 
-def container_name(point: Point, rank: int) -> str:
-    return f"ddlrepro-{point.id}-{rank}"
+def container_name(point: Point, rank: int, run_dir: Path) -> str:
+    """Rank `rank`'s container: named after the point and its run folder (two checkouts running the same point
+    never share a name, and so never remove each other's)."""
+    folder = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:8]
+    return f"ddlrepro-{point.id}-{folder}-{rank}"
 
 
 def in_container(
