@@ -317,7 +317,6 @@ def mounted(store: Store) -> Iterator[Path]:
             unmount(mountpoint)
 
 
-
 def unmount(mountpoint: Path) -> None:
     """`umount`, then `umount -l` (lazy: detached now, released when no longer busy); an error if still mounted."""
     problem = ""
