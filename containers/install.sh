@@ -17,12 +17,12 @@ fi
 
 python3 -m venv /opt/ddlrepro
 pip="/opt/ddlrepro/bin/python -m pip --disable-pip-version-check --no-cache-dir"
-extra=""
 if [ "$variant" = cpu ] && ! ls "$src"/containers/wheels/torch-*.whl >/dev/null 2>&1; then
-  extra="--extra-index-url https://download.pytorch.org/whl/cpu"
+  # torch first, from PyTorch's CPU index alone (--index-url, never --extra-index-url: no package name can then be
+  # taken from whichever index offers the higher version); the pins below find it installed.
+  $pip install --index-url https://download.pytorch.org/whl/cpu "$(grep -E '^torch==' "$src/envs/requirements.txt")"
 fi
-# shellcheck disable=SC2086
-$pip install --find-links "$src/containers/wheels" $extra -r "$src/envs/requirements.txt"
+$pip install --find-links "$src/containers/wheels" -r "$src/envs/requirements.txt"
 $pip install --no-deps "$src"
 /opt/ddlrepro/bin/python -c "import ddlrepro, torch; print('ddlrepro image: torch', torch.__version__)"
 rm -rf "$src"

@@ -54,9 +54,11 @@ def test_both_install_with_the_same_script_and_pins() -> None:
     script = (CONTAINERS / "install.sh").read_text()
     pip_installs = [line for line in script.splitlines() if line.startswith("$pip install")]
     assert pip_installs == [
-        '$pip install --find-links "$src/containers/wheels" $extra -r "$src/envs/requirements.txt"',
+        '$pip install --find-links "$src/containers/wheels" -r "$src/envs/requirements.txt"',
         '$pip install --no-deps "$src"',
     ]
+    commands = [line for line in script.splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in commands if "--extra-index-url" in line]  # another index only alone (--index-url)
 
 
 def test_defaults_agree_with_the_config() -> None:
