@@ -209,8 +209,18 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     cli.run(args)
 
 
+def installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ddlrepro")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="ddlrepro", description=__doc__)
+    top.add_argument("--version", action="version", version=f"ddlrepro {installed_version()}")
     commands = top.add_subparsers(dest="command", required=True)
 
     config_help = (
