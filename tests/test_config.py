@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, snakemake, tiny_point
+from conftest import REPO, planned_jobs, snakemake, tiny_point
 
 from ddlrepro.host.config import CONFIG_SCHEMA, ConfigError, load_config, validate_config
 from ddlrepro.host.figures import FIGURES, figure_points
@@ -45,8 +45,9 @@ def test_shipped_configs_are_valid() -> None:
 
 
 def test_wrong_type_names_key_path(smoke: dict) -> None:
-    smoke["figures"]["kungfu-fig9"]["batch_size"] = "32"
-    assert "figures.kungfu-fig9.batch_size: '32' is not of type 'integer'" in problems(smoke)
+    # not "32": that is taken as 32 (`--config` gives nested values as strings)
+    smoke["figures"]["kungfu-fig9"]["batch_size"] = "32 per worker"
+    assert "figures.kungfu-fig9.batch_size: '32 per worker' is not of type 'integer'" in problems(smoke)
 
 
 def test_wrong_type_in_list_names_index(smoke: dict) -> None:
@@ -81,6 +82,26 @@ def test_a_store_endpoint_is_a_url_of_a_host_and_port_only(smoke: dict, endpoint
     for good in ("https://s3.example.org", "http://127.0.0.1:9000", "http://[::1]:8333"):
         smoke["figures"]["dlaas-scaling"]["store"]["endpoint"] = good
         validate_config(copy.deepcopy(smoke))
+
+
+def test_nested_config_values_given_as_strings_take_the_schemas_type(smoke: dict) -> None:
+    """Snakemake passes nested `--config` values as strings: `figures={kungfu-fig4: {enabled: false}}`."""
+    smoke["figures"] = {"kungfu-fig4": {"enabled": "false"}, "kungfu-fig9": {"batch_size": "16", "workers": ["1", "2"]}}
+    smoke["checks"] = {"max_foreign_share": "0.2", "tier": "thorough"}
+    validate_config(smoke)
+    assert smoke["figures"]["kungfu-fig4"]["enabled"] is False
+    assert smoke["figures"]["kungfu-fig9"]["batch_size"] == 16 and smoke["figures"]["kungfu-fig9"]["workers"] == [1, 2]
+    assert smoke["checks"]["max_foreign_share"] == 0.2 and smoke["checks"]["tier"] == "thorough"
+    smoke["figures"]["kungfu-fig9"]["batch_size"] = "sixteen"
+    assert "figures.kungfu-fig9.batch_size: 'sixteen' is not of type 'integer'" in problems(smoke)
+
+
+def test_the_config_option_as_users_type_it_disables_a_figure(workflow_copy: Path) -> None:
+    figure = "results/figures/kungfu-fig4.png"
+    assert figure in snakemake(workflow_copy, "-n").stdout
+    done = snakemake(workflow_copy, "-n", "--config", "figures={kungfu-fig4: {enabled: false}}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert figure not in done.stdout and planned_jobs(done.stdout)["run_point"] > 0
 
 
 def test_unknown_keys_are_errors_at_every_level(smoke: dict) -> None:

@@ -143,6 +143,7 @@ def validate_against(instance: Any, schema_path: Path, name: str, schema: dict[s
     (`name`: the file, for the message)."""
     refuse_expanded_size(instance, name)
     schema = schema or read_yaml(schema_path.read_text())
+    coerce_strings(instance, schema, schema)
     registry = sibling_schemas(schema_path.parent)
     validator = DefaultFillingValidator(schema, registry=registry)
     errors = sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
@@ -152,6 +153,63 @@ def validate_against(instance: Any, schema_path: Path, name: str, schema: dict[s
         problems = (describe(leaf, definitions) for error in errors for leaf in _leaves(error))
         lines = "\n".join(f"  - {brief(problem, MAX_PROBLEM_CHARACTERS)}" for problem in problems)
         raise ConfigError(f"invalid {name} (schema {schema_path.name}):\n{lines}")
+
+
+BOOLEANS = {"true": True, "false": False}
+
+
+def coerce_strings(value: Any, schema: Any, root: dict[str, Any]) -> Any:
+    """`value` with the strings the schema wants as booleans or numbers turned into them, in place (Snakemake passes
+    nested `--config` values as strings: `figures={kungfu-fig4: {enabled: false}}` gives 'false'). Only where no
+    string is valid; what does not parse stays, for the schema to name."""
+    branches = schema_branches(schema, root)
+    if isinstance(value, dict):
+        for key in value:
+            for branch in branches:
+                properties, extra = branch.get("properties", {}), branch.get("additionalProperties")
+                sub = properties.get(key, extra if isinstance(extra, dict) else None)
+                if sub is not None:
+                    value[key] = coerce_strings(value[key], sub, root)
+    elif isinstance(value, list):
+        for branch in branches:
+            if isinstance(branch.get("items"), dict):
+                value[:] = [coerce_strings(item, branch["items"], root) for item in value]
+    elif isinstance(value, str):
+        return coerced_scalar(value, {kind for branch in branches for kind in schema_types(branch)})
+    return value
+
+
+def schema_branches(schema: Any, root: dict[str, Any]) -> list[dict[str, Any]]:
+    """The schema and its anyOf/oneOf/allOf branches, local `$ref`s followed (another file's are not)."""
+    if not isinstance(schema, dict):
+        return []
+    reference = schema.get("$ref", "")
+    if reference.startswith("#/"):
+        target: Any = root
+        for part in reference[2:].split("/"):
+            target = target.get(part, {}) if isinstance(target, dict) else {}
+        return [schema, *schema_branches(target, root)]
+    nested = [branch for key in ("anyOf", "oneOf", "allOf") for branch in schema.get(key, [])]
+    return [schema, *(sub for branch in nested for sub in schema_branches(branch, root))]
+
+
+def schema_types(schema: dict[str, Any]) -> set[str]:
+    kinds = schema.get("type", [])
+    return {kinds} if isinstance(kinds, str) else set(kinds)
+
+
+def coerced_scalar(text: str, kinds: set[str]) -> Any:
+    if "string" in kinds or not kinds:
+        return text
+    if "boolean" in kinds and text.strip().lower() in BOOLEANS:
+        return BOOLEANS[text.strip().lower()]
+    for kind, parse in (("integer", int), ("number", float)):
+        if kind in kinds:
+            try:
+                return parse(text)
+            except ValueError:
+                pass
+    return text
 
 
 def sibling_schemas(folder: Path) -> referencing.Registry:
