@@ -196,6 +196,16 @@ def cmd_paper_settings(args: argparse.Namespace) -> None:
         print(page, end="")
 
 
+def cmd_config_reference(args: argparse.Namespace) -> None:
+    from ddlrepro.host.config_reference import reference_page
+
+    page = reference_page()
+    if args.out:
+        Path(args.out).write_text(page)
+    else:
+        print(page, end="")
+
+
 def cmd_fetch_data(args: argparse.Namespace) -> None:
     from ddlrepro.host.datafetch import CIFAR10_URL, fetch_cifar10
 
@@ -354,6 +364,10 @@ def parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check config files (merged in order) against the schema")
     validate.add_argument("configs", nargs="+")
     validate.set_defaults(handler=cmd_validate)
+
+    reference = commands.add_parser("config-reference", help="every config key from the schema, as markdown")
+    reference.add_argument("--out", help="write it here (config/README.md) instead of printing it")
+    reference.set_defaults(handler=cmd_config_reference)
 
     fetch = commands.add_parser("fetch-data", help="download a data set, verify its checksum, move it into place")
     fetch.add_argument("dataset", choices=["cifar10"])
