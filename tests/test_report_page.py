@@ -20,7 +20,7 @@ from ddlrepro.host import plotting
 from ddlrepro.host.checks import check_figure, load_references
 from ddlrepro.host.figures import FIGURES as ALL_FIGURES
 from ddlrepro.host.figures import draw_figure
-from ddlrepro.host.report import caption_html, write_report
+from ddlrepro.host.report import INPUTS_MARK, caption_html, recorded_inputs, render_report, write_report
 from ddlrepro.host.tables import read_table
 
 TABLES = Path(__file__).parent / "data" / "tables"
@@ -56,6 +56,16 @@ def report(tmp_path_factory) -> Path:
     captions = [REPO / "workflow" / "report" / f"{figure}.rst" for figure in FIGURES]
     write_report(out, FIGURES, "smoke", "local", captions, results, repository=REPO)
     return out
+
+
+def test_the_report_records_its_inputs_and_is_built_again_from_them_alone(report: Path) -> None:
+    html = report.read_text()
+    inputs = recorded_inputs(html)
+    assert inputs is not None and inputs["figures"] == list(FIGURES) and inputs["scale"] == "smoke"
+    captions = [REPO / "workflow" / "report" / f"{figure}.rst" for figure in FIGURES]
+    assert render_report(inputs, captions, report.parent) == html
+    tampered = html.replace(INPUTS_MARK + " ", INPUTS_MARK + " AAAA", 1)
+    assert recorded_inputs(tampered) is None and recorded_inputs(html + "<p>more</p>") is None
 
 
 def test_measured_numbers_shown_to_meaningful_digits(report: Path) -> None:

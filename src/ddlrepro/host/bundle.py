@@ -70,8 +70,8 @@ REQUIRED_FOR_REDERIVING = ("config-used.yaml", "references.yaml", "results/check
 # What verify does not re-derive: a forger who rehashes the manifest can change these unseen, unless the manifest's
 # digest (--expect) or signature (--allowed-signers) is checked against one published elsewhere.
 NOT_REDERIVED = (
-    "results/report.html",
     "results/provenance/*",
+    "the report's record of where and when it was built",
     "each run's log.txt, provenance.json and the result.json fields its figure's table does not take",
 )
 SSH_KEYGEN_TIMEOUT_S = 60
@@ -127,6 +127,15 @@ def figure_tables(figure: str) -> list[str]:
     return [f"{figure}.csv", *simulated, f"{figure}.summary.csv"]
 
 
+CAPTIONS = "report/captions/"  # the captions the report was built with, per figure (check_report)
+
+
+def caption_members(figures: list[str], repo: Path) -> dict[str, bytes]:
+    """The figures' captions as the checkout holds them (what the report rule gave the report)."""
+    captions = {figure: repo / "workflow" / "report" / f"{figure}.rst" for figure in figures}
+    return {f"{CAPTIONS}{figure}.rst": path.read_bytes() for figure, path in captions.items() if path.is_file()}
+
+
 def simulation_members(figures: list[str], config: dict[str, Any]) -> dict[str, bytes]:
     """The files simulated figures read outside results/ (a user's trace, the artifact's profiles), under
     inputs/<figure>/, so that the bundle re-derives them anywhere."""
@@ -170,6 +179,7 @@ def create_bundle(
     for path in results_files(results, figures, run_dirs):
         members[f"results/{path.relative_to(results).as_posix()}"] = path.read_bytes()
     members |= simulation_members(figures, config)
+    members |= caption_members(figures, repo)
     refuse_secrets(members, scan_environment(run_dirs))
     manifest = {
         "format": BUNDLE_FORMAT,
@@ -519,7 +529,56 @@ def check_derived(members: dict[str, bytes]) -> list[str]:
             waiting = waiting_figures(members, manifest["figures"])
             collect_checks(checks, waiting, references).to_csv(collected, sep="\t", index=False)
             problems += compare_file(members, "results/checks.tsv", collected, "the checks of every figure")
+            if not problems:  # the report shows what was just compared: built again only from what matched
+                problems += check_report(members, manifest["figures"], folder / "report")
     return problems
+
+
+REPORT = "results/report.html"
+
+
+def check_report(members: dict[str, bytes], figures: list[str], folder: Path) -> list[str]:
+    """Build the report again from the bundled results (already checked against their runs), its bundled captions
+    and the inputs it records, and compare it with the bundled one."""
+    from ddlrepro.host.report import recorded_inputs, render_report
+
+    if REPORT not in members:
+        return [f"{REPORT}: missing from the bundle"]
+    inputs = recorded_inputs(members[REPORT].decode(errors="replace"))
+    if inputs is None or inputs["figures"] != figures:
+        return [f"{REPORT}: records no inputs for the bundle's figures (edited, or made by an older ddlrepro)"]
+    results = folder / "results"
+    needed = [f"results/{name}" for figure in figures for name in report_files(figure)] + ["results/checks.tsv"]
+    missing = [name for name in needed if name not in members]
+    if missing:
+        return [f"{name}: missing from the bundle" for name in missing]
+    for name in needed:
+        target = results.joinpath(*PurePosixPath(name).parts[1:])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(members[name])
+    captions = unpack_captions(members, figures, folder / "captions")
+    try:
+        rendered = render_report(inputs, captions, results)
+    except (KeyError, ValueError, TypeError, OSError) as error:
+        return [f"{REPORT}: cannot be re-derived from the bundled results ({type(error).__name__}: {error})"]
+    if rendered.encode() != members[REPORT]:
+        return [f"{REPORT}: differs from the report re-derived from the bundled results, captions and its inputs"]
+    return []
+
+
+def report_files(figure: str) -> list[str]:
+    return [f"figures/{figure}.png", f"tables/{figure}.csv", f"tables/{figure}.summary.csv"]
+
+
+def unpack_captions(members: dict[str, bytes], figures: list[str], folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    captions = []
+    for figure in figures:
+        data = members.get(f"{CAPTIONS}{figure}.rst")
+        if data is not None:
+            captions.append(folder / f"{figure}.rst")
+            captions[-1].write_bytes(data)
+    return captions
 
 
 def waiting_figures(members: dict[str, bytes], built: list[str]) -> dict[str, str]:

@@ -4,6 +4,7 @@ caption, summary table and checks, and where it was built."""
 from __future__ import annotations
 
 import base64
+import json
 import math
 import re
 import time
@@ -158,11 +159,84 @@ def disturbed_runs(figures: list[str], results: Path, checks: pd.DataFrame) -> p
 
 def rerun_advice(runs: pd.DataFrame, results: Path, options: str = "") -> dict[str, Any]:
     """The disturbed runs and the one Snakemake command that reruns only them and what depends on them
-    (`--forcerun` of their result.json files; `options`: the profile and config files the results were built
-    with, after the targets since --configfile takes several values)."""
-    targets = [str(results / "runs" / row.figure / row.point_id / "result.json") for row in runs.itertuples()]
+    (`--forcerun` of their result.json files, named from the checkout as the workflow names them; `options`: the
+    profile and config files the results were built with, after the targets since --configfile takes several
+    values)."""
+    shown = Path(results.name)
+    targets = [str(shown / "runs" / row.figure / row.point_id / "result.json") for row in runs.itertuples()]
     command = " ".join(["snakemake --cores all --forcerun", *targets, *([options] if options else [])])
     return {"points": runs.to_dict("records"), "command": command if targets else ""}
+
+
+# The report records what it was built from beyond the results (the settings, and where and when it was built), so
+# that `ddlrepro verify` can build it again from a bundle and compare (bundle.check_report).
+INPUTS_MARK = "ddlrepro-report-inputs"
+RECORDED_INPUTS = re.compile(rf"<!-- {INPUTS_MARK} ([A-Za-z0-9+/=]+) -->\n?\Z")
+INPUT_TYPES = {
+    "figures": list,
+    "scale": str,
+    "launcher": str,
+    "git": dict,
+    "built": str,
+    "host": dict,
+    "rerun_options": str,
+}
+
+
+def report_inputs(
+    figures: list[str], scale: str, launcher: str, rerun_options: str = "", repository: Path = Path(".")
+) -> dict[str, Any]:
+    """Everything the report shows that its results folder does not hold."""
+    return {
+        "figures": figures,
+        "scale": scale,
+        "launcher": launcher,
+        "git": git_state(repository),
+        "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "host": host_inventory(),
+        "rerun_options": rerun_options,
+    }
+
+
+def recorded_inputs(html: str) -> dict[str, Any] | None:
+    """The inputs a report records at its end, or None when it records none in the expected shape."""
+    found = RECORDED_INPUTS.search(html)
+    if not found:
+        return None
+    try:
+        inputs = json.loads(base64.b64decode(found.group(1), validate=True))
+    except ValueError:
+        return None
+    shaped = isinstance(inputs, dict) and set(inputs) == set(INPUT_TYPES)
+    if not shaped or not all(isinstance(inputs[key], kind) for key, kind in INPUT_TYPES.items()):
+        return None
+    return inputs if all(figure in FIGURES for figure in inputs["figures"]) else None
+
+
+def render_report(inputs: dict[str, Any], captions: list[Path], results: Path) -> str:
+    """The report page for `inputs` (report_inputs) and the results under `results`, each figure captioned by the
+    file of `captions` named after it (`<figure>.rst`); the inputs recorded at its end."""
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("ddlrepro.host", "templates"),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+    )
+    figures = inputs["figures"]
+    meta = {key: inputs[key] for key in ("scale", "launcher", "git", "built", "host")}
+    meta["speed"] = machine_speed_index(figures, results)
+    caption_files = {path.stem: path for path in captions}
+    checks = pd.read_csv(results / "checks.tsv", sep="\t", dtype=str, keep_default_na=False)
+    html = environment.get_template("report.html.j2").render(
+        meta=meta,
+        headline=headline(checks),
+        counts=checks["status"].value_counts().to_dict(),
+        failed=readable_checks(checks[checks["status"] == "fail"]).to_dict("records"),
+        undecided=readable_checks(checks[checks["status"] == "inconclusive"]).to_dict("records"),
+        rerun=rerun_advice(disturbed_runs(figures, results, checks), results, inputs["rerun_options"]),
+        figures=[figure_entry(figure, results, checks, caption_files.get(figure)) for figure in figures],
+        disabled=[figure for figure in FIGURES if figure not in figures],
+    )
+    stamp = base64.b64encode(json.dumps(inputs, sort_keys=True).encode()).decode()
+    return redact(f"{html.rstrip()}\n<!-- {INPUTS_MARK} {stamp} -->\n")
 
 
 def write_report(
@@ -177,28 +251,5 @@ def write_report(
 ) -> None:
     """The report of `figures` built under `results`, each captioned by the file of `captions` named after it
     (`<figure>.rst`), code version from the checkout `repository`."""
-    environment = jinja2.Environment(
-        loader=jinja2.PackageLoader("ddlrepro.host", "templates"),
-        autoescape=jinja2.select_autoescape(["html", "j2"]),
-    )
-    meta = {
-        "scale": scale,
-        "launcher": launcher,
-        "git": git_state(repository),
-        "built": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "host": host_inventory(),
-        "speed": machine_speed_index(figures, results),
-    }
-    caption_files = {path.stem: path for path in captions}
-    checks = pd.read_csv(results / "checks.tsv", sep="\t", dtype=str, keep_default_na=False)
-    html = environment.get_template("report.html.j2").render(
-        meta=meta,
-        headline=headline(checks),
-        counts=checks["status"].value_counts().to_dict(),
-        failed=readable_checks(checks[checks["status"] == "fail"]).to_dict("records"),
-        undecided=readable_checks(checks[checks["status"] == "inconclusive"]).to_dict("records"),
-        rerun=rerun_advice(disturbed_runs(figures, results, checks), results, rerun_options),
-        figures=[figure_entry(figure, results, checks, caption_files.get(figure)) for figure in figures],
-        disabled=[figure for figure in FIGURES if figure not in figures],
-    )
-    out.write_text(redact(html))
+    inputs = report_inputs(figures, scale, launcher, rerun_options, repository)
+    out.write_text(render_report(inputs, captions, results))
