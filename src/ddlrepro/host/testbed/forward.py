@@ -13,11 +13,15 @@ import asyncio
 import ctypes
 import os
 import sys
+from collections.abc import Awaitable, Callable
 
 from ddlrepro.host.testbed.network import NETNS_RUN
 
 CLONE_NEWNET = 0x40000000
 CHUNK = 65536
+# Connections relayed at once: Slurm's commands and daemons open a few each; more are closed at once, so that a
+# client opening connections without end cannot exhaust the forwarder's descriptors.
+MAX_CONNECTIONS = 256
 
 
 def enter_namespace(namespace: str) -> None:
@@ -39,16 +43,34 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
         writer.close()
 
 
-async def serve(listen_port: int, namespace: str, address: str, port: int) -> None:
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def relayer(address: str, port: int, limit: int = MAX_CONNECTIONS) -> Handler:
+    """The handler of one accepted connection: relayed to address:port while fewer than `limit` are, else closed."""
+    open_connections = 0
+
     async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            onward_reader, onward_writer = await asyncio.open_connection(address, port)
-        except OSError:
+        nonlocal open_connections
+        if open_connections >= limit:
             writer.close()
             return
-        await asyncio.gather(pipe(reader, onward_writer), pipe(onward_reader, writer), return_exceptions=True)
+        open_connections += 1
+        try:
+            try:
+                onward_reader, onward_writer = await asyncio.open_connection(address, port)
+            except OSError:
+                writer.close()
+                return
+            await asyncio.gather(pipe(reader, onward_writer), pipe(onward_reader, writer), return_exceptions=True)
+        finally:
+            open_connections -= 1
 
-    server = await asyncio.start_server(relay, "127.0.0.1", listen_port)
+    return relay
+
+
+async def serve(listen_port: int, namespace: str, address: str, port: int) -> None:
+    server = await asyncio.start_server(relayer(address, port), "127.0.0.1", listen_port)
     enter_namespace(namespace)
     print("forwarding", flush=True)
     async with server:
