@@ -23,12 +23,15 @@ root namespace.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ddlrepro.host.testbed import limits
@@ -140,23 +143,46 @@ def running(state: Path) -> bool:
     return bool(testbed_state and owner_alive(testbed_state)) and (state / "nodes.conf").exists()
 
 
-def start(nodes: int, state: Path) -> None:
-    if running(state):
-        print(f"slurm-cluster: already running ({state})", file=sys.stderr)
-        return
-    check_can_start(nodes, state)
-    started = time.monotonic()
-    # Before anything exists: `stop` on this folder finds the multi-node cluster even if this start is killed.
-    state.mkdir(parents=True, exist_ok=True)
-    (state / MARKER).write_text(f"{nodes}\n")
+# The one multi-node cluster of the machine is claimed by the state folder that starts it: check and start run under
+# a lock (two starts cannot both pass the check), and `stop` from another folder leaves a live cluster alone.
+CLAIMS = Path("/run/ddlrepro")
+
+
+@contextlib.contextmanager
+def claim_lock() -> Iterator[None]:
+    CLAIMS.mkdir(parents=True, exist_ok=True)
+    with (CLAIMS / "slurm-multinode.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def claimant() -> Path | None:
+    """The state folder that started the running (or last) multi-node cluster, if one claimed it."""
     try:
-        testbed = start_testbed(nodes)
-        write_configs(state, testbed)
-        start_daemons(state, testbed)
-        wait_idle(len(testbed.hosts), state)
-    except BaseException:
-        stop(state)
-        raise
+        return Path((CLAIMS / "slurm-multinode.claim").read_text().strip())
+    except FileNotFoundError:
+        return None
+
+
+def start(nodes: int, state: Path) -> None:
+    with claim_lock():
+        if running(state):
+            print(f"slurm-cluster: already running ({state})", file=sys.stderr)
+            return
+        check_can_start(nodes, state)
+        (CLAIMS / "slurm-multinode.claim").write_text(f"{state}\n")
+        started = time.monotonic()
+        # Before anything exists: `stop` on this folder finds the multi-node cluster even if this start is killed.
+        state.mkdir(parents=True, exist_ok=True)
+        (state / MARKER).write_text(f"{nodes}\n")
+        try:
+            testbed = start_testbed(nodes)
+            write_configs(state, testbed)
+            start_daemons(state, testbed)
+            wait_idle(len(testbed.hosts), state)
+        except BaseException:
+            stop(state)
+            raise
     print(f"slurm-cluster: {nodes} nodes idle after {time.monotonic() - started:.1f} s", file=sys.stderr)
 
 
@@ -244,9 +270,17 @@ def wait_idle(nodes: int, state: Path) -> None:
 def stop(state: Path) -> None:
     """Stop the daemons, the forwarder and the testbed (its teardown ends every process on the hosts), and the
     root namespace's link to this cluster's configuration; also after a crash, and when nothing runs.
-    (scripts/slurm-cluster then makes the stopped configuration fail at once, as for a single-node cluster.)"""
+    (scripts/slurm-cluster then makes the stopped configuration fail at once, as for a single-node cluster.) A live
+    cluster another state folder claimed is left alone (TestbedError naming that folder); this folder's own files
+    go in any case."""
+    holder, testbed_state = claimant(), read_state(OWNER)
+    if testbed_state and owner_alive(testbed_state) and holder not in (None, state):
+        (state / "nodes.conf").unlink(missing_ok=True)
+        (state / MARKER).unlink(missing_ok=True)
+        raise TestbedError(f"the running multi-node cluster was started from {holder}, not {state}: stop it from there")
     stop_owner(OWNER, STOP_GRACE_S)
     remove_leftovers(OWNER)
+    (CLAIMS / "slurm-multinode.claim").unlink(missing_ok=True)
     if ROOT_CONF.is_symlink() and ROOT_CONF.resolve() == (state / "slurm.conf").resolve():
         ROOT_CONF.unlink()
     (state / "nodes.conf").unlink(missing_ok=True)
