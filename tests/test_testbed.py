@@ -200,6 +200,23 @@ def test_each_host_can_have_its_own_link_rate(owner: str) -> None:
 
 
 @needs_testbed
+def test_a_killed_runs_testbed_of_another_owner_is_swept_by_the_next_create(owner: str) -> None:
+    """Runs name their testbeds at random: a SIGKILLed run's owner never comes back, so any create sweeps it."""
+    dead = owner[:-1] + ("x" if owner[-1] != "x" else "y")
+    script = f"from ddlrepro.host.testbed import Testbed\nTestbed.create({dead!r}, 2)\nprint('up', flush=True)\n"
+    script += "import time; time.sleep(60)\n"
+    child = subprocess.Popen([sys.executable, "-c", script], env=ENV, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+    finally:
+        child.kill()
+        child.wait(KILL_AFTER)
+    assert left_behind(dead)
+    with Testbed.create(owner, 1):
+        assert left_behind(dead) == []
+
+
+@needs_testbed
 def test_what_a_killed_run_left_is_removed_by_the_next_create(owner: str) -> None:
     script = f"from ddlrepro.host.testbed import Testbed\nTestbed.create({owner!r}, 3)\nprint('up', flush=True)\n"
     script += "import time; time.sleep(60)\n"

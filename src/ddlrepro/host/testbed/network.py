@@ -215,6 +215,18 @@ def remove_leftovers(owner: str) -> bool:
     return leftovers
 
 
+def sweep_dead_owners() -> list[str]:
+    """Remove what every testbed whose owner process died left (runs name their testbeds at random, so a SIGKILLed
+    run's owner never comes back to clean up); the owners swept. Call under state_lock."""
+    swept = []
+    for path in sorted(STATE_DIR.glob("*.json")) if STATE_DIR.exists() else []:
+        state = read_state(path.stem)
+        if state is not None and not owner_alive(state) and limits.OWNER.fullmatch(path.stem):
+            remove_leftovers(path.stem)
+            swept.append(path.stem)
+    return swept
+
+
 def hosts_file(hosts: list[Host]) -> str:
     return "127.0.0.1\tlocalhost\n" + "".join(f"{host.address}\t{host.name}\n" for host in hosts)
 
@@ -280,6 +292,7 @@ class Testbed:
         overlay_text = str(overlay_network) if overlay_network else None
         testbed = cls(owner, planned, str(network), host_rates(planned, link_rate), os.getpid(), overlay_text)
         with state_lock():
+            sweep_dead_owners()
             remove_leftovers(owner)
             testbed.save()
             try:
