@@ -548,7 +548,7 @@ def check_report(members: dict[str, bytes], figures: list[str], folder: Path) ->
     if inputs is None or inputs["figures"] != figures:
         return [f"{REPORT}: records no inputs for the bundle's figures (edited, or made by an older ddlrepro)"]
     results = folder / "results"
-    needed = [f"results/{name}" for figure in figures for name in report_files(figure)] + ["results/checks.tsv"]
+    needed = [name for figure in figures for name in figure_files(figure)] + ["results/checks.tsv"]
     missing = [name for name in needed if name not in members]
     if missing:
         return [f"{name}: missing from the bundle" for name in missing]
@@ -564,10 +564,6 @@ def check_report(members: dict[str, bytes], figures: list[str], folder: Path) ->
     if rendered.encode() != members[REPORT]:
         return [f"{REPORT}: differs from the report re-derived from the bundled results, captions and its inputs"]
     return []
-
-
-def report_files(figure: str) -> list[str]:
-    return [f"figures/{figure}.png", f"tables/{figure}.csv", f"tables/{figure}.summary.csv"]
 
 
 def unpack_captions(members: dict[str, bytes], figures: list[str], folder: Path) -> list[Path]:

@@ -185,12 +185,17 @@ def schema_branches(schema: Any, root: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     reference = schema.get("$ref", "")
     if reference.startswith("#/"):
-        target: Any = root
-        for part in reference[2:].split("/"):
-            target = target.get(part, {}) if isinstance(target, dict) else {}
-        return [schema, *schema_branches(target, root)]
+        return [schema, *schema_branches(local_definition(root, reference), root)]
     nested = [branch for key in ("anyOf", "oneOf", "allOf") for branch in schema.get(key, [])]
     return [schema, *(sub for branch in nested for sub in schema_branches(branch, root))]
+
+
+def local_definition(root: dict[str, Any], reference: str) -> Any:
+    """What a local `$ref` (`#/$defs/name/properties/key`) points to in `root` ({} where nothing is)."""
+    target: Any = root
+    for part in reference.removeprefix("#/").split("/"):
+        target = target.get(part, {}) if isinstance(target, dict) else {}
+    return target
 
 
 def schema_types(schema: dict[str, Any]) -> set[str]:

@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from ddlrepro.host.config import config_schema
+from ddlrepro.host.config import config_schema, local_definition
 
 HEADER = """# Configuration reference
 
@@ -25,10 +25,7 @@ def resolved(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
     merged = dict(schema)
     reference = merged.pop("$ref", "")
     if reference.startswith("#/"):
-        target: Any = root
-        for part in reference[2:].split("/"):
-            target = target[part]
-        merged = {**resolved(target, root), **merged}
+        merged = {**resolved(local_definition(root, reference), root), **merged}
     for part in merged.pop("allOf", []):
         part = resolved(part, root)
         merged["properties"] = {**merged.get("properties", {}), **part.get("properties", {})}

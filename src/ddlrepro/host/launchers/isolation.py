@@ -37,8 +37,9 @@ def planned_name() -> str | None:
     return None if unavailable_reason() else f"{PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
 
 
-def exec_prefix(name: str) -> list[str]:
-    return ["ip", "netns", "exec", name]
+def inside(name: str | None, command: list[str]) -> list[str]:
+    """`command` run in namespace `name`; as it is when there is none."""
+    return ["ip", "netns", "exec", name, *command] if name else command
 
 
 def _ip(*arguments: str) -> subprocess.CompletedProcess[str]:

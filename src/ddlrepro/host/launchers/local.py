@@ -180,8 +180,7 @@ class LocalLauncher:
         worker_command = [sys.executable, "-m", "ddlrepro.rank.workloads", point.to_json()]
         if mode == "mpirun":
             namespace = isolation.planned_name()  # Open MPI's out-of-band listener binds every interface
-            command = mpirun_command(point.workers, worker_command)
-            step = WorkerSpec(None, isolation.exec_prefix(namespace) + command if namespace else command, common)
+            step = WorkerSpec(None, isolation.inside(namespace, mpirun_command(point.workers, worker_command)), common)
             return LocalRequest(**rendezvous, workers=[step], network_namespace=namespace)
         horovod_port = free_loopback_port() if mode == "horovod-gloo" else None
         tensorflow = point.params.get("framework") == "tensorflow"
@@ -217,8 +216,7 @@ class LocalLauncher:
         if placed:
             workers, rendezvous["master_addr"] = testbed_ranks.placed_workers(workers, placed)
         namespace = isolation.planned_name() if tensorflow and not (placed or in_image) else None
-        if namespace:
-            workers = [replace(worker, command=isolation.exec_prefix(namespace) + worker.command) for worker in workers]
+        workers = [replace(worker, command=isolation.inside(namespace, worker.command)) for worker in workers]
         return LocalRequest(
             **rendezvous,
             testbed=placed,

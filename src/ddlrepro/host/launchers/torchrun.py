@@ -21,14 +21,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
 from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
-from ddlrepro.host.launchers.inplace import starting_workers, verify_continuity
+from ddlrepro.host.launchers.inplace import host_store, starting_workers, verify_continuity
 from ddlrepro.host.launchers.processes import (
     ON_THIS_HOST,
     POLL_INTERVAL_S,
@@ -182,7 +180,7 @@ def execute(job: TorchrunRequest, timeout_s: float, output: OutputCollector) -> 
     host, _, port = job.config_server.rpartition(":")
     deadline = time.monotonic() + timeout_s
     director = job.situation and Director(job.situation, lambda: agents.start(len(agents.running)), output, config.stop)
-    store = rendezvous_host(job.endpoint, timeout_s)
+    store = host_store(job.endpoint, timeout_s)  # the c10d rendezvous' store, hosted here for the whole job
     try:
         with ConfigServer(config, token, host, int(port)):
             if director:
@@ -207,11 +205,3 @@ def execute(job: TorchrunRequest, timeout_s: float, output: OutputCollector) -> 
         if director:
             director.finish()
         del store  # the rendezvous ends with the job
-
-
-def rendezvous_host(endpoint: str, timeout_s: float) -> Any:
-    """The c10d rendezvous' TCPStore at `endpoint` (127.0.0.1:port), hosted here for the whole job."""
-    from ddlrepro.rank.runtime import listening_store
-
-    host, _, port = endpoint.rpartition(":")
-    return listening_store(host, int(port), timedelta(seconds=timeout_s))
