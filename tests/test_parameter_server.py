@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import itertools
 import json
-import socket
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,7 +18,7 @@ from conftest import REPO, assert_refused, snakemake
 
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import figure_points, wikimedia_ps
-from ddlrepro.host.launchers import local_launcher
+from ddlrepro.host.launchers import isolation, local_launcher
 from ddlrepro.host.run import run_point, unmet_requirement
 from ddlrepro.host.rundir import metric_records
 from ddlrepro.host.tables import RECORD_COLUMNS
@@ -84,44 +84,55 @@ def test_batches_are_each_epoch_a_permutation() -> None:
     assert list(epochs[0]) != list(epochs[1])
 
 
+# An in-process cluster, run in a child process: TensorFlow's servers cannot be stopped in-process, and they bind
+# every interface whatever the cluster spec says (in a namespace holding only loopback where one can be made).
+IN_PROCESS_CLUSTER = """
+import itertools, json, socket
+import numpy as np
+import tensorflow as tf
+from ddlrepro.rank import datasets
+from ddlrepro.rank.workloads import parameter_server as ps
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+cluster = tf.train.ClusterSpec(
+    {"worker": [f"127.0.0.1:{free_port()}" for _ in range(2)], "ps": [f"127.0.0.1:{free_port()}"]}
+)
+servers = [
+    tf.distribute.Server(cluster, job_name=job, task_index=index, protocol="grpc", start=True)
+    for job, index in (("worker", 0), ("worker", 1), ("ps", 0))
+]
+resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
+coordinator = tf.distribute.coordinator.ClusterCoordinator(tf.distribute.ParameterServerStrategy(resolver))
+split = datasets.Split(np.arange(12.0).reshape(12, 1, 1), np.arange(12), np.zeros((0, 1, 1)), np.zeros(0))
+data = ps.per_worker_data(coordinator, split)
+order = ps.batches(12, 4, seed=0)
+
+@tf.function
+def labels(iterator, indices):
+    return ps.next_batch(iterator, indices)[1]
+
+read = [coordinator.schedule(labels, args=(data, indices)) for indices in itertools.islice(order, 6)]
+coordinator.join()
+print(json.dumps([sorted(value.fetch().tolist()) for value in read]), flush=True)
+"""
+
+
 @pytest.mark.slow
 def test_two_workers_do_not_read_the_same_batches() -> None:
     """On an in-process cluster (2 workers, 1 PS on loopback) the steps the coordinator hands out read different
     batches, whichever worker runs them: the first epoch's steps cover the training set once."""
-    import tensorflow as tf
-
-    from ddlrepro.rank import datasets
-    from ddlrepro.rank.workloads import parameter_server as ps
-
-    cluster = tf.train.ClusterSpec(
-        {"worker": [f"localhost:{free_port()}" for _ in range(2)], "ps": [f"localhost:{free_port()}"]}
-    )
-    servers = [
-        tf.distribute.Server(cluster, job_name=job, task_index=index, protocol="grpc", start=True)
-        for job, index in (("worker", 0), ("worker", 1), ("ps", 0))
-    ]
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(cluster, rpc_layer="grpc")
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(tf.distribute.ParameterServerStrategy(resolver))
-    split = datasets.Split(np.arange(12.0).reshape(12, 1, 1), np.arange(12), np.zeros((0, 1, 1)), np.zeros(0))
-    data = ps.per_worker_data(coordinator, split)
-    order = ps.batches(12, 4, seed=0)
-
-    @tf.function
-    def labels(iterator: Any, indices: tf.Tensor) -> tf.Tensor:
-        return ps.next_batch(iterator, indices)[1]
-
-    read = [coordinator.schedule(labels, args=(data, indices)) for indices in itertools.islice(order, 6)]
-    coordinator.join()
-    batches = [sorted(value.fetch().tolist()) for value in read]
+    namespace = isolation.planned_name()
+    with isolation.own_network(namespace):
+        command = isolation.inside(namespace, [sys.executable, "-c", IN_PROCESS_CLUSTER])
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    batches = json.loads(done.stdout.strip().splitlines()[-1])
     assert sorted(itertools.chain(*batches[:3])) == list(range(12)), batches
     assert len({tuple(batch) for batch in batches}) == 6, batches
-    del servers
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        return probe.getsockname()[1]
 
 
 def run_records(run_dir: Path, params: dict) -> pd.DataFrame:
