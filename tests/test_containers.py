@@ -17,10 +17,12 @@ import yaml
 from conftest import REPO, copy_workflow, only_figures, planned_jobs, snakemake, tiny_point
 from spython.main.parse.parsers import DockerParser, SingularityParser
 
+from ddlrepro.host import leftovers
 from ddlrepro.host.config import load_config
 from ddlrepro.host.images import build_command, read_image
 from ddlrepro.host.launchers import configured_launcher
 from ddlrepro.host.launchers.local import container_name
+from ddlrepro.host.owners import OWNER_LABEL
 
 CONTAINERS = REPO / "containers"
 ENGINE_RUN = ["podman", "--runtime", "runc", "run", "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"]
@@ -109,6 +111,7 @@ def test_local_workers_in_containers_get_only_their_rank_environment(
         assert f"RANK={rank}" in command and "--network=host" in command
         assert command[command.index("abc123") + 1 :][:3] == ["python", "-m", "ddlrepro.rank.workloads"]
         assert "canary" not in json.dumps(command)
+        assert f"{OWNER_LABEL}={os.getpid()}" in command, "a container names the run's process as its owner"
     assert job.container_engine == ["podman", "--runtime", "runc"]
 
 
@@ -241,3 +244,22 @@ def test_two_checkouts_running_one_point_never_share_a_container_name(tmp_path: 
     assert container_name(point, 0, mine) == container_name(point, 0, mine)
     assert len({container_name(point, 0, mine), container_name(point, 0, theirs), container_name(point, 1, mine)}) == 3
     assert re.fullmatch(r"ddlrepro-[a-z0-9_-]+-[0-9a-f]{8}-0", container_name(point, 0, mine))
+
+
+def test_a_dead_runs_containers_are_removed_and_a_live_ones_kept(base_image: str) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    made = {}
+    for owner in (gone.pid, os.getpid()):
+        create = ["podman", "create", "--label", f"{OWNER_LABEL}={owner}", base_image, "true"]
+        done = subprocess.run(create, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        made[owner] = done.stdout.strip()
+    try:
+        removed = leftovers.sweep_containers(["podman"])
+        listed = subprocess.run(["podman", "ps", "--all", "--no-trunc", "--format", "{{.ID}}"], capture_output=True)
+        present = set(listed.stdout.decode().split())
+        assert made[gone.pid] not in present and len(removed) == 1, removed
+        assert made[os.getpid()] in present, "a live owner's container was removed"
+    finally:
+        subprocess.run(["podman", "rm", "--force", *made.values()], capture_output=True, timeout=120)

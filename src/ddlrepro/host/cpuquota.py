@@ -1,10 +1,11 @@
 """CPU quotas for emulated device types: one cgroup per throttled rank, created for a run and removed after it.
 
 cgroup v1 (a `cpu` hierarchy: `cpu.cfs_quota_us`, `cpu.cfs_period_us`) or v2 (`cpu.max`, the `cpu` controller
-enabled in the parent's `cgroup.subtree_control`). Groups are made under `<hierarchy>/ddlrepro-<run>/rank<k>` and
-removed on exit, whatever happened; a rank's process joins its group right after it starts (its Python start-up
-takes far longer than that). Without permission (not root, no cpu controller, a read-only cgroup file system in a
-container) nothing is applied and `reason` says why: the run goes on unthrottled and records so.
+enabled in the parent's `cgroup.subtree_control`). Groups are made under `<hierarchy>/ddlrepro-quota-<pid>-<run>/
+rank<k>` (named after their owner: owners.py) and removed on exit, whatever happened; a rank's process joins its
+group right after it starts (its Python start-up takes far longer than that). Without permission (not root, no cpu
+controller, a read-only cgroup file system in a container) nothing is applied and `reason` says why: the run goes on
+unthrottled and records so.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import contextlib
 import os
 import time
 from pathlib import Path
+
+from ddlrepro.host.owners import owned_name
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
@@ -54,7 +57,7 @@ class CpuQuotas:
             return self
         version, hierarchy = found
         try:
-            base = hierarchy / f"ddlrepro-{self.name}"
+            base = hierarchy / owned_name("quota", self.name)
             base.mkdir()  # a group of that name already there is someone else's: never adopted, never removed
             self.base = base
             if version == "v2":
@@ -81,22 +84,28 @@ class CpuQuotas:
             (self.groups[rank] / "cgroup.procs").write_text(str(pid))
 
     def remove(self) -> None:
-        """Remove every group made. Its ranks have been stopped; a process still in it (one a rank started that
-        outlived it) is moved to the hierarchy's root first, so the groups go whatever happened."""
-        for group in [*self.groups.values(), *([self.base] if self.base else [])]:
-            for pid in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError):
-                    (self.base.parent / "cgroup.procs").write_text(pid)
-            deadline = time.monotonic() + REMOVE_WAIT_S
-            while group.exists():
-                try:
-                    group.rmdir()
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.05)
+        """Remove every group made (see `remove_groups`)."""
+        if self.base is not None:
+            remove_groups(self.base, list(self.groups.values()))
         self.groups, self.base = {}, None
 
     def __exit__(self, *exc: object) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.remove()
+
+
+def remove_groups(base: Path, groups: list[Path]) -> None:
+    """Remove `groups` and then `base`. Their ranks have been stopped; a process still in one (one a rank started
+    that outlived it) is moved to the hierarchy's root first, so the groups go whatever happened."""
+    for group in [*groups, base]:
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                (base.parent / "cgroup.procs").write_text(pid)
+        deadline = time.monotonic() + REMOVE_WAIT_S
+        while group.exists():
+            try:
+                group.rmdir()
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)

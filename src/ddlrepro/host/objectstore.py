@@ -8,7 +8,8 @@ volumes are sized from the shards' bytes. With `settings.credentials_env` set th
 variables it names (never from the config), for the configured store and for a SeaweedFS started without an
 endpoint alike; with `settings.endpoint` set too (paper scale) no server is started and the shards are uploaded
 there. `mounted(store)` mounts the bucket with Debian's s3fs (FUSE) for the `s3fs` source, and unmounts it after
-(lazily if it is busy; an error if it stays mounted).
+(lazily if it is busy; an error if it stays mounted). Both folders are named after the run's process: what a
+SIGKILLed run leaves (its folder, `weed`, the mount) is swept when the next run starts (leftovers.py).
 
 It stands in for IBM Cloud Object Storage: every record says `LABEL`.
 """
@@ -27,11 +28,12 @@ import subprocess
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddlrepro.host.owners import owned_name
 from ddlrepro.host.redaction import register_secret
 from ddlrepro.rank.s3client import s3_client
 
@@ -163,10 +165,10 @@ def seaweedfs_command(folder: Path, ports: dict[str, int], s3_config: Path, tota
     ]
 
 
-def remove_leftover_sockets(ports: dict[str, int], folder: Path = SOCKET_FOLDER) -> None:
+def remove_leftover_sockets(ports: Iterable[int], folder: Path = SOCKET_FOLDER) -> None:
     """Delete the sockets weed left in /tmp for these ports and their gRPC ports (+ 10000): after SIGKILL they
     stay, one set per run."""
-    for port in ports.values():
+    for port in ports:
         for number in (port, port + 10000):
             for path in folder.glob(LEFTOVER_SOCKETS.format(port=number)):
                 path.unlink(missing_ok=True)
@@ -244,7 +246,7 @@ def seaweedfs(
         yield f"http://127.0.0.1:{ports['s3']}", server
     finally:
         stop(server)
-        remove_leftover_sockets(ports)
+        remove_leftover_sockets(ports.values())
 
 
 @contextlib.contextmanager
@@ -252,7 +254,7 @@ def serving(shards: Path, settings: dict[str, Any] | None = None) -> Iterator[St
     """The shards in a bucket of a store for the run's lifetime (see the module's docstring)."""
     settings = settings or {}
     bucket = settings.get("bucket") or DEFAULT_BUCKET
-    with tempfile.TemporaryDirectory(prefix="ddlrepro-store-") as temporary:
+    with tempfile.TemporaryDirectory(prefix=owned_name("store")) as temporary:
         folder = Path(temporary)
         os.chmod(folder, 0o700)
         started = time.monotonic()
@@ -301,7 +303,7 @@ def mount_command(store: Store, mountpoint: Path, password_file: Path) -> list[s
 def mounted(store: Store) -> Iterator[Path]:
     """The bucket as a read-only folder (s3fs over FUSE) while the context lasts; unmounted after."""
     keys = json.loads(store.credentials_file.read_text())
-    with tempfile.TemporaryDirectory(prefix="ddlrepro-s3fs-") as temporary:
+    with tempfile.TemporaryDirectory(prefix=owned_name("s3fs")) as temporary:
         folder = Path(temporary)
         os.chmod(folder, 0o700)
         password_file = write_private(folder / "passwd", f"{keys['access_key']}:{keys['secret_key']}\n")

@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ddlrepro.host import environments
+from ddlrepro.host import environments, leftovers
 from ddlrepro.host.hostload import ForeignLoadMeter, machine_speed
 from ddlrepro.host.launchers import configured_launcher
 from ddlrepro.host.launchers.base import Launcher, RunFailed
@@ -121,6 +121,7 @@ def run_point(
     reason = reason or environments.unavailable_reason(point, launcher.name)
     if reason:
         return skip_point(point, run_dir, reason)
+    leftovers.sweep()  # what SIGKILLed runs left on this host (their stores, mounts, quota groups)
     code = git_state()  # once per run: the series an attempt continues is this code's
     earlier = earlier_attempts(run_dir, code, attempt)
     started = time.time()

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ddlrepro.rank.allocation import AllocationLimits, allocation_limits
-from ddlrepro.rank.taskenv import NETWORK_INTERFACES_ENV
+from ddlrepro.rank.taskenv import LISTEN_ADDRESS_ENV, LISTEN_BACKLOG, MASTER_LISTEN_FD_ENV, NETWORK_INTERFACES_ENV
 from ddlrepro.records import emit
 
 
@@ -87,30 +87,32 @@ def init_distributed(ctx: RankContext, details: dict[str, Any] | None = None) ->
 
 
 RENDEZVOUS_TIMEOUT = timedelta(minutes=30)  # torch's default for env:// rendezvous
-LISTEN_BACKLOG = 1024  # every worker (and, in-place, every standby) connects at once: the default 5 makes them wait
 
 
 def rendezvous_store(rank: int, timeout: timedelta = RENDEZVOUS_TIMEOUT) -> dist.TCPStore:
     """The job's rendezvous store at MASTER_ADDR:MASTER_PORT, as env:// makes it, except that rank 0's listens on
     MASTER_ADDR's address only: torch binds a master store to every interface whatever MASTER_ADDR says, and the
     store has no authentication. So rank 0 binds the socket itself (127.0.0.1 for a job on one host, the
-    rendezvous host's own address for a multi-node one) and hands it over."""
+    rendezvous host's own address for a multi-node one: `LISTEN_ADDRESS_ENV`) and hands it over."""
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     if rank != 0:
         return dist.TCPStore(host, port, is_master=False, timeout=timeout)
-    return listening_store(host, port, timeout)
+    handed = os.environ.pop(MASTER_LISTEN_FD_ENV, None)  # bound by the launcher before any rank started
+    if handed is not None:
+        return store_on(int(handed), host, port, timeout)
+    return listening_store(os.environ.get(LISTEN_ADDRESS_ENV, host), port, timeout)
 
 
 def listening_store(host: str, port: int, timeout: timedelta) -> dist.TCPStore:
     """A master TCPStore whose socket listens on `host`'s address only (bound here, then handed over)."""
     listener = socket.create_server((host, port), backlog=LISTEN_BACKLOG)
+    return store_on(listener.detach(), host, port, timeout)
+
+
+def store_on(listening_fd: int, host: str, port: int, timeout: timedelta) -> dist.TCPStore:
+    """A master TCPStore serving on an already listening socket, which it owns and closes from here on."""
     return dist.TCPStore(
-        host,
-        port,
-        is_master=True,
-        wait_for_workers=False,
-        timeout=timeout,
-        master_listen_fd=listener.detach(),  # the store owns and closes the socket from here on
+        host, port, is_master=True, wait_for_workers=False, timeout=timeout, master_listen_fd=listening_fd
     )
 
 

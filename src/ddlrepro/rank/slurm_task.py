@@ -5,9 +5,10 @@ local launcher gives a rank, so the workloads read one convention whatever start
 (the step's first node) / RANK / WORLD_SIZE / LOCAL_*, TensorFlow's TF_CONFIG (one port per task on its node, from
 `DDLREPRO_TENSORFLOW_PORT`), Horovod's gloo variables, and an emulated device type's kernel variables
 (devicetypes.py; its CPU quota is not applied under Slurm, and the rank records so). Rank 0's task serves
-Horovod's rendezvous (the server horovodrun would start) on `DDLREPRO_HOROVOD_PORT`; the other tasks wait until
-it listens. Then the task runs the workload in this process. Everything comes from the step itself, which is
-what srun actually started.
+Horovod's rendezvous (the server horovodrun would start) on `DDLREPRO_HOROVOD_PORT`, on the one address the other
+tasks reach it at (horovodrun's binds every interface; the server has no authentication); the other tasks wait until
+it listens. Then the task runs the workload in this process. Everything comes from the step itself, which is what
+srun actually started.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import hostlist
 
 from ddlrepro.points import Point
 from ddlrepro.rank import devicetypes, taskenv
+from ddlrepro.rank.taskenv import LISTEN_ADDRESS_ENV
 from ddlrepro.shutdown import skip_final_collection
 
 RENDEZVOUS_WAIT_S = 300
@@ -76,11 +78,25 @@ def horovod_rendezvous(environ: Mapping[str, str], nodes: list[tuple[str, int]])
         return
     port = int(environ["DDLREPRO_HOROVOD_PORT"])
     if environ["RANK"] == "0":
-        with taskenv.rendezvous_server(nodes, port, bind_addr=""):
+        with taskenv.rendezvous_server(nodes, port, bind_addr=environ[LISTEN_ADDRESS_ENV]):
             yield
         return
     wait_until_listening(environ["MASTER_ADDR"], port, RENDEZVOUS_WAIT_S)
     yield
+
+
+def rendezvous_address(nodes: list[tuple[str, int]]) -> str:
+    """The address of this node (the step's first) that the other tasks reach: on one node what its name resolves
+    to (MASTER_ADDR, which they connect to); across nodes the address this node sends from towards the second node
+    (its name may resolve to 127.0.1.1 here, as Debian's /etc/hosts has it, but not on the others)."""
+    try:
+        if len(nodes) == 1:
+            return socket.gethostbyname(nodes[0][0])
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((socket.gethostbyname(nodes[1][0]), 9))  # UDP: no packet is sent
+            return probe.getsockname()[0]
+    except OSError as error:
+        raise RuntimeError(f"Horovod's rendezvous: cannot find this node's address for {nodes}: {error}") from None
 
 
 def wait_until_listening(host: str, port: int, timeout_s: float) -> None:
@@ -102,6 +118,8 @@ def main(argv: list[str]) -> None:
         sys.exit(f"slurm_task runs as a task of an srun step; {', '.join(missing)} not set")
     nodes = layout(os.environ["SLURM_STEP_NODELIST"], os.environ["SLURM_STEP_TASKS_PER_NODE"])
     os.environ.update(task_environment(os.environ, nodes))
+    if os.environ["RANK"] == "0":  # its rendezvous store and Horovod's server listen there only
+        os.environ[LISTEN_ADDRESS_ENV] = rendezvous_address(nodes)
     # A device type's kernels are chosen by variables read when torch loads: set before the workload imports it.
     if argv:
         os.environ.update(devicetypes.rank_environment(Point.from_json(argv[0]).params, int(os.environ["RANK"])))

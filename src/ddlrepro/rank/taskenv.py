@@ -23,6 +23,13 @@ LOCALHOST = "localhost"
 # On a testbed host, each network's interface (JSON, {"bridge": "eth0", "overlay": "vxlan0"}): a paired run trains a
 # model over each (runtime.network_group; GLOO_SOCKET_IFNAME names the default group's).
 NETWORK_INTERFACES_ENV = "DDLREPRO_NETWORK_INTERFACES"
+# Where rank 0's servers (rendezvous store, Horovod's rendezvous) listen when MASTER_ADDR is a name that may resolve
+# differently on its own node: a Slurm step's first node (slurm_task.rendezvous_address).
+LISTEN_ADDRESS_ENV = "DDLREPRO_LISTEN_ADDRESS"
+# Rank 0's inherited descriptor of a socket already listening on MASTER_ADDR:MASTER_PORT, bound by the local launcher
+# before any rank started (no other process can take the port while the ranks import torch).
+MASTER_LISTEN_FD_ENV = "DDLREPRO_MASTER_LISTEN_FD"
+LISTEN_BACKLOG = 1024  # every worker (and, in-place, every standby) connects at once: the default 5 makes them wait
 
 
 def slots(hosts: list[tuple[str, int]]) -> list[SlotInfo]:

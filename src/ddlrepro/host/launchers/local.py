@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
+from ddlrepro.host import leftovers, owners
 from ddlrepro.host.config import ConfigError
 from ddlrepro.host.cpuquota import CpuQuotas
 from ddlrepro.host.hostload import process_tree_cpu
@@ -102,6 +104,9 @@ class LocalRequest:
     testbed: testbed_ranks.TestbedPlacement | None = None
     cpu_quotas: dict[int, float] = field(default_factory=dict)
     network_namespace: str | None = None  # the run's own (isolation.py), for what binds every interface
+    # The launcher binds 127.0.0.1:master_port before any rank starts and hands the socket to rank 0 (its rendezvous
+    # store serves on it): between choosing the port and rank 0's store, no other process can take it.
+    master_bound_here: bool = False
 
 
 def check_fits_machine(point: Point, oversubscription: float, cores: int | None = None) -> None:
@@ -227,6 +232,7 @@ class LocalLauncher:
             container_engine=container_run[: container_run.index("run")] if in_image else [],
             cpu_quotas=cpu_quotas(point),
             network_namespace=namespace,
+            master_bound_here=not (placed or in_image or namespace),
         )
 
     def execute(self, spec: JobSpec[Any], output: OutputCollector) -> None:
@@ -290,7 +296,8 @@ def in_container(
     path = {"PYTHONPATH": os.environ["PYTHONPATH"]} if rootfs and "PYTHONPATH" in os.environ else {}
     settings = [flag for key, value in (env | path).items() for flag in ("-e", f"{key}={value}")]
     inside = command if rootfs else ["python", *command[1:]]
-    return [*run, "--rm", "--network=host", "--name", name, "-v", f"{runs}:{runs}", *settings, image, *inside]
+    options = ["--rm", "--network=host", "--name", name, *owners.container_labels(), "-v", f"{runs}:{runs}"]
+    return [*run, *options, *settings, image, *inside]
 
 
 # Open MPI's out-of-band and TCP byte-transfer sockets on loopback only: the ranks are all on this host.
@@ -309,18 +316,44 @@ def _execute_ranks(spec: JobSpec[LocalRequest], output: OutputCollector) -> None
     port = job.horovod_port
     server = taskenv.rendezvous_server([(taskenv.LOCALHOST, job.ranks)], port) if port else contextlib.nullcontext()
     quotas = {} if job.containers else job.cpu_quotas  # a container's processes are the engine's, not ours
-    run_name = f"{Path(job.workers[0].env['DDLREPRO_RUN_DIR']).name}-{os.getpid()}"
-    with server, CpuQuotas(run_name, quotas) as cpu, _line_handler(job, output) as on_line:
+    run_name = Path(job.workers[0].env["DDLREPRO_RUN_DIR"]).name
+    if job.containers:
+        leftovers.sweep_containers(job.container_engine)
+    with (
+        server,
+        master_listener(job) as master,
+        CpuQuotas(run_name, quotas) as cpu,
+        _line_handler(job, output) as on_line,
+    ):
         try:
             for worker in job.workers:
                 if worker.rank in quotas:
                     worker = replace(worker, env={**worker.env, devicetypes.QUOTA_STATUS_VARIABLE: cpu.status})
-                workers.append(start(worker, partial(on_line, worker.rank)))
+                handed = (master.fileno(),) if master is not None and worker.rank == 0 else ()
+                if handed:
+                    worker = replace(worker, env={**worker.env, taskenv.MASTER_LISTEN_FD_ENV: str(handed[0])})
+                workers.append(start(worker, partial(on_line, worker.rank), pass_fds=handed))
                 cpu.join(worker.rank, workers[-1].process.pid)
             _wait(workers, spec.timeout_s, output)
         finally:
             stop(workers)
             remove_containers(job)
+
+
+@contextlib.contextmanager
+def master_listener(job: LocalRequest) -> Iterator[socket.socket | None]:
+    """The rendezvous port's listening socket, bound here before any rank starts (None where rank 0 binds it); a
+    port another process took since it was chosen fails the run before anything starts."""
+    if not job.master_bound_here:
+        yield None
+        return
+    try:
+        listener = socket.create_server((job.master_addr, job.master_port), backlog=taskenv.LISTEN_BACKLOG)
+    except OSError as error:
+        where = f"{job.master_addr}:{job.master_port}"
+        raise RunFailed(None, f"the rendezvous port {where} was taken before any rank started: {error}", []) from None
+    with listener:  # rank 0 holds its own copy once started
+        yield listener
 
 
 @contextlib.contextmanager

@@ -38,8 +38,9 @@ class Started:
     readers: list[threading.Thread]
 
 
-def start(spec: WorkerSpec, on_line: Callable[[str, str], None]) -> Started:
-    """Start `spec` in its own process group; `on_line(stream, line)` gets every stdout/stderr line."""
+def start(spec: WorkerSpec, on_line: Callable[[str, str], None], pass_fds: tuple[int, ...] = ()) -> Started:
+    """Start `spec` in its own process group (inheriting the descriptors `pass_fds`); `on_line(stream, line)` gets
+    every stdout/stderr line."""
     process = subprocess.Popen(
         spec.command,
         env={**os.environ, **spec.env},
@@ -48,6 +49,7 @@ def start(spec: WorkerSpec, on_line: Callable[[str, str], None]) -> Started:
         stdin=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
+        pass_fds=pass_fds,
     )
     readers = [
         threading.Thread(target=_pump, args=(stream, name, on_line), daemon=True)
