@@ -17,6 +17,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -185,3 +186,57 @@ def test_a_rendezvous_port_taken_after_it_was_chosen_fails_the_run_before_any_ra
     ):
         launcher.execute(spec, output)
     assert not (tmp_path / "log.txt").read_text(), "a rank started"
+
+
+UNPRIVILEGED_PROBE = """
+import subprocess, sys
+from ddlrepro.host.launchers import isolation
+reason = isolation.unavailable_reason()
+if reason:
+    print("unavailable:", reason)
+    sys.exit(0)
+name = isolation.planned_name()
+server = ("import socket; s = socket.create_server(('0.0.0.0', 0)); print(s.getsockname()[1], flush=True); "
+          "c, _ = s.accept(); c.sendall(b'hi'); c.close()")
+with isolation.own_network(name):
+    listener = subprocess.Popen(isolation.inside(name, [sys.argv[1], "-c", server]), stdout=subprocess.PIPE, text=True)
+    port = listener.stdout.readline().strip()
+    host = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout.strip()
+    client = f"import socket; print(socket.create_connection(('127.0.0.1', {port})).recv(2).decode())"
+    reply = subprocess.run(isolation.inside(name, [sys.argv[1], "-c", client]), capture_output=True, text=True)
+    links = subprocess.run(isolation.inside(name, ["ip", "-o", "link"]), capture_output=True, text=True).stdout
+    listener.wait(timeout=30)
+print("host sees:", host or "nothing")
+print("reply:", reply.stdout.strip(), reply.stderr.strip()[-300:])
+print("links:", " ".join(line.split(":")[1].strip() for line in links.splitlines()))
+print("left:", isolation.links_folder(name).exists())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="drops to user nobody: needs root")
+def test_without_root_a_run_gets_a_namespace_of_its_own_all_its_commands_share() -> None:
+    """What a run without root gets for Open MPI and TensorFlow: a user and network namespace of its own, holding
+    only loopback, joined by every command of the run; nothing in it is seen from the host; nothing is left after.
+    (The commands inside run the system's python3: a checkout's environment may sit where `nobody` cannot read.)"""
+    inner = shutil.which("python3", path="/usr/bin:/bin")
+    if inner is None:
+        pytest.skip("needs a python3 in /usr/bin that user nobody can run")
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    allowed = subprocess.run([*drop, "unshare", "--user", "--map-root-user", "--net", "true"], capture_output=True)
+    if allowed.returncode != 0:
+        pytest.skip(f"this kernel refuses unprivileged user namespaces: {allowed.stderr.decode().strip()}")
+    environment = {"PATH": os.environ["PATH"], "HOME": "/tmp"}
+    done = subprocess.run(
+        [*drop, sys.executable, "-c", UNPRIVILEGED_PROBE, inner],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
+        cwd="/tmp",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not done.stdout.startswith("unavailable:"), done.stdout  # the kernel allows it (checked above)
+    assert "host sees: nothing" in done.stdout, done.stdout
+    assert "reply: hi" in done.stdout, done.stdout
+    assert "links: lo\n" in done.stdout, done.stdout
+    assert "left: False" in done.stdout, done.stdout

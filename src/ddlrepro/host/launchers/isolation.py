@@ -2,20 +2,27 @@
 every interface whatever they are told (Open MPI's out-of-band listener, TensorFlow's gRPC servers, which run any
 graph sent to them). Their ranks talk over that namespace's loopback; nothing outside it can reach them.
 
-Made as root only (`ip netns`); elsewhere such a run uses the host's network, as before, and the trust model says
-so (docs/trust-model.md). A namespace is named after the process that owns it (`ddl-own-<pid>-<token>`), removed
-when the run ends however it ends, and one whose owner died (a SIGKILLed run) is swept at the next start.
+As root it is a named namespace (`ip netns`). Without root it is made in a user namespace of the run's own
+(`unshare --user --map-root-user --net`, where the kernel allows unprivileged user namespaces): a holder process
+keeps both alive, dies with the run (parent-death signal), and the ranks join them with `nsenter` through links in a
+private folder named like the namespace; inside, the ranks' user appears as root. Where neither is possible the run
+uses the host's network and the trust model says so (docs/trust-model.md). A namespace is named after the process
+that owns it (`ddl-own-<pid>-<token>`), removed when the run ends however it ends, and a named one whose owner died
+(a SIGKILLed run) is swept at the next start.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import secrets
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 
@@ -25,10 +32,20 @@ IP_TIMEOUT_S = 30
 
 
 def unavailable_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "a network namespace of its own needs root"
-    if shutil.which("ip") is None:
-        return "a network namespace of its own needs `ip` (iproute2)"
+    if os.geteuid() == 0:
+        return None if shutil.which("ip") else "a network namespace of its own needs `ip` (iproute2)"
+    return unprivileged_unavailable_reason()
+
+
+@functools.cache
+def unprivileged_unavailable_reason() -> str | None:
+    """Why no user and network namespace can be made without root here (tried once), or None."""
+    missing = [tool for tool in ("unshare", "nsenter", "setpriv", "ip") if shutil.which(tool) is None]
+    if missing:
+        return f"a network namespace of its own without root needs {', '.join(missing)} (util-linux, iproute2)"
+    probe = subprocess.run([*HOLDER, "ip link set lo up"], capture_output=True, text=True, timeout=IP_TIMEOUT_S)
+    if probe.returncode != 0:
+        return f"this kernel refuses an unprivileged user and network namespace: {probe.stderr.strip()[-200:]}"
     return None
 
 
@@ -39,7 +56,17 @@ def planned_name() -> str | None:
 
 def inside(name: str | None, command: list[str]) -> list[str]:
     """`command` run in namespace `name`; as it is when there is none."""
-    return ["ip", "netns", "exec", name, *command] if name else command
+    if name is None:
+        return command
+    if os.geteuid() == 0:
+        return ["ip", "netns", "exec", name, *command]
+    links = links_folder(name)
+    return ["nsenter", f"--user={links / 'user'}", f"--net={links / 'net'}", "--preserve-credentials", "--", *command]
+
+
+def links_folder(name: str) -> Path:
+    """Where an unprivileged namespace's links live (private to this user)."""
+    return Path(tempfile.gettempdir()) / name
 
 
 def _ip(*arguments: str) -> subprocess.CompletedProcess[str]:
@@ -47,13 +74,21 @@ def _ip(*arguments: str) -> subprocess.CompletedProcess[str]:
 
 
 def sweep_dead_owners() -> list[str]:
-    """Remove the namespaces whose owner process is gone; the names removed."""
-    listed = _ip("netns", "list").stdout.split("\n")
+    """Remove the namespaces whose owner process is gone (as root), and the links folders of unprivileged ones (the
+    holder died with its owner); the names removed."""
+    listed = _ip("netns", "list").stdout.split("\n") if os.geteuid() == 0 else []
     names = [line.split()[0] for line in listed if line.strip()]
-    dead = [name for name in names if (match := OWNED.match(name)) and not psutil.pid_exists(int(match.group(1)))]
+    dead = [name for name in names if dead_owner(name)]
     for name in dead:
         _ip("netns", "del", name)
-    return dead
+    folders = [folder for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*") if dead_owner(folder.name)]
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    return [*dead, *(folder.name for folder in folders)]
+
+
+def dead_owner(name: str) -> bool:
+    return bool(match := OWNED.match(name)) and not psutil.pid_exists(int(match.group(1)))
 
 
 @contextlib.contextmanager
@@ -63,6 +98,10 @@ def own_network(name: str | None) -> Iterator[None]:
         yield
         return
     sweep_dead_owners()
+    if os.geteuid() != 0:
+        with unprivileged_network(name):
+            yield
+        return
     made = _ip("netns", "add", name)
     if made.returncode != 0:
         raise RuntimeError(f"network namespace {name}: {made.stderr.strip()}")
@@ -73,3 +112,28 @@ def own_network(name: str | None) -> Iterator[None]:
         yield
     finally:
         _ip("netns", "del", name)
+
+
+# The holder: a user namespace mapping this user to root, a network namespace in it with loopback up, kept alive by
+# a sleep that the kernel kills when the process that started it ends.
+HOLDER = ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--user", "--map-root-user", "--net", "sh", "-c"]
+HOLDER_SCRIPT = "ip link set lo up && echo up && exec sleep infinity"
+
+
+@contextlib.contextmanager
+def unprivileged_network(name: str) -> Iterator[None]:
+    """A user and network namespace of the run's own, made without root, joined through `links_folder(name)`."""
+    links = links_folder(name)
+    links.mkdir(mode=0o700)
+    holder = subprocess.Popen([*HOLDER, HOLDER_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if holder.stdout is None or holder.stdout.readline().strip() != "up":
+            holder.kill()
+            raise RuntimeError(f"network namespace {name} (unprivileged): {holder.communicate()[1].strip()[-300:]}")
+        for kind in ("user", "net"):
+            (links / kind).symlink_to(f"/proc/{holder.pid}/ns/{kind}")
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+        shutil.rmtree(links, ignore_errors=True)

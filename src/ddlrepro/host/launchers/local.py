@@ -185,7 +185,11 @@ class LocalLauncher:
         worker_command = [sys.executable, "-m", "ddlrepro.rank.workloads", point.to_json()]
         if mode == "mpirun":
             namespace = isolation.planned_name()  # Open MPI's out-of-band listener binds every interface
-            step = WorkerSpec(None, isolation.inside(namespace, mpirun_command(point.workers, worker_command)), common)
+            step = WorkerSpec(
+                None,
+                isolation.inside(namespace, mpirun_command(point.workers, worker_command, bool(namespace))),
+                common,
+            )
             return LocalRequest(**rendezvous, workers=[step], network_namespace=namespace)
         horovod_port = free_loopback_port() if mode == "horovod-gloo" else None
         tensorflow = point.params.get("framework") == "tensorflow"
@@ -304,9 +308,10 @@ def in_container(
 MPI_ON_THIS_HOST = ["--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo"]
 
 
-def mpirun_command(workers: int, command: list[str]) -> list[str]:
-    """Open MPI's mpirun starting `workers` copies of `command` here, each line tagged with its rank."""
-    as_root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+def mpirun_command(workers: int, command: list[str], isolated: bool = False) -> list[str]:
+    """Open MPI's mpirun starting `workers` copies of `command` here, each line tagged with its rank. `isolated`: it
+    runs in a namespace of its own, where this user may appear as root (isolation.py)."""
+    as_root = ["--allow-run-as-root"] if os.geteuid() == 0 or isolated else []
     return ["mpirun", *as_root, *MPI_ON_THIS_HOST, "-np", str(workers), "--bind-to", "none", "--tag-output", *command]
 
 
