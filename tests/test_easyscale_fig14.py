@@ -23,7 +23,7 @@ from ddlrepro.host.figures.easyscale_fig14 import (
     in_reference_time,
     profile_table,
     simulation_table,
-    summarise,
+    summarize,
 )
 from ddlrepro.host.simulator.profiles import TIDY_COLUMNS, ProfileError, from_table
 from ddlrepro.host.simulator.traces import ARTIFACT_COLUMNS
@@ -113,7 +113,7 @@ def test_the_recorded_simulation_is_what_the_engine_makes_of_its_profiles_today(
 
 
 def test_recorded_simulation_passes_its_checks() -> None:
-    summary = summarise(read_table(RECORDED))
+    summary = summarize(read_table(RECORDED))
     assert list(summary["policy"]) == POLICIES and (summary["jobs"] == 68).all()
     one = check_figure("easyscale-fig14", summary, references(), "smoke").set_index("check")
     assert set(one.loc[ORDER_CHECKS, "status"]) == {"inconclusive"}  # timing claims: one simulation, no interval
@@ -133,7 +133,7 @@ def test_recorded_simulation_passes_its_checks() -> None:
     ],
 )
 def test_each_order_check_fails_on_a_tie(column: str, check: str) -> None:
-    summary = summarise(read_table(RECORDED)).set_index("policy")
+    summary = summarize(read_table(RECORDED)).set_index("policy")
     first, second = ("easyscale-homo", "yarn-cs") if "yarn" in check else ("easyscale-heter", "easyscale-homo")
     summary.loc[first, column] = summary.loc[second, column]
     tied = as_replicates(summary.reset_index())

@@ -73,7 +73,7 @@ def est_times(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
     return per_est
 
 
-def summarise(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
+def summarize(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
     """Per model and group: the median over steps of the slowest process's time (ESTs 0..k−2: their mean in each
     process), each piece's mean over steps of its largest process value (so the pieces need not add up to the
     time), and the time ÷ the DDP step and ÷ the model's last EST."""
@@ -100,7 +100,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
 
     from ddlrepro.host import plotting
 
-    summary = summarise(table, int(table["warmup_steps"].iloc[0]))
+    summary = summarize(table, int(table["warmup_steps"].iloc[0]))
     summary = plotting.with_host_load(summary, table, ["model"])  # both runs of a model: the ratio's two sides
     models = list(dict.fromkeys(summary["model"]))
     paper = paper_values(references)

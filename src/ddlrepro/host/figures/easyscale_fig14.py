@@ -310,7 +310,7 @@ def devices_while_busy(table: pd.DataFrame) -> pd.Series:
     return per_round.groupby("policy")["allocated"].mean()
 
 
-def summarise(table: pd.DataFrame) -> pd.DataFrame:
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
     """Per policy: mean JCT, makespan (last finish; and as the artifact rounds it), devices allocated while busy,
     YARN-CS's mean JCT and makespan ÷ the policy's (NaN with the reason unless artifact profiles and trace), and
     the labels."""
@@ -359,7 +359,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
 
     from ddlrepro.host import plotting
 
-    summary = summarise(table)
+    summary = summarize(table)
     figure, (jct, makespan, allocated) = plotting.new_figure(3, TITLE, panel_size=(5.6, 4.6))
     x = np.arange(len(POLICIES))
     paper = paper_values(references)

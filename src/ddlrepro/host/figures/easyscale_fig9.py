@@ -226,7 +226,7 @@ def draw_panel(axis: Any, differences: pd.DataFrame) -> None:
     plotting.legend(axis)
 
 
-def summarise(differences: pd.DataFrame) -> pd.DataFrame:
+def summarize(differences: pd.DataFrame) -> pd.DataFrame:
     """Per panel, series and stage: steps, exactly equal steps, first and largest |difference| of the loss, the
     steps after which the parameters differ from the baseline's (bit for bit, by digest), whether the stage mixes
     device types."""
@@ -261,7 +261,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     figure, axes = plotting.new_figure(len(panels), TITLE, panel_size=(10, 4.5) if len(panels) == 1 else (8, 4.5))
     for axis, differences in zip(axes, panels, strict=True):
         draw_panel(axis, differences)
-    summary = summarise(pd.concat(panels, ignore_index=True))
+    summary = summarize(pd.concat(panels, ignore_index=True))
     if len(panels) == 2:
         quota = f"CPU quota {device_types.quota_status(table)}"
         plotting.panel_title(axes[0], "one device type")
