@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, snakemake
 
+from ddlrepro.host import scheduling
+
 SPAN_S = 15
 # b waits while a holds both cores: each scheduling pass in that time leaves a re-evaluation timer of SPAN_S.
 TWO_JOBS_ONE_AT_A_TIME = """
@@ -47,3 +49,16 @@ def test_a_finished_workflow_does_not_wait_out_its_rate_limit_span(tmp_path: Pat
     failed = seconds_to_finish(tmp_path / "failed", hooks=True, failing="b")
     assert waited - succeeded > SPAN_S / 2, (waited, succeeded)  # without the hooks Snakemake waits for its timers
     assert waited - failed > SPAN_S / 2, (waited, failed)
+
+
+def test_the_status_check_patch_fits_the_installed_executor_interface() -> None:
+    """The patch replaces a private coroutine of Snakemake's executor interface: a pin bump that moves or changes it
+    fails here, loudly, rather than leaving finished Slurm workflows asleep."""
+    from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
+
+    assert scheduling.unpatchable_reason(RemoteExecutor) is None
+
+    class Changed:
+        def _wait_for_jobs(self) -> None: ...
+
+    assert "no coroutine `_wait_for_jobs`" in (scheduling.unpatchable_reason(Changed) or "")

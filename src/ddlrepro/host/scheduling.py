@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
+import inspect
+import sys
 import threading
 
 SCHEDULER_MODULE = "snakemake.scheduling.job_scheduler"
+# The snakemake-interface-executor-plugins releases whose RemoteExecutor was read for the patch below: it replaces
+# the private coroutine `_wait_for_jobs` (no supported hook exists). Outside them the patch is not made.
+PATCHED_FOR = (9, 10)  # major versions [9, 10)
+INTERFACE = "snakemake-interface-executor-plugins"
 
 
 def cancel_rescheduling_timers() -> None:
@@ -29,6 +36,10 @@ def wake_remote_executors_at_shutdown() -> None:
 
     if getattr(RemoteExecutor.shutdown, "wakes_status_checks", False):
         return
+    reason = unpatchable_reason(RemoteExecutor)
+    if reason:
+        print(f"ddlrepro: a finished Slurm workflow may sit out its status-check sleep: {reason}", file=sys.stderr)
+        return
     wait_for_jobs, shutdown = RemoteExecutor._wait_for_jobs, RemoteExecutor.shutdown
 
     async def wakeable_wait_for_jobs(self: RemoteExecutor) -> None:
@@ -48,3 +59,14 @@ def wake_remote_executors_at_shutdown() -> None:
     waking_shutdown.wakes_status_checks = True
     RemoteExecutor._wait_for_jobs = wakeable_wait_for_jobs
     RemoteExecutor.shutdown = waking_shutdown
+
+
+def unpatchable_reason(remote_executor: type) -> str | None:
+    """Why the status-check patch does not fit the installed executor interface, or None."""
+    version = importlib.metadata.version(INTERFACE)
+    major = int(version.split(".")[0])
+    if not PATCHED_FOR[0] <= major < PATCHED_FOR[1]:
+        return f"{INTERFACE} {version} is outside the versions the patch was written for ({PATCHED_FOR[0]}.x)"
+    if not inspect.iscoroutinefunction(getattr(remote_executor, "_wait_for_jobs", None)):
+        return f"{INTERFACE} {version}'s RemoteExecutor has no coroutine `_wait_for_jobs` any more"
+    return None
