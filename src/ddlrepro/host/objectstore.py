@@ -362,9 +362,6 @@ def data_inputs(params: dict[str, Any], inputs: dict[str, str]) -> Iterator[dict
             yield {"inputs": {"shards_dir": str(mountpoint)}, "provenance": store.provenance()}
 
 
-STORE_INPUTS = ("store_endpoint", "store_bucket", "store_access_key_env", "store_secret_key_env")
-
-
 def store_inputs(store: dict[str, Any]) -> dict[str, str]:
     """A configured store (`endpoint`, `bucket`, `credentials_env`) as a point's inputs: names, never keys."""
     credentials = store.get("credentials_env", {})

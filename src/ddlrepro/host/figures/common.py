@@ -53,15 +53,6 @@ def host_ceiling_point(
     return throughput_point(figure, section, model, workers, launcher, independent=True, **extra)
 
 
-def throughput_points(figure: str, section: dict[str, Any], models: list[str], launcher: dict[str, Any]) -> list[Point]:
-    """One throughput point per (model, number of workers) of a figure's section."""
-    return [
-        throughput_point(figure, section, model, workers, launcher)
-        for model in models
-        for workers in section["workers"]
-    ]
-
-
 def consistent_point(figure: str, section: dict[str, Any], launcher: dict[str, Any], **params: Any) -> Point:
     """A consistent-training run (workload `consistent`) of the section's model, one worker per placement entry.
 
