@@ -77,7 +77,10 @@ def figure_ids(target: dict[str, Any]) -> set[str]:
 
 def check_benchmark(name: str, figures: list[dict[str, Any]], targets: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per target, in checks.tsv's columns: evaluated over the figures' summary table, or skipped when
-    the run did not measure a figure it names (a benchmark's options may leave one out)."""
+    the run did not measure a figure it names (a benchmark's options may leave one out). A target whose figures
+    were measured in paired rounds (`round_values`) is judged as the workflow judges a timing claim over its
+    replicates: the rounds' mean and its one-sided 95 % bootstrap bounds (checks.Interval); any other on the
+    figure's one value, with the 95 % half-width it declares as `noise`."""
     summary = pd.DataFrame(figures)
     measured = set(summary["id"]) if "id" in summary else set()
     rows = []
@@ -85,15 +88,35 @@ def check_benchmark(name: str, figures: list[dict[str, Any]], targets: list[dict
         missing = sorted(figure_ids(target) - measured)
         if missing:
             row = evaluate(target, summary, SCALE, name, excluded=True) | {"reason": f"{missing} not measured"}
+        elif (rounds := round_table(figures, figure_ids(target))) is not None:
+            row = evaluate(target, rounds, SCALE, name)
         else:
             row = evaluate(target, summary, SCALE, name, benchmark=True)
         rows.append({"figure": name, **row})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def round_table(figures: list[dict[str, Any]], chosen: set[str]) -> pd.DataFrame | None:
+    """The figures as one row per figure and round (`replicate`), when every figure in `chosen` was measured in
+    the same number of paired rounds; None otherwise. A figure without rounds repeats its one value."""
+    counts = {len(figure["round_values"]) for figure in figures if figure["id"] in chosen and "round_values" in figure}
+    if len(counts) != 1 or not all("round_values" in figure for figure in figures if figure["id"] in chosen):
+        return None
+    (count,) = counts
+    rows = [
+        {**figure, "value": figure.get("round_values", [figure["value"]] * count)[index], "replicate": index}
+        for index in range(count)
+        for figure in figures
+    ]
+    return pd.DataFrame(rows).drop(columns="round_values")
+
+
 def verdict_line(check: dict[str, Any], noise: float | None = None) -> str:
-    """One target's verdict, e.g. `fidelity 1.025 ± 0.064 (target >= 0.98): inconclusive: noise ...`."""
+    """One target's verdict, e.g. `fidelity 1.025 ± 0.064 (target >= 0.98): inconclusive: noise ...`, or with the
+    rounds' 95 % bounds, `fidelity 0.991 [0.982, 0.999] (n=20) ...`."""
     measured = "not measured" if check["measured"] is None else meaningful(check["measured"], noise)
+    if check["measured"] is not None and check.get("n", 0) and check["n"] > 1 and pd.notna(check.get("low")):
+        measured = f"{meaningful(check['measured'])} [{check['low']:.4g}, {check['high']:.4g}] (n={check['n']})"
     reference = f" (target {check['reference']})" if check["reference"] else ""
     reason = f": {check['reason']}" if check["reason"] else ""
     return f"{check['check']} {measured}{reference}: {check['status']}{reason}"
@@ -127,7 +150,10 @@ class BenchmarkRecord:
         self.figures: list[dict[str, Any]] = []
 
     def add(self, figure_id: str, what: str, value: float, unit: str, load: HostLoad, **extra: Any) -> None:
-        """One measured figure (`extra`: scalars the targets may select, e.g. `noise`); printed at once."""
+        """One measured figure (`extra`: scalars the targets may select, e.g. `noise`, or `round_values`: the value
+        of each paired round, a fixed number chosen before the run); printed at once."""
+        if "round_values" in extra:
+            extra["round_values"] = [float(value) for value in extra["round_values"]]
         figure = {"id": figure_id, "what": what, "value": float(value), "unit": unit, **host_load(load), **extra}
         self.figures.append(figure)
         measured = f"{meaningful(figure['value'], extra.get('noise'))} {unit}".rstrip()

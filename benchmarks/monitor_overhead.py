@@ -2,8 +2,10 @@
 
 All settings live in the same two processes (one DDP model each, same weights) and take turns in blocks of
 `--steps` steps for `--rounds` rounds, so machine noise hits them alike. Each round's block rate of a setting is
-divided by plain DDP's in the same round; the overhead is 1 − the median of those ratios (pairing within a round
-cancels the drift between rounds). Targets (targets.yaml): noise-scale@1 ≤ 2 %, variance@1 ≤ 10 %, variance@8 ≤ 2 %.
+divided by plain DDP's in the same round (pairing within a round cancels the drift between rounds); a target is
+judged on the mean of the rounds' overheads and its one-sided 95 % bootstrap bounds, as the workflow judges a timing
+claim, over the `--rounds` fixed before the run. The CPU-time overheads (rank 0's process) are the median's.
+Targets (targets.yaml): noise-scale@1 ≤ 2 %, variance@1 ≤ 10 %, variance@8 ≤ 2 %.
 
 A setting may name the noise scale's micro-batches per worker: `noise-scale@1/k4` (default k = 1).
 
@@ -95,7 +97,9 @@ def report(
             f"{setting}-img-per-s", f"{setting}: img/s per worker", statistics.median(wall[setting]), "img/s", load
         )
         if setting != "none":
-            record.add(f"{setting}-overhead", f"{setting}: overhead vs no monitor", overhead(wall, setting), "%", load)
+            rounds = round_overheads(wall, setting)
+            what = f"{setting}: overhead vs no monitor, mean of the rounds"
+            record.add(f"{setting}-overhead", what, statistics.fmean(rounds), "%", load, round_values=rounds)
             record.add(
                 f"{setting}-cpu-overhead",
                 f"{setting}: CPU time per image vs no monitor",
@@ -107,8 +111,13 @@ def report(
 
 def overhead(rates: dict[str, list[float]], setting: str) -> float:
     """1 − the median over rounds of the setting's rate ÷ plain DDP's in the same round, in %."""
-    ratios = [mine / plain for mine, plain in zip(rates[setting], rates["none"], strict=True)]
-    return 100 * (1 - statistics.median(ratios))
+    return 100 * (1 - statistics.median(1 - value / 100 for value in round_overheads(rates, setting)))
+
+
+def round_overheads(rates: dict[str, list[float]], setting: str) -> list[float]:
+    """Each round's 1 − the setting's rate ÷ plain DDP's in that round, in %: the paired rounds a target is judged
+    over (their mean and its 95 % bounds, as the workflow judges a timing claim)."""
+    return [100 * (1 - mine / plain) for mine, plain in zip(rates[setting], rates["none"], strict=True)]
 
 
 def add_arguments(parser: argparse.ArgumentParser, settings: list[str] = SETTINGS) -> None:

@@ -178,3 +178,24 @@ def test_a_readme_without_the_markers_is_an_error_naming_it() -> None:
 )
 def test_values_are_shown_to_meaningful_digits(value: float, noise: float | None, shown: str) -> None:
     assert meaningful(value, noise) == shown
+
+
+@pytest.mark.parametrize(
+    ("ratios", "status"),
+    [
+        ([0.99, 1.0, 1.01, 0.995, 1.005, 0.998, 1.002, 0.996], "pass"),
+        ([0.93, 0.94, 0.95, 0.935, 0.945, 0.94, 0.95, 0.93], "fail"),
+        ([0.90, 1.05, 0.95, 1.02, 0.93, 1.04, 0.97, 0.99], "inconclusive"),
+    ],
+)
+def test_a_target_measured_in_paired_rounds_is_judged_on_their_mean_and_its_bounds(
+    ratios: list[float], status: str
+) -> None:
+    """The workflow's statistics (one-sided 95 % bootstrap bounds of the mean) over the rounds fixed before the run,
+    whatever the figure's declared noise says."""
+    figure = {"id": "fidelity", "value": sum(ratios) / len(ratios), "noise": 0.0, "round_values": ratios}
+    figure |= {"foreign_share": 0.01, "steal_share": 0.0, "disturbed": False}
+    targets = load_targets()["harness_fidelity"]
+    (check,) = check_benchmark("harness_fidelity", [figure], targets).to_dict("records")
+    assert check["status"] == status, check
+    assert check["n"] == len(ratios) and check["low"] <= check["measured"] <= check["high"]
