@@ -6,8 +6,10 @@ from __future__ import annotations
 import copy
 import re
 
+import pytest
 from conftest import REPO
 
+from ddlrepro.host.cli import COMMAND_GROUPS, grouped_commands, parser
 from ddlrepro.host.config import config_schema
 from ddlrepro.host.config_reference import reference_page
 
@@ -41,3 +43,13 @@ def test_every_relative_link_of_the_docs_leads_to_a_file() -> None:
 
 def test_the_readme_is_a_front_page() -> None:
     assert len((REPO / "README.md").read_text().splitlines()) <= 200
+
+
+def test_the_top_level_help_lists_every_command_once_in_its_group() -> None:
+    """Building the parser fails when a command is in no group, or a group names no command (grouped_commands)."""
+    text = parser().format_help()
+    listed = re.findall(r"^  ([a-z][a-z-]+)  +\S", text, flags=re.MULTILINE)
+    assert listed == [name for names in COMMAND_GROUPS.values() for name in names], text
+    assert all(f"\n{title}:\n" in text for title in COMMAND_GROUPS), text
+    with pytest.raises(RuntimeError, match="COMMAND_GROUPS and the commands differ"):
+        grouped_commands({"run-point": "run one point"})

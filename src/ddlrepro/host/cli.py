@@ -8,6 +8,7 @@ import signal
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 from ddlrepro.host.config import load_config, schema_default
 from ddlrepro.host.errors import UserError
@@ -229,15 +230,23 @@ def installed_version() -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="ddlrepro", description=__doc__)
+    top = argparse.ArgumentParser(
+        prog="ddlrepro", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     top.add_argument("--version", action="version", version=f"ddlrepro {installed_version()}")
-    commands = top.add_subparsers(dest="command", required=True)
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND", help="one of those below")
+    listing: dict[str, str] = {}
+
+    def command(name: str, help: str, **options: Any) -> argparse.ArgumentParser:
+        """A subcommand, listed in its group of the top-level help (COMMAND_GROUPS) rather than argparse's list."""
+        listing[name] = help
+        return commands.add_parser(name, description=help[0].upper() + help[1:] + ".", **options)
 
     config_help = (
         "JSON: the config's `launcher` and `images` sections (what is left out takes the schema's default; "
         "launcher.name picks the launcher)"
     )
-    run = commands.add_parser("run-point", help="run one point into its run folder")
+    run = command("run-point", help="run one point into its run folder")
     run.add_argument("--point", required=True, help="the point as JSON")
     run.add_argument("--run-dir", required=True)
     run.add_argument("--config-json", default="{}", help=config_help)
@@ -247,20 +256,20 @@ def parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(handler=cmd_run_point)
 
-    render = commands.add_parser("render", help="print the job a launcher would start, without starting it")
+    render = command("render", help="print the job a launcher would start, without starting it")
     render.add_argument("--point", required=True, help="the point as JSON")
     render.add_argument("--run-dir", default="results/runs/render")
     render.add_argument("--config-json", default="{}", help=config_help)
     render.set_defaults(handler=cmd_render)
 
-    install = commands.add_parser(
+    install = command(
         "install-profile",
         help="install a Snakemake profile folder as the user's profile of its name, unless the user or site has one",
     )
     install.add_argument("profile", help="the profile folder, e.g. profiles/slurm")
     install.set_defaults(handler=cmd_install_profile)
 
-    build = commands.add_parser("build-image", help="build the training image (containers/) and write its digest")
+    build = command("build-image", help="build the training image (containers/) and write its digest")
     build.add_argument("--engine", required=True, choices=["podman", "docker", "apptainer"])
     build.add_argument("--variant", required=True, choices=["cpu", "cuda"])
     build.add_argument("--settings", required=True, help="JSON: the config's `images` section")
@@ -268,7 +277,7 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--repository", required=True, help="the checkout whose containers/, envs/, src/ are built")
     build.set_defaults(handler=cmd_build_image)
 
-    tabulate = commands.add_parser("tabulate", help="tidy table from run folders")
+    tabulate = command("tabulate", help="tidy table from run folders")
     tabulate.add_argument("results", nargs="*", help="result.json files of the runs (none: an empty table)")
     tabulate.add_argument("--out", required=True)
     tabulate.add_argument(
@@ -285,9 +294,7 @@ def parser() -> argparse.ArgumentParser:
     )
     tabulate.set_defaults(handler=cmd_tabulate)
 
-    simulated = commands.add_parser(
-        "simulate-table", help="a simulated figure's simulation table from its runs' tidy table"
-    )
+    simulated = command("simulate-table", help="a simulated figure's simulation table from its runs' tidy table")
     simulated.add_argument("figure")
     simulated.add_argument("--table", required=True, help="the runs' tidy table")
     simulated.add_argument("--settings", required=True, help="JSON: the simulation's keys of the figure's section")
@@ -295,7 +302,7 @@ def parser() -> argparse.ArgumentParser:
     simulated.add_argument("--out", required=True)
     simulated.set_defaults(handler=cmd_simulate_table)
 
-    plot = commands.add_parser("plot", help="render a figure and its summary table from its tidy table")
+    plot = command("plot", help="render a figure and its summary table from its tidy table")
     plot.add_argument("figure")
     plot.add_argument("--table", required=True)
     plot.add_argument("--png", required=True)
@@ -308,7 +315,7 @@ def parser() -> argparse.ArgumentParser:
     )
     plot.set_defaults(handler=cmd_plot)
 
-    check = commands.add_parser("check", help="check a figure's summary table against the papers")
+    check = command("check", help="check a figure's summary table against the papers")
     check.add_argument("figure")
     check.add_argument("--summary", required=True)
     check.add_argument("--references", required=True)
@@ -318,14 +325,14 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--exclude", nargs="*", default=[], help="'<figure>/<id>' references not evaluated (config)")
     check.set_defaults(handler=cmd_check)
 
-    collect = commands.add_parser("collect-checks", help="concatenate per-figure check tables")
+    collect = command("collect-checks", help="concatenate per-figure check tables")
     collect.add_argument("checks", nargs="*")
     collect.add_argument("--out", required=True)
     collect.add_argument("--waiting", default="{}", help="JSON {figure: what it waits for}: its checks are skipped")
     collect.add_argument("--references", default="config/references.yaml")
     collect.set_defaults(handler=cmd_collect_checks)
 
-    report = commands.add_parser("report", help="self-contained HTML report of the built figures")
+    report = command("report", help="self-contained HTML report of the built figures")
     report.add_argument("--out", required=True)
     report.add_argument("--results", default="results", help="the results folder the figures were built in")
     report.add_argument("--scale", default="smoke")
@@ -336,7 +343,7 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("figures", nargs="+", help="ids of the built figures")
     report.set_defaults(handler=cmd_report)
 
-    bundle = commands.add_parser("bundle", help="pack results, code and config into a verifiable tarball")
+    bundle = command("bundle", help="pack results, code and config into a verifiable tarball")
     bundle.add_argument("--out", required=True)
     bundle.add_argument("--results", default="results")
     bundle.add_argument("--figures", nargs="+", required=True)
@@ -346,7 +353,7 @@ def parser() -> argparse.ArgumentParser:
     bundle.add_argument("--repository", default=".", help="the checkout whose code (git archive HEAD) is bundled")
     bundle.set_defaults(handler=cmd_bundle)
 
-    verify = commands.add_parser("verify", help="check a bundle's hashes and re-derive its tables, figures, checks")
+    verify = command("verify", help="check a bundle's hashes and re-derive its tables, figures, checks")
     verify.add_argument("bundle")
     verify.add_argument("--hashes-only", action="store_true", help="skip re-deriving from the runs")
     verify.add_argument("--expect", metavar="DIGEST", help="the published sha256 of the bundle's MANIFEST.json")
@@ -355,38 +362,63 @@ def parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(handler=cmd_verify)
 
-    compare = commands.add_parser("compare", help="one figure across environments (results folders or bundles)")
+    compare = command("compare", help="one figure across environments (results folders or bundles)")
     compare.add_argument("figure")
     compare.add_argument("--env", action="append", required=True, help="NAME=RESULTS_FOLDER_OR_BUNDLE, twice or more")
     compare.add_argument("--out-dir", default="results/compare")
     compare.set_defaults(handler=cmd_compare)
 
-    validate = commands.add_parser("validate", help="check config files (merged in order) against the schema")
+    validate = command("validate", help="check config files (merged in order) against the schema")
     validate.add_argument("configs", nargs="+")
     validate.set_defaults(handler=cmd_validate)
 
-    reference = commands.add_parser("config-reference", help="every config key from the schema, as markdown")
+    reference = command("config-reference", help="every config key from the schema, as markdown")
     reference.add_argument("--out", help="write it here (config/README.md) instead of printing it")
     reference.set_defaults(handler=cmd_config_reference)
 
-    fetch = commands.add_parser("fetch-data", help="download a data set, verify its checksum, move it into place")
+    fetch = command("fetch-data", help="download a data set, verify its checksum, move it into place")
     fetch.add_argument("dataset", choices=["cifar10"])
     fetch.add_argument("--folder", required=True, help="where its files go (the figure's data_dir)")
     fetch.add_argument("--url", help="its address (default: the canonical one)")
     fetch.set_defaults(handler=cmd_fetch_data)
 
-    paper = commands.add_parser("paper-settings", help="every paper-scale parameter with its source, as markdown")
+    paper = command("paper-settings", help="every paper-scale parameter with its source, as markdown")
     paper.add_argument("--smoke", default="config/config.yaml", help="the smoke config (read first, as Snakemake)")
     paper.add_argument("--paper", default="config/paper.yaml", help="the paper config and its sourced block")
     paper.add_argument("--out", help="write here (docs/paper-scale.md) instead of standard output")
     paper.set_defaults(handler=cmd_paper_settings)
 
-    simulate = commands.add_parser("simulate", help="replay a job trace on a simulated cluster under policies")
+    simulate = command("simulate", help="replay a job trace on a simulated cluster under policies")
     from ddlrepro.host.simulator.cli import add_arguments
 
     add_arguments(simulate)
     simulate.set_defaults(handler=cmd_simulate)
+    top.epilog = grouped_commands(listing)
     return top
+
+
+# The top-level help lists the commands in these groups, in this order (every command in exactly one).
+COMMAND_GROUPS = {
+    "check, share and inspect": [
+        "validate", "render", "report", "bundle", "verify", "compare", "config-reference", "paper-settings",
+    ],
+    "data and simulation": ["fetch-data", "simulate"],
+    "workflow steps (the Snakemake rules run these; by hand too)": [
+        "run-point", "tabulate", "simulate-table", "plot", "check", "collect-checks", "build-image", "install-profile",
+    ],
+}  # fmt: skip
+
+
+def grouped_commands(listing: dict[str, str]) -> str:
+    """The commands' one-line helps under their groups' titles."""
+    grouped = [name for names in COMMAND_GROUPS.values() for name in names]
+    if sorted(grouped) != sorted(listing):
+        raise RuntimeError(f"COMMAND_GROUPS and the commands differ: {sorted(set(grouped) ^ set(listing))}")
+    width = max(len(name) for name in listing) + 2
+    lines = []
+    for title, names in COMMAND_GROUPS.items():
+        lines += ["", f"{title}:", *(f"  {name:<{width}}{listing[name]}" for name in names)]
+    return "\n".join(lines[1:])
 
 
 def main(argv: list[str] | None = None) -> None:
