@@ -1,10 +1,12 @@
 """Resize latency of the in-place elastic runtime vs torchrun's restart, on this machine, smoke model
 (config/config.yaml's kungfu-fig7 section), every mode on the same schedule in one run (targets: targets.yaml):
 
-- grow 1→2 from a warm standby (target ≤ 1 s); grow with a cold spawn (target ≤ 5 s); shrink 2→1 (target ≤ 30 ms);
+- grow 1→2 from a warm standby (target ≤ 1 s); grow with a cold joiner, no standby (targets ≤ 5 s and ≤ 0.5 s: it
+  is forked from the job's fork server); shrink 2→1 (target ≤ 30 ms);
 - in place ÷ torchrun on the same events (target: torchrun ≥ 10× slower), against the faster of torchrun with
   torch's default keep-alive (a departed agent noticed after 5 s × 3) and with the tuned one (1 s × 3);
-- a worker killed with SIGKILL: how long the survivor takes to notice, and to train again at the new size.
+- a worker killed with SIGKILL: how long the survivor takes to notice, and to train again at the new size;
+- the fork server's cost while idle: its start, resident and unique memory (one process per job).
 
 Latency: from rank 0 seeing the new config to the first step completed at the new size (and, as KungFu defined
 it, to the new cluster having synchronised).
@@ -22,12 +24,15 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 from _common import REPO, BenchmarkRecord
 
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import kungfu_fig7
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import local_launcher
+from ddlrepro.host.launchers.forkserver import ForkServer
+from ddlrepro.host.launchers.inplace import FORK_SERVER_PRELOAD
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows, tidy_table
 from ddlrepro.rank.elastic.faults import worker_pid
@@ -95,6 +100,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch, BenchmarkRecord(__file__, args) as record:
         measure_schedule(section, config["launcher"], Path(scratch), record)
         measure_fault(section, config["launcher"], Path(scratch), record)
+        measure_fork_server(record)
+
+
+def measure_fork_server(record: BenchmarkRecord) -> None:
+    """What the fork server costs while it waits: one process, its start (the imports a cold joiner would pay),
+    and its memory (resident; unique: what no forked child shares)."""
+    with ForeignLoadMeter() as meter:
+        started = time.perf_counter()
+        forks = ForkServer({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}, FORK_SERVER_PRELOAD).start()
+        try:
+            if not forks.usable():
+                raise RuntimeError(f"the fork server did not start: {list(forks.stderr_tail)}")
+            ready = time.perf_counter() - started
+            memory = psutil.Process(forks.process.pid).memory_full_info()
+        finally:
+            forks.stop()
+    record.add("fork-server-ready", "fork server: started until its imports are done", ready, "s", meter.load)
+    record.add("fork-server-rss", "fork server idle: resident memory", memory.rss / 2**20, "MiB", meter.load)
+    record.add("fork-server-uss", "fork server idle: unique memory", memory.uss / 2**20, "MiB", meter.load)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """KungFu Fig 7: dynamic scaling — resize latency of in-place elastic training vs torchrun's restart
 ("KungFu: Making Training in Distributed Machine Learning Adaptive", OSDI 2020, Fig 7; artifact lsds/KungFu).
 
-Points: the same resize schedule (`step:size,...`) run each way of `modes`: in place with joiners spawned cold, in
-place with a warm standby pool, and torchrun elastic (checkpoint, stop every worker, restart) with torch's default
-keep-alive and with a tuned one. The speed-ups (`speedup_vs_torchrun`) are against the faster torchrun mode for
-each kind of event (`torchrun_baseline`). Plot: cluster size and
-throughput over steps; resize latency per event (grow, shrink) with KungFu's 20.39 s / 40 ms drawn in; where the
+Points: the same resize schedule (`step:size,...`) run each way of `modes`: in place with cold joiners (no standby:
+forked from the job's fork server), in place with a warm standby pool, and torchrun elastic (checkpoint, stop every
+worker, restart) with torch's default keep-alive and with a tuned one. The speed-ups (`speedup_vs_torchrun`) are
+against the faster torchrun mode for each kind of event (`torchrun_baseline`). Plot: cluster size and throughput
+over steps; resize latency per event (grow, shrink) with KungFu's 20.39 s / 40 ms drawn in; where the
 time goes, phase by phase. Summary: per mode and kind of event, the median latency and phases.
 """
 

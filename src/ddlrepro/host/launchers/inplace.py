@@ -4,8 +4,10 @@ node of its Slurm allocation).
 
 Workers are started cold when the cluster grows, or handed out from a pool of warm standbys (point parameter
 `standby`: processes started up front that imported torch and built the model; in that mode leavers return to
-the pool). A worker that dies is removed from the cluster at once; the survivors re-form without it. The run
-fails only if the job times out or no member is left alive before the schedule's stop.
+the pool). A cold joiner is forked from the job's fork server, which imported torch and the worker's modules when
+the job started (forkserver.py), where the job may grow beyond its standbys; it is started as a new process where
+the server cannot fork it. A worker that dies is removed from the cluster at once; the survivors re-form without
+it. The run fails only if the job times out or no member is left alive before the schedule's stop.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer, RequestError
 from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
+from ddlrepro.host.launchers.forkserver import ForkServer
 from ddlrepro.host.launchers.processes import (
     ON_THIS_HOST,
     POLL_INTERVAL_S,
@@ -43,6 +46,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 WORKER_MODULE = "ddlrepro.rank.elastic.inplace_worker"
+FORK_SERVER_PRELOAD = ["torch", "torch.distributed", WORKER_MODULE]  # what a cold worker spends its start on
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class InplaceRequest:
     standby: int
     max_size: int
     situation: Situation | None = None
+    fork_server: bool = False  # cold joiners forked from a server that imported torch at the start (forkserver.py)
 
 
 def request(point: Point, run_dir: Path) -> InplaceRequest:
@@ -84,7 +89,15 @@ def request(point: Point, run_dir: Path) -> InplaceRequest:
         standby=point.params["standby"],
         max_size=largest_cluster(point.params),
         situation=situation,
+        fork_server=needs_cold_joiners(point.params, situation),
     )
+
+
+def needs_cold_joiners(params: dict, situation: Situation | None) -> bool:
+    """Whether the schedule grows the job beyond its warm standbys (then a fork server spares each cold joiner its
+    imports). A situation's late or joining worker stands for a process coming from elsewhere: started, never
+    forked."""
+    return situation is None and largest_cluster(params) > params["initial_workers"] + params["standby"]
 
 
 def starting_workers(initial: int, situation: Situation | None) -> int:
@@ -96,26 +109,35 @@ class WorkerPool:
     """The job's worker processes by worker id; hands out ids for new members (idle warm standbys first). The
     config server's thread adds workers while the supervisor reads them: both go through the lock."""
 
-    def __init__(self, job: InplaceRequest, output: OutputCollector, token: str) -> None:
+    def __init__(
+        self, job: InplaceRequest, output: OutputCollector, token: str, forks: ForkServer | None = None
+    ) -> None:
         self.template = job.worker
         self.output = output
         self.token = token
         self.warm = job.standby > 0
+        self.forks = forks
         self.processes: dict[int, Started] = {}
         self.lock = threading.Lock()
         self.removed: set[int] = set()
 
-    def spawn(self) -> int:
+    def spawn(self, forked: bool = False) -> int:
+        """A new worker: a new process, or with `forked` one the fork server forks where it can."""
         with self.lock:
             worker = len(self.processes)
             env = {**self.template.env, WORKER_ENV: str(worker), TOKEN_ENV: self.token}
             spec = WorkerSpec(worker, self.template.command, env)
-            self.processes[worker] = start(spec, partial(self.output.add_line, worker))
+            on_line = partial(self.output.add_line, worker)
+            started = self.forks.fork(spec, on_line) if forked and self.forks else None
+            self.processes[worker] = started or start(spec, on_line)
         return worker
 
     def new_workers(self, count: int, members: list[int]) -> list[int]:
+        """Idle warm standbys first; the rest cold: forked by the fork server (its imports waited for outside the
+        lock, once), or started."""
         idle = self.idle(members)[:count] if self.warm else []
-        return idle + [self.spawn() for _ in range(count - len(idle))]
+        forked = count > len(idle) and self.forks is not None and self.forks.usable()
+        return idle + [self.spawn(forked) for _ in range(count - len(idle))]
 
     def idle(self, members: list[int]) -> list[int]:
         return [worker for worker, one in self.started() if worker not in members and one.process.poll() is None]
@@ -139,7 +161,8 @@ def execute(job: InplaceRequest, timeout_s: float, output: OutputCollector) -> N
     """Run the elastic job until the schedule stops it; raise RunFailed on a timeout or if every member died."""
     token = secrets.token_urlsafe(24)
     store = host_store(job.store, timeout_s)
-    pool = WorkerPool(job, output, token)
+    forks = ForkServer(job.worker.env, FORK_SERVER_PRELOAD).start() if job.fork_server else None
+    pool = WorkerPool(job, output, token, forks)
     config = ClusterConfig(list(range(job.initial_workers)), pool.new_workers, max_size=job.max_size)
     server_host, _, server_port = job.config_server.rpartition(":")
     director = job.situation and Director(job.situation, lambda: grow(config), output, config.stop)
@@ -161,6 +184,8 @@ def execute(job: InplaceRequest, timeout_s: float, output: OutputCollector) -> N
         workers = [one for _, one in pool.started()]
         stop(workers)
         drain(workers)
+        if forks:
+            forks.stop()
         if director:
             director.finish()
 

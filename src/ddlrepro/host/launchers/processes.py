@@ -51,13 +51,7 @@ def start(spec: WorkerSpec, on_line: Callable[[str, str], None], pass_fds: tuple
         start_new_session=True,
         pass_fds=pass_fds,
     )
-    readers = [
-        threading.Thread(target=_pump, args=(stream, name, on_line), daemon=True)
-        for stream, name in ((process.stdout, "stdout"), (process.stderr, "stderr"))
-    ]
-    for reader in readers:
-        reader.start()
-    return Started(spec, process, readers)
+    return Started(spec, process, pumped([process.stdout, process.stderr], on_line))
 
 
 def run_to_completion(spec: WorkerSpec, on_line: Callable[[str, str], None], timeout_s: float) -> int | None:
@@ -71,6 +65,17 @@ def run_to_completion(spec: WorkerSpec, on_line: Callable[[str, str], None], tim
     finally:
         stop(started)
         drain(started)
+
+
+def pumped(streams: list, on_line: Callable[[str, str], None]) -> list[threading.Thread]:
+    """Started threads handing every line of a process's stdout and stderr (in that order) to `on_line`."""
+    readers = [
+        threading.Thread(target=_pump, args=(stream, name, on_line), daemon=True)
+        for stream, name in zip(streams, ("stdout", "stderr"), strict=True)
+    ]
+    for reader in readers:
+        reader.start()
+    return readers
 
 
 def _pump(stream, name: str, on_line: Callable[[str, str], None]) -> None:

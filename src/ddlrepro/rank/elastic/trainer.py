@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ddlrepro.rank import gan_models
 from ddlrepro.rank.checkpoints import save_checkpoint
 from ddlrepro.rank.elastic import GAN_MODEL
+from ddlrepro.rank.elastic.forkserver import FORKED_ENV
 from ddlrepro.rank.models import build_model
 from ddlrepro.rank.workloads.throughput import synthetic_batch
 from ddlrepro.records import emit
@@ -291,6 +292,7 @@ def announce(rank: int) -> None:
         backend="gloo",
         threads=torch.get_num_threads(),
         cpus=sorted(os.sched_getaffinity(0)),
+        started="forked" if os.environ.get(FORKED_ENV) else "process",  # by the fork server, or as a new process
     )
 
 
