@@ -20,6 +20,7 @@ from ddlrepro.host.figures import figure_points
 from ddlrepro.host.figures.device_types import quota_status, typed_params
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.launchers.processes import free_loopback_port
+from ddlrepro.host.owners import owned_name
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
 from ddlrepro.points import Point
@@ -155,7 +156,7 @@ def test_the_groups_go_even_when_a_run_fails_with_a_process_left_in_them() -> No
 
 def test_a_group_of_the_same_name_is_someone_elses_and_stays(tmp_path: Path) -> None:
     (tmp_path / "cgroup.controllers").write_text("cpu memory\n")  # a v2 hierarchy with the cpu controller
-    theirs = tmp_path / "ddlrepro-x"
+    theirs = tmp_path / owned_name("quota", "x")  # the name this process would give its own group
     theirs.mkdir()
     (theirs / "cgroup.procs").write_text("4242\n")
     with CpuQuotas("x", {0: 0.5}, root=tmp_path) as quotas:
