@@ -120,15 +120,16 @@ def test_set_rate_changes_the_rate_of_a_running_transfer(owner: str, tmp_path: P
     with Testbed.create(owner, 2, link_rate="400mbit") as testbed:
         h1 = f"{owner}-h1"
         # the flow outlasts both windows even when commands are slow under load; stopped once they are measured
-        running = traffic.start(testbed, [traffic.Flow(f"{owner}-h2", h1, 1, "2gbit", 0, 30.0)], tmp_path / "f.jsonl")
+        running = traffic.start(testbed, [traffic.Flow(f"{owner}-h2", h1, 1, "2gbit", 0, 60.0)], tmp_path / "f.jsonl")
         time.sleep(0.5)
         first = testbed.counters()[h1]["rx_bytes"]
         time.sleep(1.0)
         fast = testbed.counters()[h1]["rx_bytes"] - first
         testbed.set_rate(h1, "100mbit")  # h1's switch port: the direction this flow takes
         # the new qdisc drops what was queued: TCP may sit out backed-off retransmission timeouts (seen: > 3.5 s in
-        # CI), so the slow window starts once the transfer has moved again
-        second = resumed(lambda: testbed.counters()[h1]["rx_bytes"], within=12.0)
+        # CI, once > 12 s: six timeouts in a row back off 0.2 + 0.4 + ... + 6.4 = 12.6 s), so the slow window starts
+        # once the transfer has moved again
+        second = resumed(lambda: testbed.counters()[h1]["rx_bytes"], within=40.0)
         time.sleep(2.0)
         slow = testbed.counters()[h1]["rx_bytes"] - second
         running.stop()
