@@ -46,7 +46,9 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 WORKER_MODULE = "ddlrepro.rank.elastic.inplace_worker"
-FORK_SERVER_PRELOAD = ["torch", "torch.distributed", WORKER_MODULE]  # what a cold worker spends its start on
+# What a cold worker spends its start on: torch, and torch._dynamo, which the first optimizer and DDP import lazily
+# (over 1 s here)
+FORK_SERVER_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", WORKER_MODULE]
 
 
 @dataclass(frozen=True)
