@@ -1,11 +1,12 @@
 """The in-place runtime's fork server: `python -m ddlrepro.rank.elastic.forkserver SOCKET MODULE...`.
 
 A cold joiner would spend most of its start importing Python's and torch's modules (torch, and torch._dynamo, which
-its first optimizer imports: about 2 s of a 2.2 s cold grow here). The fork server imports them once, when the job starts, and then forks a joiner on request: the child starts
-with everything imported, takes its own output pipes, process group (made before its pid is answered) and
-environment, and runs its module as `python -m MODULE ARGS...` would (runpy). The server forks before any thread,
-process group or OpenMP pool exists in it: it only imports, listens and waits, in one thread. (The same way
-`multiprocessing`'s forkserver start method and Ray's worker pools avoid the cost.)
+its first optimizer imports: about 2 s of a 2.2 s cold grow here). The fork server imports them once, when the job
+starts, and then forks a joiner on request: the child starts with everything imported, takes its own output pipes,
+process group (made before its pid is answered) and environment, and runs its module as `python -m MODULE ARGS...`
+would (runpy). The server forks before any thread, process group or OpenMP pool exists in it: it only imports,
+listens and waits, in one thread. (The same way `multiprocessing`'s forkserver start method and Ray's worker pools
+avoid the cost.)
 
 The protocol, one connection per child on a unix socket only this user can reach: the client sends the child's
 stdout and stderr descriptors (SCM_RIGHTS) with a one-byte message, then one JSON line `{"module", "argv", "env"}`;
