@@ -9,7 +9,7 @@ import re
 import psutil
 
 KINDS = ("store", "s3fs", "quota")
-OWNED = re.compile(rf"^ddlrepro-({'|'.join(KINDS)})-(\d+)-")
+OWNED = re.compile(rf"^ddlrepro-({'|'.join(KINDS)})-(?P<pid>\d+)-")
 OWNER_LABEL = "ddlrepro.owner"  # a container's owner
 
 
@@ -20,10 +20,10 @@ def owned_name(kind: str, rest: str = "") -> str:
     return f"ddlrepro-{kind}-{os.getpid()}-{rest}"
 
 
-def dead_owner(name: str) -> bool:
-    """Whether `name` is an owned name whose owner process is gone."""
-    match = OWNED.match(name)
-    return bool(match) and not psutil.pid_exists(int(match.group(2)))
+def dead_owner(name: str, pattern: re.Pattern[str] = OWNED) -> bool:
+    """Whether `name` is an owned name (`pattern`, its owner's pid in the group `pid`) whose owner process is gone."""
+    match = pattern.match(name)
+    return bool(match) and not psutil.pid_exists(int(match.group("pid")))
 
 
 def container_labels() -> list[str]:

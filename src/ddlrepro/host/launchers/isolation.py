@@ -24,10 +24,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
+from ddlrepro.host.owners import dead_owner
 
 PREFIX = "ddl-own-"
-OWNED = re.compile(rf"^{PREFIX}(\d+)-[0-9a-f]+$")
+OWNED = re.compile(rf"^{PREFIX}(?P<pid>\d+)-[0-9a-f]+$")
 IP_TIMEOUT_S = 30
 
 
@@ -78,17 +78,13 @@ def sweep_dead_owners() -> list[str]:
     holder died with its owner); the names removed."""
     listed = _ip("netns", "list").stdout.split("\n") if os.geteuid() == 0 else []
     names = [line.split()[0] for line in listed if line.strip()]
-    dead = [name for name in names if dead_owner(name)]
+    dead = [name for name in names if dead_owner(name, OWNED)]
     for name in dead:
         _ip("netns", "del", name)
-    folders = [folder for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*") if dead_owner(folder.name)]
+    folders = [folder for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*") if dead_owner(folder.name, OWNED)]
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
     return [*dead, *(folder.name for folder in folders)]
-
-
-def dead_owner(name: str) -> bool:
-    return bool(match := OWNED.match(name)) and not psutil.pid_exists(int(match.group(1)))
 
 
 @contextlib.contextmanager
