@@ -92,9 +92,7 @@ def rendezvous_address(nodes: list[tuple[str, int]]) -> str:
     try:
         if len(nodes) == 1:
             return socket.gethostbyname(nodes[0][0])
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((socket.gethostbyname(nodes[1][0]), 9))  # UDP: no packet is sent
-            return probe.getsockname()[0]
+        return taskenv.address_towards(socket.gethostbyname(nodes[1][0]))
     except OSError as error:
         raise RuntimeError(f"Horovod's rendezvous: cannot find this node's address for {nodes}: {error}") from None
 

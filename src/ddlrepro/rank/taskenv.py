@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -83,6 +84,13 @@ def rendezvous_server(hosts: list[tuple[str, int]], port: int, bind_addr: str = 
             thread.join()
     finally:
         server.server_close()
+
+
+def address_towards(host: str) -> str:
+    """This machine's address on the network it reaches `host` over (a UDP socket's source: no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))
+        return probe.getsockname()[0]
 
 
 def tf_config(workers: list[str], rank: int) -> str:

@@ -53,7 +53,7 @@ import numpy as np
 import psutil
 import torch.distributed as dist
 
-from ddlrepro.rank import datasets
+from ddlrepro.rank import datasets, taskenv
 from ddlrepro.rank.interfaces import NodeInterfaceCounter
 from ddlrepro.rank.runtime import RankContext
 from ddlrepro.rank.workloads import ps_faults
@@ -157,9 +157,7 @@ def exchange_addresses(started: float) -> tuple[list[str], list[float]]:
 
 def own_address() -> str:
     """The address this host reaches the job's first rank from (MASTER_ADDR): its own on that network."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((os.environ["MASTER_ADDR"], 9))  # UDP: no packet is sent
-        return probe.getsockname()[0]
+    return taskenv.address_towards(os.environ["MASTER_ADDR"])
 
 
 def cluster_config(role_of: list[str], addresses: list[str], rank: int) -> dict[str, Any]:
