@@ -61,6 +61,19 @@ def test_exit_codes_and_signals_come_back_as_popen_reports_them(server: ForkServ
     assert served.process.wait(timeout=30) == -signal.SIGTERM
 
 
+def test_a_child_outliving_its_server_is_still_seen_to_end(server: ForkServer) -> None:
+    """The server killed first (no exit code will come): the child's end is still noticed, as killed."""
+    served = server.fork(
+        WorkerSpec(0, [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0"], {}), lambda *_: None
+    )
+    assert served is not None and server.process is not None
+    server.process.kill()
+    server.process.wait(timeout=30)
+    assert served.process.poll() is None, "the child runs on without its server"
+    os.killpg(served.process.pid, signal.SIGKILL)
+    assert served.process.wait(timeout=30) == -signal.SIGKILL
+
+
 def test_a_server_that_cannot_start_makes_fork_say_no(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     forks = ForkServer({}, ["no_such_module_anywhere"]).start()

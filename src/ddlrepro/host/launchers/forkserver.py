@@ -48,7 +48,7 @@ class ForkedProcess:
         with connection, connection.makefile("r") as lines:
             reported = lines.readline().strip()
         if not reported:  # the server is gone before the child: wait until the child is too
-            while psutil.pid_exists(self.pid) and psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE:
+            while running(self.pid):
                 time.sleep(POLL_INTERVAL_S)
         self.returncode = int(reported) if reported else -signal.SIGKILL
         self._done.set()
@@ -68,6 +68,14 @@ class ForkedProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` still runs (gone or a zombie: no; it may end between any two looks)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 class ForkServer:
@@ -132,10 +140,6 @@ class ForkServer:
                 os.close(write)
         readers = pumped([os.fdopen(read, "r") for read, _ in pipes], on_line)
         return Started(spec, ForkedProcess(pid, connection), readers)  # type: ignore[arg-type]
-
-    def resident_bytes(self) -> int:
-        """The idle server's resident memory (most of it shared with the children it forked)."""
-        return psutil.Process(self.process.pid).memory_info().rss if self.process else 0
 
     def stop(self) -> None:
         if self.server is not None:
