@@ -16,6 +16,7 @@ import math
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -202,6 +203,15 @@ def allreduce_times(run_dir: Path) -> dict[int, list[float]]:
         if record["metric"] == "allreduce_time_s":
             times.setdefault(record["size_bytes"], []).append(record["value"])
     return dict(sorted(times.items()))
+
+
+def paired_round(index: int, baseline: Callable[[], float], other: Callable[[], float]) -> tuple[float, float]:
+    """Round `index` of a paired design: both measured, which goes first swapping round by round; (baseline, other)."""
+    if index % 2 == 0:
+        first = baseline()
+        return first, other()
+    second = other()
+    return baseline(), second
 
 
 def utc_now() -> str:

@@ -36,10 +36,11 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from _common import BenchmarkRecord
+from _common import BenchmarkRecord, paired_round
 from harness_fidelity import measure_bare as measure_torch_bare
 from harness_fidelity import measure_harness
 from horovod_shim.torchvision.models import IMAGE_SIZE_ENV
@@ -195,11 +196,10 @@ def compare(framework: str, args: argparse.Namespace, workdir: Path, record: Ben
     with ForeignLoadMeter() as meter:
         for round_index in range(args.rounds):
             run_dir = workdir / f"{framework}{round_index}"
-            for which in ("baseline", "workload") if round_index % 2 == 0 else ("workload", "baseline"):
-                if which == "baseline":
-                    bare.append(measure_bare(framework, args))
-                else:
-                    workload.append(measure_harness(args, run_dir, workers=workers, framework=framework))
+            harness = partial(measure_harness, args, run_dir, workers=workers, framework=framework)
+            rates = paired_round(round_index, partial(measure_bare, framework, args), harness)
+            bare.append(rates[0])
+            workload.append(rates[1])
             print(f"{framework} round {round_index}: baseline {bare[-1]:.1f} img/s, workload {workload[-1]:.1f} img/s")
     print(json.dumps({"framework": framework, "workers": workers, "baseline": bare, "workload": workload}))
     for name, rates in (("baseline", bare), ("workload", workload)):

@@ -26,10 +26,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from _common import BenchmarkRecord
+from _common import BenchmarkRecord, paired_round
 
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers import local_launcher
@@ -121,11 +122,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as workdir, ForeignLoadMeter() as meter:
             for index in range(args.rounds):
                 folder = Path(workdir) / f"round{index}"
-                for which in ("bare", "workload") if index % 2 == 0 else ("workload", "bare"):  # alternates
-                    if which == "bare":
-                        bare.append(measure_bare(args))
-                    else:
-                        harness.append(measure_harness(args, folder))
+                rates = paired_round(index, partial(measure_bare, args), partial(measure_harness, args, folder))
+                bare.append(rates[0])
+                harness.append(rates[1])
                 ratios.append(harness[-1] / bare[-1])
                 print(f"round {index}: bare {bare[-1]:.1f} img/s, workload {harness[-1]:.1f} img/s")
         print(f"model {args.model}, batch {args.batch_size}, 1 worker x 1 thread, {len(ratios)} alternating rounds")

@@ -111,13 +111,18 @@ def report(
 
 def overhead(rates: dict[str, list[float]], setting: str) -> float:
     """1 − the median over rounds of the setting's rate ÷ plain DDP's in the same round, in %."""
-    return 100 * (1 - statistics.median(1 - value / 100 for value in round_overheads(rates, setting)))
+    return 100 * (1 - statistics.median(round_ratios(rates, setting)))
 
 
 def round_overheads(rates: dict[str, list[float]], setting: str) -> list[float]:
     """Each round's 1 − the setting's rate ÷ plain DDP's in that round, in %: the paired rounds a target is judged
     over (their mean and its 95 % bounds, as the workflow judges a timing claim)."""
-    return [100 * (1 - mine / plain) for mine, plain in zip(rates[setting], rates["none"], strict=True)]
+    return [100 * (1 - ratio) for ratio in round_ratios(rates, setting)]
+
+
+def round_ratios(rates: dict[str, list[float]], setting: str) -> list[float]:
+    """Each round's rate of the setting ÷ plain DDP's in the same round."""
+    return [mine / plain for mine, plain in zip(rates[setting], rates["none"], strict=True)]
 
 
 def add_arguments(parser: argparse.ArgumentParser, settings: list[str] = SETTINGS) -> None:

@@ -21,7 +21,14 @@ REPO = Path(__file__).resolve().parents[1]
 RECORDED = REPO / "tests" / "data" / "benchmarks"
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from _common import BenchmarkRecord, check_benchmark, load_targets, meaningful, portable  # noqa: E402
+from _common import (  # noqa: E402
+    BenchmarkRecord,
+    check_benchmark,
+    load_targets,
+    meaningful,
+    paired_round,
+    portable,
+)
 from readme_table import BEGIN, END, table, with_table  # noqa: E402
 from report import read_results, targets_table  # noqa: E402
 
@@ -199,3 +206,13 @@ def test_a_target_measured_in_paired_rounds_is_judged_on_their_mean_and_its_boun
     (check,) = check_benchmark("harness_fidelity", [figure], targets).to_dict("records")
     assert check["status"] == status, check
     assert check["n"] == len(ratios) and check["low"] <= check["measured"] <= check["high"]
+
+
+def test_a_paired_round_swaps_which_goes_first_and_returns_the_baseline_first() -> None:
+    order: list[str] = []
+
+    def measure(name: str, value: float):
+        return lambda: order.append(name) or value
+
+    assert [paired_round(index, measure("base", 1.0), measure("other", 2.0)) for index in range(3)] == [(1.0, 2.0)] * 3
+    assert order == ["base", "other", "other", "base", "base", "other"]
