@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= all
 
-.PHONY: env horovod reproduce test test-fast lint format clean benchmarks
+.PHONY: env lock horovod reproduce test test-fast lint format clean benchmarks
 
 # Also, every time (cheap, never overwriting): the generic Slurm profile becomes your Snakemake profile `slurm`
 # unless you or your site have one, so that `snakemake --profile slurm` works from the checkout. As root, Debian's
@@ -20,13 +20,21 @@ env: $(STAMP)
 	scripts/s3fs-tools install
 	scripts/container-tools install-if-root
 
-# Recreated only when the pins or the package metadata change.
-$(STAMP): envs/requirements.txt pyproject.toml
+# Recreated only when the locked pins or the package metadata change. Every file pip takes must have a sha256 the
+# lock lists (written by `make lock` from envs/requirements.txt). envs/requirements.lock holds torch's CPU build,
+# found in pip's --find-links folder or PyTorch's CPU index (PIP_FIND_LINKS / PIP_INDEX_URL); on a GPU machine
+# `make env LOCK=envs/requirements-cuda.lock` takes PyPI's CUDA build and its libraries instead.
+LOCK ?= envs/requirements.lock
+$(STAMP): $(LOCK) pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -r envs/requirements.txt
+	$(BIN)/python -m pip install --quiet --require-hashes -r $(LOCK)
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	$(BIN)/python -c "import ddlrepro, snakemake, torch, pandas, matplotlib"
 	touch $(STAMP)
+
+# After editing envs/requirements.txt: resolve it again and pin every file's hash (needs PyPI; see the script).
+lock: $(STAMP)
+	$(BIN)/python scripts/lock-requirements
 
 # Horovod 0.28.1 built from its sdist with envs/horovod/*.patch; the wheel is cached, rebuilt when pin/patch change.
 horovod: env

@@ -52,11 +52,12 @@ def test_both_install_with_the_same_script_and_pins() -> None:
     assert installs(docker) == installs(apptainer) != []
     (command,) = installs(docker)
     assert command == "sh /opt/ddlrepro-src/containers/install.sh /opt/ddlrepro-src VARIANT"
-    assert ["envs/requirements.txt", "/opt/ddlrepro-src/envs/requirements.txt"] in docker.files
+    for lock in ("envs/requirements.lock", "envs/requirements-cuda.lock"):
+        assert [lock, f"/opt/ddlrepro-src/{lock}"] in docker.files
     script = (CONTAINERS / "install.sh").read_text()
     pip_installs = [line for line in script.splitlines() if line.startswith("$pip install")]
     assert pip_installs == [
-        '$pip install --find-links "$src/containers/wheels" -r "$src/envs/requirements.txt"',
+        '$pip install --require-hashes --find-links "$src/containers/wheels" -r "$lock"',
         '$pip install --no-deps "$src"',
     ]
     commands = [line for line in script.splitlines() if not line.lstrip().startswith("#")]

@@ -150,7 +150,11 @@ def image_sources(wildcards):
     """
     base = Path(CHECKOUT)
     package = base / "src" / "ddlrepro"
-    files = [base / "envs" / "requirements.txt", base / "pyproject.toml"]
+    files = [
+        base / "envs" / "requirements.lock",
+        base / "envs" / "requirements-cuda.lock",
+    ]
+    files += [base / "pyproject.toml"]
     files += [
         path
         for path in (base / "containers").rglob("*")

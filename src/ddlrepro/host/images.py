@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-CONTEXT_PARTS = ["containers", "envs/requirements.txt", "pyproject.toml", "src"]
+CONTEXT_PARTS = ["containers", "envs/requirements.lock", "envs/requirements-cuda.lock", "pyproject.toml", "src"]
 IGNORED = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc", "*.whl")
 MOUNTED_CA = "/etc/ddlrepro-build-ca.pem"
 
