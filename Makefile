@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine:
 #   make reproduce   create the environment if missing, build every enabled figure at smoke scale + the report
 #   make test        create the environment if missing, run the tests
+#   make docs        the documentation site (Sphinx + MyST) in results/docs/html, every warning an error
 #   make benchmarks  every benchmark: results/benchmarks/*.json, results/benchmarks.tsv, docs/performance.md's table
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -9,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORES ?= all
 
-.PHONY: env lock horovod reproduce test test-fast lint format clean benchmarks
+.PHONY: env lock horovod reproduce test test-fast lint format clean benchmarks docs
 
 # Also, every time (cheap, never overwriting): the generic Slurm profile becomes your Snakemake profile `slurm`
 # unless you or your site have one, so that `snakemake --profile slurm` works from the checkout. As root, Debian's
@@ -62,21 +63,26 @@ endef
 test: env horovod
 	$(call two_passes,)
 
+# The documentation site: docs/*.md plus the reference pages written from the code (docs/generated/, by docs/conf.py).
+docs: $(STAMP)
+	$(BIN)/python -m sphinx -W --keep-going -q -b html docs results/docs/html
+	@echo "docs: results/docs/html/index.html"
+
 # Before the whole suite: everything that needs no Slurm cluster, no image build, no Horovod build, and no long
 # end-to-end workflow run (pytest markers, tests/conftest.py).
 test-fast: env
 	$(call two_passes, and not slurm and not image and not horovod and not slow)
 
 lint: env
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks docs/conf.py scripts/lock-requirements
+	$(BIN)/ruff format --check src tests benchmarks docs/conf.py scripts/lock-requirements
 	$(BIN)/snakefmt --check Snakefile workflow/rules
 	$(WITH_ENV) $(BIN)/snakemake --lint
 	$(BIN)/lint-imports
 
 format: env
-	$(BIN)/ruff format src tests benchmarks
-	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks docs/conf.py scripts/lock-requirements
+	$(BIN)/ruff check --fix src tests benchmarks docs/conf.py scripts/lock-requirements
 	$(BIN)/snakefmt Snakefile workflow/rules
 
 benchmarks: env horovod

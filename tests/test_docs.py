@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -12,6 +15,8 @@ from conftest import REPO
 from ddlrepro.host.cli import COMMAND_GROUPS, grouped_commands, parser
 from ddlrepro.host.config import config_schema
 from ddlrepro.host.config_reference import reference_page
+from ddlrepro.host.docs_pages import cli_page, figure_pages
+from ddlrepro.host.figures import FIGURES
 
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
@@ -53,3 +58,35 @@ def test_the_top_level_help_lists_every_command_once_in_its_group() -> None:
     assert all(f"\n{title}:\n" in text for title in COMMAND_GROUPS), text
     with pytest.raises(RuntimeError, match="COMMAND_GROUPS and the commands differ"):
         grouped_commands({"run-point": "run one point"})
+
+
+def test_the_docs_site_builds_without_a_warning_and_holds_every_figure(tmp_path: Path) -> None:
+    """`make docs`'s build: any Sphinx or MyST warning (a broken cross-reference, a page in no toctree) fails it."""
+    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "docs", str(tmp_path)]
+    built = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    for figure in FIGURES:
+        page = (tmp_path / "generated" / "figures" / f"{figure}.html").read_text()
+        assert "Claims checked" in page and "Paper scale" in page
+    assert "ddlrepro verify" in (tmp_path / "generated" / "cli.html").read_text()
+
+
+def test_a_figure_page_changes_with_its_references_and_settings(tmp_path: Path) -> None:
+    """The pages are written from the checkout's files: edit a claim or a paper value and the page says so."""
+    for part in ("config", "workflow/report"):
+        (tmp_path / part).parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["cp", "-r", str(REPO / part), str(tmp_path / part)], check=True)
+    before = figure_pages(tmp_path)["kungfu-fig9"]
+    references = tmp_path / "config" / "references.yaml"
+    claim = "Horovod (the paper's ring all-reduce baseline) trains ResNet-50"
+    references.write_text(references.read_text().replace(claim, "An edited claim about ResNet-50", 1))
+    paper = tmp_path / "config" / "paper.yaml"
+    paper.write_text(paper.read_text().replace("KungFu OSDI'20 Fig 9: ResNet-50 and MobileNetV2", "edited source", 1))
+    after = figure_pages(tmp_path)["kungfu-fig9"]
+    assert claim in before and claim not in after and "An edited claim about ResNet-50" in after
+    assert '| `models` | `["resnet50", "mobilenet_v2"]` | edited source |' in after
+
+
+def test_the_command_line_page_shows_every_command() -> None:
+    page = cli_page()
+    assert all(f"### `ddlrepro {name}`" in page for names in COMMAND_GROUPS.values() for name in names)

@@ -1,0 +1,111 @@
+"""The documentation site's reference pages, generated from what the workflow itself reads so they cannot drift: one
+page per figure (its caption, how it is built, every claim checked with its source, its smoke and paper settings)
+and the command line from its parser. docs/conf.py writes them into docs/generated/ on every `make docs`."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any
+
+from ddlrepro.host import cli
+from ddlrepro.host.checks import load_references
+from ddlrepro.host.config import load_config, load_config_file
+from ddlrepro.host.figures import FIGURES, figure_module
+
+GENERATED = "Generated from the code and configs by `make docs` (src/ddlrepro/host/docs_pages.py); do not edit."
+
+
+def cell(value: Any) -> str:
+    """A value as one markdown table cell."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def claims_table(references: list[dict[str, Any]]) -> list[str]:
+    """Every reference of a figure: what is claimed, at which scale, how it is judged, and where it comes from."""
+    lines = ["| id | claim | scale | judged | source |", "|---|---|---|---|---|"]
+    for reference in references:
+        judged = "timing, replicated" if reference.get("timing") else "deterministic, one run"
+        if reference.get("thorough"):
+            judged += " (`checks.tier: thorough`)"
+        source = reference.get("source", "ours: the references name no source")
+        row = [f"`{reference['id']}`", reference["claim"], reference["scale"], judged, source]
+        lines.append("| " + " | ".join(cell(value) for value in row) + " |")
+    return lines
+
+
+def settings_table(settings: dict[str, Any]) -> list[str]:
+    lines = ["| key | value |", "|---|---|"]
+    return lines + [f"| `{key}` | `{cell(value)}` |" for key, value in sorted(settings.items())]
+
+
+def sourced_table(entries: dict[str, Any]) -> list[str]:
+    """The paper block's settings of a figure, each with its source."""
+    lines = ["| key | value | source |", "|---|---|---|"]
+    rows = [f"| `{key}` | `{cell(entry['value'])}` | {cell(entry['source'])} |" for key, entry in entries.items()]
+    return lines + rows
+
+
+def figure_page(
+    figure: str,
+    caption: str,
+    references: list[dict[str, Any]],
+    smoke: dict[str, Any],
+    paper: dict[str, Any],
+) -> str:
+    """One figure's reference page."""
+    described = inspect.getdoc(figure_module(figure)) or ""
+    lines = [f"# {figure}", "", GENERATED, "", "```{eval-rst}", caption.strip(), "```", ""]
+    lines += ["## How it is built", "", described, ""]
+    lines += ["## Claims checked", "", *claims_table(references), ""]
+    lines += ["## Smoke scale (`make reproduce`)", "", *settings_table(smoke), ""]
+    lines += ["## Paper scale (`--configfile config/paper.yaml`)", ""]
+    lines += ["Each value with its source; `ours:` marks one neither the paper nor its artifact gives, with why.", ""]
+    lines += [*sourced_table(paper), ""]
+    return "\n".join(lines)
+
+
+def figure_pages(repo: Path) -> dict[str, str]:
+    """Every figure's page, from the checkout's configs, references and captions."""
+    references = load_references(repo / "config" / "references.yaml")
+    smoke = load_config(repo / "config" / "config.yaml")["figures"]
+    paper = load_config_file(repo / "config" / "paper.yaml")["paper"]
+    pages = {}
+    for figure in FIGURES:
+        caption = (repo / "workflow" / "report" / f"{figure}.rst").read_text()
+        settings = {key: value for key, value in smoke[figure].items() if key != "enabled"}
+        pages[figure] = figure_page(figure, caption, references.get(figure, []), settings, paper.get(figure, {}))
+    return pages
+
+
+def figures_index() -> str:
+    listing = "\n".join(f"figures/{figure}" for figure in FIGURES)
+    return f"# Figures\n\n{GENERATED}\n\n```{{toctree}}\n:maxdepth: 1\n\n{listing}\n```\n"
+
+
+def cli_page() -> str:
+    """Every `ddlrepro` command's help, in the order of the top-level help's groups."""
+    top = cli.parser()
+    commands = next(action for action in top._actions if action.dest == "command").choices
+    lines = ["# Command line", "", GENERATED, "", "```text", top.format_help().rstrip(), "```", ""]
+    for group, names in cli.COMMAND_GROUPS.items():
+        lines += [f"## {group[0].upper()}{group[1:]}", ""]
+        for name in names:
+            lines += [f"### `ddlrepro {name}`", "", "```text", commands[name].format_help().rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def write_generated(repo: Path, folder: Path) -> list[Path]:
+    """Writes the generated pages under `folder` (replacing what an earlier build wrote), and returns them."""
+    pages = {"cli.md": cli_page(), "figures.md": figures_index()}
+    pages |= {f"figures/{figure}.md": text for figure, text in figure_pages(repo).items()}
+    written = []
+    for name, text in pages.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_text() != text:  # unchanged pages keep their time: Sphinx rebuilds less
+            path.write_text(text)
+        written.append(path)
+    return written
