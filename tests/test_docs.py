@@ -12,13 +12,29 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from ddlrepro.host.cli import COMMAND_GROUPS, grouped_commands, parser
+from ddlrepro.host.cli import COMMAND_GROUPS, flags, grouped_commands, parser, subcommands
 from ddlrepro.host.config import config_schema
-from ddlrepro.host.config_reference import reference_page
+from ddlrepro.host.config_reference import reference_page, resolved
 from ddlrepro.host.docs_pages import cli_page, figure_pages
 from ddlrepro.host.figures import FIGURES
 
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "CONTRIBUTING.md"]
+CODE = re.compile(r"```[^\n]*\n(.*?)```|`([^`\n]+)`", flags=re.DOTALL)
+TREE = (
+    "src/",
+    "config/",
+    "docs/",
+    "scripts/",
+    "workflow/",
+    "envs/",
+    "containers/",
+    "profiles/",
+    "tests/",
+    "benchmarks/",
+)
+PLACEHOLDER = re.compile(r"[<>*{}$]|\.\.\.|…")
+FILE_SUFFIX = re.compile(r"\.(tsv|csv|yaml|yml|json|smk|npy|md|py|png|pdf|txt|html|zip|sif|sha256)$")
 
 
 def test_the_configuration_reference_is_current() -> None:
@@ -36,7 +52,7 @@ def test_the_reference_changes_when_the_schema_does() -> None:
 
 
 def test_every_relative_link_of_the_docs_leads_to_a_file() -> None:
-    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "CONTRIBUTING.md"]
+    pages = PAGES
     broken = [
         f"{page.relative_to(REPO)}: {target}"
         for page in pages
@@ -90,3 +106,74 @@ def test_a_figure_page_changes_with_its_references_and_settings(tmp_path: Path) 
 def test_the_command_line_page_shows_every_command() -> None:
     page = cli_page()
     assert all(f"### `ddlrepro {name}`" in page for names in COMMAND_GROUPS.values() for name in names)
+
+
+def code_spans(page: Path) -> list[str]:
+    """What a page shows as code: inline spans and the lines of its code blocks."""
+    spans = []
+    for block, inline in CODE.findall(page.read_text()):
+        spans += block.splitlines() if block else [inline]
+    return spans
+
+
+def schema_has(key: str) -> bool:
+    """Whether a dotted config key (`checks.tier`, `figures.kungfu-fig9.workers`) is one the schema accepts."""
+    schema = config_schema()
+    node: dict = schema
+    for part in key.split("."):
+        node = resolved(node, schema)
+        if part in node.get("properties", {}):
+            node = node["properties"][part]
+        elif isinstance(node.get("additionalProperties"), dict):
+            node = node["additionalProperties"]
+        else:
+            return False
+    return True
+
+
+def stale_names(page: Path) -> list[str]:
+    """Commands, flags, make targets, repository paths and config keys a page shows that do not exist."""
+    commands = subcommands(parser())
+    targets = set(re.findall(r"^([a-z][a-z-]*):", (REPO / "Makefile").read_text(), flags=re.MULTILINE))
+    top_keys = set(config_schema()["properties"])
+    stale = []
+    for span in code_spans(page):
+        for name, rest in re.findall(r"\bddlrepro ([a-z][a-z-]+)((?: +[^ |;&]+)*)", span):
+            if name not in commands:
+                stale.append(f"command `ddlrepro {name}`")
+                continue
+            known = flags(commands[name])
+            stale += [
+                f"flag `ddlrepro {name} {flag}`" for flag in re.findall(r"(--[a-z-]+)", rest) if flag not in known
+            ]
+        stale += [
+            f"make target `{target}`" for target in re.findall(r"\bmake ([a-z][a-z-]+)", span) if target not in targets
+        ]
+        for word in span.split():
+            word = word.strip("\"'(),;:")
+            if word.startswith(TREE) and not PLACEHOLDER.search(word) and not (REPO / word.split(":")[0]).exists():
+                stale.append(f"path `{word}`")
+            dotted = re.fullmatch(r"([a-z_]+)(\.[a-z0-9_-]+)+", word)
+            if dotted and dotted[1] in top_keys and not FILE_SUFFIX.search(word) and not schema_has(word):
+                stale.append(f"config key `{word}`")
+    return stale
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_command_flag_target_path_and_key_a_page_names_exists(page: Path) -> None:
+    assert not stale_names(page), stale_names(page)
+
+
+def test_a_stale_name_is_found(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Run `ddlrepro verfy BUNDLE`, `ddlrepro verify --expct D`, `make reproduse`, edit `config/confg.yaml`,\n"
+        "```\nsnakemake --config checks.tiers=quick\n```\nand set `checks.tire`; `checks.tier` is right.\n"
+    )
+    assert stale_names(page) == [
+        "command `ddlrepro verfy`",
+        "flag `ddlrepro verify --expct`",
+        "make target `reproduse`",
+        "path `config/confg.yaml`",
+        "config key `checks.tire`",
+    ]

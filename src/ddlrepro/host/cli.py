@@ -409,6 +409,16 @@ COMMAND_GROUPS = {
 }  # fmt: skip
 
 
+def subcommands(top: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Each command's own parser, by name (for the generated reference and the docs' tests)."""
+    action = next(action for action in top._actions if isinstance(action, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def flags(command: argparse.ArgumentParser) -> set[str]:
+    return {flag for action in command._actions for flag in action.option_strings}
+
+
 def grouped_commands(listing: dict[str, str]) -> str:
     """The commands' one-line helps under their groups' titles."""
     grouped = [name for names in COMMAND_GROUPS.values() for name in names]

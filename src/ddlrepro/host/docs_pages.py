@@ -88,7 +88,7 @@ def figures_index() -> str:
 def cli_page() -> str:
     """Every `ddlrepro` command's help, in the order of the top-level help's groups."""
     top = cli.parser()
-    commands = next(action for action in top._actions if action.dest == "command").choices
+    commands = cli.subcommands(top)
     lines = ["# Command line", "", GENERATED, "", "```text", top.format_help().rstrip(), "```", ""]
     for group, names in cli.COMMAND_GROUPS.items():
         lines += [f"## {group[0].upper()}{group[1:]}", ""]
