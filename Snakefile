@@ -14,6 +14,10 @@ include: "workflow/rules/configfiles.smk"
 configfile: "config/config.yaml"
 
 
+# The front page of Snakemake's own report (`snakemake --report report.zip`); ours is results/report.html.
+report: "workflow/snakemake-report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/images.smk"
 include: "workflow/rules/data.smk"

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pandas as pd
@@ -48,6 +49,7 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
     for figure in FIGURE_IDS:
         assert f'id="{figure}"' in html
     assert html.count("data:image/png;base64,") == len(FIGURE_IDS)
+    assert_snakemake_report_holds_every_figure(workflow_copy)
     checks = pd.read_csv(results / "checks.tsv", sep="\t").set_index(["figure", "check"])
     assert checks.loc[("easyscale-fig9", "d1-exactly-zero"), "status"] == "pass"
     sweep = pd.read_csv(results / "tables" / "kungfu-allreduce.summary.csv")
@@ -86,6 +88,20 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
     one_figure = snakemake(workflow_copy, "kungfu_fig9", *TINY)
     assert one_figure.returncode == 0
     assert planned_jobs(one_figure.stderr) == {"plot": 1, "check_figure": 1, "kungfu_fig9": 1}
+
+
+def assert_snakemake_report_holds_every_figure(workdir: Path) -> None:
+    """`snakemake --report report.zip`: every figure's picture, its caption's text, and the front page."""
+    made = snakemake(workdir, *TINY, "--report", "report.zip")
+    assert made.returncode == 0, made.stderr[-3000:]
+    with zipfile.ZipFile(workdir / "report.zip") as report:
+        names = report.namelist()
+        page = report.read("report/report.html").decode()
+    for figure in FIGURE_IDS:
+        assert [name for name in names if name.endswith(f"/{figure}.png")], names
+        caption = (workdir / "workflow" / "report" / f"{figure}.rst").read_text().split()[:6]
+        assert " ".join(caption) in page, figure
+    assert "ddlrepro: the figures of five distributed" in page
 
 
 @pytest.mark.slow

@@ -42,7 +42,14 @@ rule plot:
             checkout_relative(path) for path in figure_source(wildcards.figure)
         ],
     output:
-        png="results/figures/{figure}.png",
+        # In Snakemake's own report too (`snakemake --report report.zip`), under its figure, with its caption.
+        png=report(
+            "results/figures/{figure}.png",
+            caption="../snakemake-report/caption.rst",
+            category="Figures",
+            subcategory="{figure}",
+            labels={"figure": "{figure}"},
+        ),
         pdf="results/figures/{figure}.pdf",
         summary="results/tables/{figure}.summary.csv",
     log:
@@ -51,6 +58,7 @@ rule plot:
         SOFTWARE
     params:
         scale=config["scale"],
+        caption=lambda wildcards: Path(CAPTIONS, f"{wildcards.figure}.rst").read_text(),
     shell:
         "python -m ddlrepro plot {wildcards.figure} --table {input.table} --png {output.png}"
         " --pdf {output.pdf} --summary {output.summary} --scale {params.scale}"

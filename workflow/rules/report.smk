@@ -38,7 +38,8 @@ rule collect_checks:
         " --waiting {params.waiting} --out {output} > {log} 2>&1"
 
 
-# Our one HTML report (Snakemake's --report is not built: this one holds the provenance, checks and rerun command).
+# Our HTML report: provenance, checks and the rerun command, which Snakemake's own report (`snakemake --report
+# report.zip`: every figure with its caption, the rules and the run times) does not hold.
 # Its captions and template are inputs, so editing either rebuilds it.
 rule report:
     input:
