@@ -61,6 +61,7 @@ define two_passes
 endef
 
 test: env horovod
+	scripts/browser-tools install-if-root
 	$(call two_passes,)
 
 # The documentation site: docs/*.md plus the reference pages written from the code (docs/generated/, by docs/conf.py).

@@ -21,4 +21,9 @@ myst_heading_anchors = 3  # `[text](page.md#a-heading)` links, as GitHub renders
 myst_enable_extensions = ["colon_fence"]
 html_theme = "alabaster"
 html_title = f"ddlrepro {release}"
-html_theme_options = {"description": "Distributed and elastic deep-learning training papers, reproduced"}
+html_theme_options = {
+    "description": "Distributed and elastic deep-learning training papers, reproduced",
+    "page_width": "1240px",
+    "body_max_width": "none",
+}
+html_static_path = ["_static"]  # alabaster loads _static/custom.css: wide tables scroll inside their box

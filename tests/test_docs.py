@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import copy
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.image as mpimg
+import numpy as np
 import pytest
 from conftest import REPO
 
@@ -76,15 +79,38 @@ def test_the_top_level_help_lists_every_command_once_in_its_group() -> None:
         grouped_commands({"run-point": "run one point"})
 
 
-def test_the_docs_site_builds_without_a_warning_and_holds_every_figure(tmp_path: Path) -> None:
-    """`make docs`'s build: any Sphinx or MyST warning (a broken cross-reference, a page in no toctree) fails it."""
-    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "docs", str(tmp_path)]
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site as `make docs` builds it: any Sphinx or MyST warning (a broken cross-reference, a page in no
+    toctree) fails the build."""
+    out = tmp_path_factory.mktemp("site")
+    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", "docs", str(out)]
     built = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr[-3000:]
+    return out
+
+
+def test_the_docs_site_builds_without_a_warning_and_holds_every_figure(site: Path) -> None:
     for figure in FIGURES:
-        page = (tmp_path / "generated" / "figures" / f"{figure}.html").read_text()
+        page = (site / "generated" / "figures" / f"{figure}.html").read_text()
         assert "Claims checked" in page and "Paper scale" in page
-    assert "ddlrepro verify" in (tmp_path / "generated" / "cli.html").read_text()
+    assert "ddlrepro verify" in (site / "generated" / "cli.html").read_text()
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (scripts/browser-tools)")
+@pytest.mark.parametrize("page", ["index.html", "generated/figures/kungfu-fig9.html", "config-reference.html"])
+def test_a_page_in_a_real_browser_is_drawn_and_stays_inside_the_window(site: Path, page: str, tmp_path: Path) -> None:
+    """The widest tables (a figure's claims, every config key) scroll inside their box, not past the page."""
+    screenshot = tmp_path / "page.png"
+    script = REPO / "scripts" / "report-screenshot"
+    done = subprocess.run(
+        [str(script), str(site / page), str(screenshot), "1400,1400"], capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    pixels = mpimg.imread(screenshot)[:, :, :3]
+    assert pixels.shape[:2] == (1400, 1400)
+    assert np.all(pixels[:, 1325:1380] > 0.97), "something is drawn in the page's right margin"
+    assert (pixels[:, 300:1300] < 0.5).mean() > 0.01, "the page is blank"
 
 
 def test_a_figure_page_changes_with_its_references_and_settings(tmp_path: Path) -> None:
