@@ -22,7 +22,8 @@ from ddlrepro.host.docs_pages import cli_page, figure_pages
 from ddlrepro.host.figures import FIGURES
 
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "CONTRIBUTING.md"]
+WRITTEN = sorted(path for path in (REPO / "docs").rglob("*.md") if "generated" not in path.relative_to(REPO).parts)
+PAGES = [REPO / "README.md", *WRITTEN, REPO / "CONTRIBUTING.md"]
 CODE = re.compile(r"```[^\n]*\n(.*?)```|`([^`\n]+)`", flags=re.DOTALL)
 TREE = (
     "src/",
