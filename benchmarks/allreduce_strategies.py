@@ -1,13 +1,17 @@
 """Strategy bus bandwidth ÷ gloo's own all_reduce on the same tensors, at 16–64 MiB (4 local gloo processes).
 
-One process group; every round times raw `torch.distributed.all_reduce` and then each strategy (strategies.py)
-on the same tensor, one after another, so machine noise hits all alike; the median over rounds is reported.
+One process group; every round times raw `torch.distributed.all_reduce` and each strategy (strategies.py) on the
+same tensor, one after another (the order rotating from round to round), so machine noise hits all alike. A
+strategy's value in a round is the mean over sizes of raw's time ÷ its own in that round: paired rounds, a number
+fixed before the run, judged as the workflow judges a timing claim (the rounds' mean and its one-sided 95 %
+bootstrap bounds). The best point-to-point strategy is picked on the same rounds (a mild winner's bias: with STAR,
+BINARY_TREE and BINARY_TREE_STAR within a few % of each other it moves the mean by less than their spread).
 busbw = algbw × 2(n−1)/n (nccl-tests). Every strategy is reported against raw all_reduce. The target (targets.yaml)
 holds the best *point-to-point* strategy (STAR, BINARY_TREE, BINARY_TREE_STAR, CLIQUE) to ≥ 0.9 × raw all_reduce:
 RING is gloo's all_reduce itself, so it is listed as a check of the method, not as a candidate. 4 ranks, because at 2
 STAR, BINARY_TREE and BINARY_TREE_STAR send the same messages.
 
-    python benchmarks/allreduce_strategies.py [--rounds 7] [--ops 3] [--world 4]
+    python benchmarks/allreduce_strategies.py [--rounds 12] [--ops 3] [--world 4]
 """
 
 from __future__ import annotations
@@ -44,26 +48,28 @@ def seconds_per_op(reduce: Reducer, tensor: torch.Tensor, ops: int) -> float:
 
 
 def measure(rank: int, world: int, port: int, rounds: int, ops: int, out: dict) -> None:
+    """Rank 0 leaves in `out` every (candidate, size) -> its seconds per all-reduce in each round."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    candidates = {"raw all_reduce": raw_all_reduce} | {s: reducer(s, world) for s in STRATEGIES}
+    candidates = [("raw all_reduce", raw_all_reduce), *((name, reducer(name, world)) for name in STRATEGIES)]
     times: dict[tuple[str, int], list[float]] = {}
     for size in SIZES_MIB:
         tensor = torch.zeros(size * 2**20 // 4)
-        for reduce in candidates.values():
+        for _, reduce in candidates:
             reduce(tensor)
-        for _ in range(rounds):
-            for name, reduce in candidates.items():
+        for index in range(rounds):
+            shift = index % len(candidates)
+            for name, reduce in candidates[shift:] + candidates[:shift]:
                 times.setdefault((name, size), []).append(seconds_per_op(reduce, tensor, ops))
     if rank == 0:
-        out.update({key: statistics.median(values) for key, values in times.items()})
+        out.update(times)
     dist.destroy_process_group()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=12, help="paired rounds, fixed before the run")
     parser.add_argument("--ops", type=int, default=3)
     parser.add_argument("--world", type=int, default=4, help="gloo processes (at 2, STAR and the trees coincide)")
     args = parser.parse_args()
@@ -72,32 +78,55 @@ def main() -> None:
             out = manager.dict()
             port = free_loopback_port()
             mp.spawn(measure, args=(args.world, port, args.rounds, args.ops, out), nprocs=args.world, join=True)
-            medians = dict(out)
-        print(f"{args.world} gloo processes, median of {args.rounds} interleaved rounds of {args.ops} all-reduces")
-        mean_ratio = report_sizes(medians, args.world)
-        for name, ratio in mean_ratio.items():
+            times = dict(out)
+        print(
+            f"{args.world} gloo processes, {args.rounds} interleaved rounds of {args.ops} all-reduces (medians shown)"
+        )
+        report_sizes(times, args.world)
+        rounds = round_ratios(times, args.rounds)
+        for name, ratios in rounds.items():
+            what = f"{name}: 16–64 MiB mean busbw ÷ raw all_reduce's"
             record.add(
-                f"{name.lower()}-busbw-ratio", f"{name}: 16–64 MiB mean busbw ÷ raw all_reduce's", ratio, "", meter.load
+                f"{name.lower()}-busbw-ratio", what, statistics.fmean(ratios), "", meter.load, round_values=ratios
             )
-        best_p2p = max((name for name in mean_ratio if name != SAME_AS_RAW), key=mean_ratio.get)
+        best_p2p = max(
+            (name for name in rounds if name != SAME_AS_RAW), key=lambda name: statistics.fmean(rounds[name])
+        )
         what = f"best point-to-point strategy ({best_p2p}): busbw ÷ raw all_reduce's"
-        record.add("best-p2p-busbw-ratio", what, mean_ratio[best_p2p], "", meter.load, strategy=best_p2p)
+        ratios = rounds[best_p2p]
+        record.add(
+            "best-p2p-busbw-ratio",
+            what,
+            statistics.fmean(ratios),
+            "",
+            meter.load,
+            strategy=best_p2p,
+            round_values=ratios,
+        )
 
 
-def report_sizes(medians: dict[tuple[str, int], float], world: int) -> dict[str, float]:
-    """Print every strategy's time and busbw per size; return each one's mean over sizes of raw ÷ its time."""
+def round_ratios(times: dict[tuple[str, int], list[float]], rounds: int) -> dict[str, list[float]]:
+    """Each strategy's value in each round: the mean over sizes of raw all_reduce's time ÷ its own (busbw ratio)."""
+    return {
+        name: [
+            statistics.fmean(times[("raw all_reduce", size)][index] / times[(name, size)][index] for size in SIZES_MIB)
+            for index in range(rounds)
+        ]
+        for name in STRATEGIES
+    }
+
+
+def report_sizes(times: dict[tuple[str, int], list[float]], world: int) -> None:
+    """Print every candidate's median time and busbw per size, and its ratio to raw all_reduce's."""
     factor = 2 * (world - 1) / world
-    ratios: dict[str, list[float]] = {}
     for size in SIZES_MIB:
-        raw = medians[("raw all_reduce", size)]
+        raw = statistics.median(times[("raw all_reduce", size)])
         for name in ["raw all_reduce", *STRATEGIES]:
-            seconds = medians[(name, size)]
+            seconds = statistics.median(times[(name, size)])
             busbw = size * 2**20 / seconds / 1e9 * factor
-            ratios.setdefault(name, []).append(raw / seconds)
             print(
                 f"{size:3d} MiB  {name:17s} {seconds * 1e3:8.1f} ms  busbw {busbw:5.2f} GB/s  ÷ raw {raw / seconds:.3f}"
             )
-    return {name: statistics.fmean(values) for name, values in ratios.items() if name != "raw all_reduce"}
 
 
 if __name__ == "__main__":
