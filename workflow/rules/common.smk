@@ -97,6 +97,20 @@ ENABLED = planned_figures(config)
 # elsewhere (with results/ and .snakemake/) plans nothing: Snakemake reruns a job whose input list or params change.
 CHECKOUT = os.path.relpath(workflow.basedir)
 CAPTIONS = str(Path(CHECKOUT) / "workflow" / "report")
+
+
+class CaptionText:
+    """A figure's caption for Snakemake's own report (workflow/snakemake-report/caption.rst), read when the report
+    renders it. An object, not a string: Snakemake leaves such params out of its rerun triggers, so editing a
+    caption rebuilds results/report.html and never the plot."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+
+    def __str__(self):
+        return self.path.read_text()
+
+
 BUNDLE = f"results/bundle/{bundle_name(git_state(Path(CHECKOUT)))}.tar.gz"
 
 

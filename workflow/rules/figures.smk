@@ -58,7 +58,7 @@ rule plot:
         SOFTWARE
     params:
         scale=config["scale"],
-        caption=lambda wildcards: Path(CAPTIONS, f"{wildcards.figure}.rst").read_text(),
+        caption=lambda wildcards: CaptionText(Path(CAPTIONS, f"{wildcards.figure}.rst")),
     shell:
         "python -m ddlrepro plot {wildcards.figure} --table {input.table} --png {output.png}"
         " --pdf {output.pdf} --summary {output.summary} --scale {params.scale}"

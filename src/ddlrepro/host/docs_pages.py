@@ -97,10 +97,15 @@ def cli_page() -> str:
     return "\n".join(lines)
 
 
+def generated_names() -> list[str]:
+    """The generated pages' paths under docs/generated/ (what the hand-written pages may link to)."""
+    return ["cli.md", "figures.md", *(f"figures/{figure}.md" for figure in FIGURES)]
+
+
 def write_generated(repo: Path, folder: Path) -> list[Path]:
     """Writes the generated pages under `folder` (replacing what an earlier build wrote), and returns them."""
-    pages = {"cli.md": cli_page(), "figures.md": figures_index()}
-    pages |= {f"figures/{figure}.md": text for figure, text in figure_pages(repo).items()}
+    texts = [cli_page(), figures_index(), *figure_pages(repo).values()]
+    pages = dict(zip(generated_names(), texts, strict=True))
     written = []
     for name, text in pages.items():
         path = folder / name
