@@ -84,24 +84,20 @@ def main() -> None:
         )
         report_sizes(times, args.world)
         rounds = round_ratios(times, args.rounds)
+        means = {name: statistics.fmean(ratios) for name, ratios in rounds.items()}
         for name, ratios in rounds.items():
             what = f"{name}: 16–64 MiB mean busbw ÷ raw all_reduce's"
-            record.add(
-                f"{name.lower()}-busbw-ratio", what, statistics.fmean(ratios), "", meter.load, round_values=ratios
-            )
-        best_p2p = max(
-            (name for name in rounds if name != SAME_AS_RAW), key=lambda name: statistics.fmean(rounds[name])
-        )
+            record.add(f"{name.lower()}-busbw-ratio", what, means[name], "", meter.load, round_values=ratios)
+        best_p2p = max((name for name in means if name != SAME_AS_RAW), key=means.get)
         what = f"best point-to-point strategy ({best_p2p}): busbw ÷ raw all_reduce's"
-        ratios = rounds[best_p2p]
         record.add(
             "best-p2p-busbw-ratio",
             what,
-            statistics.fmean(ratios),
+            means[best_p2p],
             "",
             meter.load,
             strategy=best_p2p,
-            round_values=ratios,
+            round_values=rounds[best_p2p],
         )
 
 

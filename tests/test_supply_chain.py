@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import re
 import subprocess
 import sys
 import tarfile
@@ -13,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 from conftest import REPO
+from packaging.utils import canonicalize_name
 
 
 def fake_sdist(folder: Path) -> Path:
@@ -52,10 +52,6 @@ def locked(lock: Path) -> dict[str, tuple[str, list[str]]]:
     return entries
 
 
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def test_the_locks_pin_what_requirements_asks_for_each_with_hashes() -> None:
     asked = dict(
         line.split("==")
@@ -64,8 +60,8 @@ def test_the_locks_pin_what_requirements_asks_for_each_with_hashes() -> None:
     )
     for lock in LOCKS:
         entries = locked(lock)
-        assert {canonical(name): version for name, version in asked.items()}.items() <= {
-            canonical(name): version for name, (version, _) in entries.items()
+        assert {canonicalize_name(name): version for name, version in asked.items()}.items() <= {
+            canonicalize_name(name): version for name, (version, _) in entries.items()
         }.items(), f"{lock.name} is out of step with envs/requirements.txt: run `make lock`"
         assert all(len(digest) == 64 for _, hashes in entries.values() for digest in hashes)
         assert all(hashes for _, hashes in entries.values())
@@ -74,11 +70,11 @@ def test_the_locks_pin_what_requirements_asks_for_each_with_hashes() -> None:
 
 def test_the_environment_holds_exactly_the_locked_releases() -> None:
     """`make env` installed the lock and nothing else (ddlrepro itself and the separately built Horovod aside)."""
-    entries = {canonical(name): version for name, (version, _) in locked(LOCKS[0]).items()}
+    entries = {canonicalize_name(name): version for name, (version, _) in locked(LOCKS[0]).items()}
     installed = {
-        canonical(dist.metadata["Name"]): dist.version.split("+")[0]
+        canonicalize_name(dist.metadata["Name"]): dist.version.split("+")[0]
         for dist in importlib.metadata.distributions()
-        if canonical(dist.metadata["Name"]) not in {"ddlrepro", "horovod", "pip"}
+        if canonicalize_name(dist.metadata["Name"]) not in {"ddlrepro", "horovod", "pip"}
     }
     assert installed == entries
 

@@ -5,7 +5,6 @@ and the command line from its parser. docs/conf.py writes them into docs/generat
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +12,13 @@ from ddlrepro.host import cli
 from ddlrepro.host.checks import load_references
 from ddlrepro.host.config import load_config, load_config_file
 from ddlrepro.host.figures import FIGURES, figure_module
+from ddlrepro.host.paper_settings import shown, sourced_table
 
 GENERATED = "Generated from the code and configs by `make docs` (src/ddlrepro/host/docs_pages.py); do not edit."
 
 
-def cell(value: Any) -> str:
-    """A value as one markdown table cell."""
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+def cell(text: str) -> str:
+    """Prose as one markdown table cell."""
     return text.replace("|", "\\|").replace("\n", " ")
 
 
@@ -37,15 +36,8 @@ def claims_table(references: list[dict[str, Any]]) -> list[str]:
 
 
 def settings_table(settings: dict[str, Any]) -> list[str]:
-    lines = ["| key | value |", "|---|---|"]
-    return lines + [f"| `{key}` | `{cell(value)}` |" for key, value in sorted(settings.items())]
-
-
-def sourced_table(entries: dict[str, Any]) -> list[str]:
-    """The paper block's settings of a figure, each with its source."""
-    lines = ["| key | value | source |", "|---|---|---|"]
-    rows = [f"| `{key}` | `{cell(entry['value'])}` | {cell(entry['source'])} |" for key, entry in entries.items()]
-    return lines + rows
+    lines = ["| parameter | value |", "|---|---|"]
+    return lines + [f"| `{key}` | `{shown(value)}` |" for key, value in sorted(settings.items())]
 
 
 def figure_page(

@@ -23,14 +23,19 @@ def shown(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False).replace("|", "\\|")
 
 
+def sourced_table(entries: dict[str, Any]) -> list[str]:
+    """A figure's `paper:` block as a markdown table: each parameter, its value and its source."""
+    lines = ["| parameter | value | source |", "|---|---|---|"]
+    return lines + [f"| `{key}` | `{shown(entry['value'])}` | {entry['source']} |" for key, entry in entries.items()]
+
+
 def settings_page(smoke: Path, paper: Path) -> str:
     """The markdown page: per figure, the block's values and sources, then the schema defaults it takes."""
     block = load_config_file(paper)["paper"]
     resolved = load_config(smoke, paper)["figures"]
     lines = [HEADER]
     for figure, entries in block.items():
-        lines += [f"## {figure}", "", "| parameter | value | source |", "|---|---|---|"]
-        lines += [f"| `{key}` | `{shown(entry['value'])}` | {entry['source']} |" for key, entry in entries.items()]
+        lines += [f"## {figure}", "", *sourced_table(entries)]
         defaults = {key: value for key, value in resolved[figure].items() if key not in entries and key != "enabled"}
         if defaults:
             taken = ", ".join(f"`{key}` = `{shown(value)}`" for key, value in sorted(defaults.items()))
