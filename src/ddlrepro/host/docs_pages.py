@@ -94,15 +94,11 @@ def generated_names() -> list[str]:
     return ["cli.md", "figures.md", *(f"figures/{figure}.md" for figure in FIGURES)]
 
 
-def write_generated(repo: Path, folder: Path) -> list[Path]:
-    """Writes the generated pages under `folder` (replacing what an earlier build wrote), and returns them."""
+def write_generated(repo: Path, folder: Path) -> None:
+    """Writes the generated pages under `folder`, replacing what an earlier build wrote."""
     texts = [cli_page(), figures_index(), *figure_pages(repo).values()]
-    pages = dict(zip(generated_names(), texts, strict=True))
-    written = []
-    for name, text in pages.items():
+    for name, text in zip(generated_names(), texts, strict=True):
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists() or path.read_text() != text:  # unchanged pages keep their time: Sphinx rebuilds less
             path.write_text(text)
-        written.append(path)
-    return written
