@@ -39,6 +39,7 @@ localrules:
     tabulate,
     simulate_table,
     plot,
+    gather_references,
     check_figure,
     collect_checks,
     report,

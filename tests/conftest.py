@@ -87,6 +87,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 ONE_WORKER_COUNT_DLAAS = ("dlaas-scaling/efficiency-vs-host-ceiling-at-2-workers", "dlaas-scaling/two-workers-faster")
 
 
+def gathered_references(folder: Path | None = None) -> Path:
+    """Every figure's references in one file (in `folder`, else a fresh temporary one), as rule gather_references
+    writes it."""
+    import tempfile
+
+    from ddlrepro.host.checks import figure_references, references_text
+
+    out = Path(folder or tempfile.mkdtemp(prefix="references-")) / "references.yaml"
+    out.write_text(references_text(figure_references()))
+    return out
+
+
 def checks_excluding(*references: str) -> str:
     """A `checks:` section excluding `references` beside tiny.yaml's own (a later config file replaces a list)."""
     tiny = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text())["checks"]["exclude"]
@@ -163,9 +175,9 @@ def tiny_point(workers: int = 2, figure: str = "kungfu-fig9", **params) -> Point
     return Point(figure, "throughput", workers, 1, {**defaults, **params})
 
 
-def copy_workflow(target: Path, commit: bool = False) -> Path:
+def copy_workflow(target: Path, commit: bool = False, parts: list[str] = WORKFLOW_PARTS) -> Path:
     """A private copy of the workflow (optionally a git repository with one commit, as a user's clone is)."""
-    for part in WORKFLOW_PARTS:
+    for part in parts:
         source, destination = REPO / part, target / part
         if source.is_dir():
             shutil.copytree(source, destination, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import REPO, assert_refused
 
-from ddlrepro.host.checks import check_figure, load_references
+from ddlrepro.host.checks import check_figure, figure_references
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import biggan_elasticity, figure_points
 from ddlrepro.host.launchers.situations import Director, Situation
@@ -138,7 +138,7 @@ def good_summary() -> pd.DataFrame:
 
 
 def statuses(summary: pd.DataFrame) -> dict[str, str]:
-    references = load_references(REPO / "config" / "references.yaml")[FIGURE]
+    references = figure_references()[FIGURE]
     return dict(check_figure(FIGURE, summary, references, "smoke")[["check", "status"]].to_numpy())
 
 

@@ -23,6 +23,7 @@ from conftest import (
     REPO,
     SNAKEMAKE,
     copy_workflow,
+    gathered_references,
     planned_jobs,
     snakemake,
     tiny_point,
@@ -383,7 +384,7 @@ def test_bundle_refuses_files_holding_secrets(built: Path, tmp_path: Path, monke
     (results / "checks.tsv").write_text("")
     with pytest.raises(ValueError, match=r"refusing to bundle results/report\.html"):
         create_bundle(
-            tmp_path / "b.tar.gz", results, [], [], {"scale": "smoke"}, built / "config" / "references.yaml", built
+            tmp_path / "b.tar.gz", results, [], [], {"scale": "smoke"}, built / "results" / "references.yaml", built
         )
     assert not (tmp_path / "b.tar.gz").exists()
 
@@ -405,7 +406,7 @@ def test_invocation_provenance(built: Path) -> None:
 def test_checks_cover_every_reference_of_every_built_figure(built: Path) -> None:
     import yaml
 
-    references = yaml.safe_load((built / "config" / "references.yaml").read_text())
+    references = yaml.safe_load((built / "results" / "references.yaml").read_text())
     checks = pd.read_csv(built / "results" / "checks.tsv", sep="\t")
     for figure in ("kungfu-fig9", "dlaas-scaling"):
         expected = [entry["id"] for entry in references[figure]]
@@ -456,7 +457,7 @@ def figureless_members(**config_changes: object) -> dict[str, bytes]:
     config = load_config(REPO / "config" / "config.yaml") | config_changes
     return {
         "config-used.yaml": yaml.safe_dump(config).encode(),
-        "references.yaml": (REPO / "config" / "references.yaml").read_bytes(),
+        "references.yaml": gathered_references().read_bytes(),
         "results/checks.tsv": b"figure\tcheck\tstatus\n",
     }
 

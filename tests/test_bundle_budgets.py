@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import gathered_references
 
 from ddlrepro.host import bundle as bundles
 from ddlrepro.host.bundle import (
@@ -77,7 +77,7 @@ def rehashed_bundle(path: Path, members: dict[str, bytes]) -> Path:
 def test_a_yaml_alias_bomb_is_refused_before_it_is_validated(tmp_path: Path) -> None:
     members = {
         "config-used.yaml": alias_bomb(),
-        "references.yaml": (REPO / "config" / "references.yaml").read_bytes(),
+        "references.yaml": gathered_references(tmp_path).read_bytes(),
         "results/checks.tsv": b"figure\tcheck\tstatus\treason\n",
     }
     bundle = rehashed_bundle(tmp_path / "bomb.tar.gz", members)

@@ -18,6 +18,7 @@ from ddlrepro.host.checks import (
     check_exclude,
     check_figure,
     evaluate,
+    figure_references,
     load_references,
     timing_figures,
 )
@@ -48,7 +49,7 @@ def reference(**fields) -> dict:
 
 
 def test_shipped_references_are_valid() -> None:
-    references = load_references(REPO / "config" / "references.yaml")
+    references = figure_references()
     assert {"kungfu-fig8", "kungfu-fig9", "dlaas-scaling"} <= set(references)
     for entries in references.values():
         assert len({entry["id"] for entry in entries}) == len(entries)
@@ -180,7 +181,7 @@ def test_a_timing_check_behind_a_disturbed_run_is_disturbed_not_judged() -> None
 def test_shipped_references_classify_absolute_numbers_as_paper_scale() -> None:
     """Every value the papers measured on their hardware (a value with tolerance, a constant with a unit such as
     KungFu's 20.39 s) applies at paper scale only; what stays `any` is a scale-free relation."""
-    references = load_references(REPO / "config" / "references.yaml")
+    references = figure_references()
     for figure, entries in references.items():
         for entry in entries:
             absolute = "value" in entry or ("unit" in entry and not isinstance(entry.get("against"), dict))
@@ -464,7 +465,7 @@ def test_every_scale_any_check_of_every_smoke_figure_is_evaluated(figure: str) -
     config = load_config(REPO / "config" / "config.yaml")
     assert config["figures"][figure]["enabled"] and not config.get("checks", {}).get("exclude")
     points = figure_module(figure).points(config["figures"][figure], config["launcher"])
-    references = load_references(REPO / "config" / "references.yaml")
+    references = figure_references()
     copies = 3 if figure in timing_figures(references, "smoke") else 1  # as the workflow replicates them
     table = synthetic_tidy_table(figure, [replace(point, replicate=r) for r in range(copies) for point in points])
     if is_simulated(figure):  # it plots the simulation of its runs' table
@@ -503,7 +504,7 @@ def test_a_disturbed_run_marks_the_summary_rows_that_depend_on_it() -> None:
 
     def disturbed_checks(figure: str, disturbed_point) -> list[str]:
         summary = pd.read_csv(io.StringIO(disturbed_summary(figure, disturbed_point).to_csv(index=False)))
-        checks = check_figure(figure, summary, load_references(REPO / "config" / "references.yaml")[figure], "paper")
+        checks = check_figure(figure, summary, figure_references()[figure], "paper")
         return sorted(checks.loc[checks["status"] == "disturbed", "check"])
 
     def disturbed_rows(figure: str, disturbed_point, key: str) -> dict:
@@ -540,7 +541,7 @@ def cli_check(folder: Path, *exclude: str) -> str:
     """What `ddlrepro check` exits with for dlaas-scaling on a one-row summary."""
     (folder / "summary.csv").write_text("workers\n1\n")
     command = ["check", "dlaas-scaling", "--summary", str(folder / "summary.csv"), "--scale", "smoke"]
-    command += ["--references", str(REPO / "config" / "references.yaml"), "--out", str(folder / "checks.tsv")]
+    command += ["--out", str(folder / "checks.tsv")]
     with pytest.raises(SystemExit) as exited:
         main([*command, "--exclude", *exclude])
     return str(exited.value.code)
@@ -562,7 +563,7 @@ def test_cli_keeps_the_traceback_of_a_bug(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_every_exclude_entry_must_name_a_reference() -> None:
-    references = load_references(REPO / "config" / "references.yaml")
+    references = figure_references()
     check_exclude(["dlaas-scaling/" + references["dlaas-scaling"][0]["id"]], references)
     wrong = ["kungfu-fig7/typo", "nosuchfigure/x", "dlaas-scaling"]
     with pytest.raises(ReferenceError, match=re.escape(f"checks.exclude names {sorted(wrong)}: no such")):

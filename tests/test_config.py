@@ -158,7 +158,7 @@ def test_code_defaults_are_the_schemas() -> None:
 def test_validation_fills_in_every_default_of_the_schema() -> None:
     """One filled config for every caller: a config naming only its figures gets every other setting."""
     config = validate_config({"figures": load_config(SMOKE)["figures"]})
-    assert config["scale"] == "smoke" and config["references"] == "config/references.yaml"
+    assert config["scale"] == "smoke" and config["references"] is None
     assert config["launcher"]["name"] == "auto" and config["launcher"]["slurm"]["mpi"] == "pmix"
     assert config["launcher"]["kubernetes"]["port"] == 29500 and config["images"]["build"] is None
     checks = {"max_foreign_share": 0.1, "max_speed_drift": None, "exclude": [], "replicates": 3, "tier": "quick"}

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, output_of_throttled, tiny_point
 
-from ddlrepro.host.checks import check_figure, checks_settings, load_references
+from ddlrepro.host.checks import check_figure, checks_settings, figure_references
 from ddlrepro.host.config import load_config
 from ddlrepro.host.cpuquota import CpuQuotas
 from ddlrepro.host.figures import figure_module
@@ -61,7 +61,7 @@ def dlaas_checks(tmp_path: Path) -> tuple[dict, object]:
     records = {point.id: run_in_fresh_process(point, tmp_path / point.id) for point in points}
     table = tidy_table([tmp_path / point.id for point in points], max_foreign_share=MAX_FOREIGN_SHARE)
     _, summary = module.plot(table, "smoke", [])
-    references = load_references(REPO / "config" / "references.yaml")["dlaas-scaling"]
+    references = figure_references()["dlaas-scaling"]
     checks = check_figure("dlaas-scaling", summary, references, "smoke", config["checks"]["exclude"])
     return records, checks.set_index("check")
 

@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 from conftest import REPO
 
-from ddlrepro.host.checks import check_figure, load_references
+from ddlrepro.host.catalog import figure_file
+from ddlrepro.host.checks import check_figure, figure_references
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.figures import dlaas_scaling
 from ddlrepro.host.run import unmet_requirement
@@ -58,14 +59,14 @@ def test_an_overlay_without_the_bridge_it_is_judged_against_names_networks() -> 
 
 def recorded(network: str, workers: set[int] | None = None, **columns: object) -> pd.DataFrame:
     """The recorded tiny dlaas-scaling table as if its runs (those at `workers`) had been on `network`."""
-    table = pd.read_csv(REPO / "tests" / "data" / "tables" / "dlaas-scaling.csv")
+    table = pd.read_csv(figure_file("dlaas-scaling", "recorded.csv"))
     table = table[table["workers"].isin(workers)] if workers else table
     return table.assign(network=network, **columns)
 
 
 def overlay_check(*tables: pd.DataFrame) -> dict:
     _, summary = dlaas_scaling.plot(pd.concat(tables, ignore_index=True), "smoke", [])
-    references = [r for r in load_references(REPO / "config" / "references.yaml")["dlaas-scaling"] if r["id"] == CHECK]
+    references = [r for r in figure_references()["dlaas-scaling"] if r["id"] == CHECK]
     return check_figure("dlaas-scaling", summary, references, "smoke").set_index("check").loc[CHECK].to_dict()
 
 
@@ -153,7 +154,7 @@ def test_bridge_and_overlay_ranks_talk_over_their_network_and_the_overlay_check_
     table = tidy_table([tmp_path / point.id for point in points])
     _, summary = dlaas_scaling.plot(table, "smoke", [])
     assert sorted(summary["network"]) == ["bridge", "bridge", "overlay", "overlay"]
-    references = [r for r in load_references(REPO / "config" / "references.yaml")["dlaas-scaling"] if r["id"] == CHECK]
+    references = [r for r in figure_references()["dlaas-scaling"] if r["id"] == CHECK]
     checks = check_figure("dlaas-scaling", summary, references, "smoke").set_index("check")
     # One replicate (tiny.yaml): judged, but without an interval.
     assert checks.loc[CHECK, "status"] in {"inconclusive", "disturbed"}, checks.loc[CHECK].to_dict()

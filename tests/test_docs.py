@@ -13,8 +13,9 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, workflow_environment
 
+from ddlrepro.host.catalog import figure_file
 from ddlrepro.host.cli import COMMAND_GROUPS, flags, grouped_commands, parser, subcommands
 from ddlrepro.host.config import config_schema
 from ddlrepro.host.config_reference import reference_page, resolved
@@ -122,18 +123,26 @@ def test_a_page_in_a_real_browser_is_drawn_and_stays_inside_the_window(site: Pat
     assert (pixels[:, 300:1300] < 0.5).mean() > 0.01, "the page is blank"
 
 
-def test_a_figure_page_changes_with_its_references_and_settings(tmp_path: Path) -> None:
-    """The pages are written from the checkout's files: edit a claim or a paper value and the page says so."""
-    for part in ("config", "workflow/report"):
-        (tmp_path / part).parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["cp", "-r", str(REPO / part), str(tmp_path / part)], check=True)
-    before = figure_pages(tmp_path)["kungfu-fig9"]
-    references = tmp_path / "config" / "references.yaml"
+def test_a_figure_page_changes_with_its_references_and_settings(workflow_copy: Path) -> None:
+    """The pages are written from the figure's folder: edit a claim or a paper value there and the page says so."""
+    before = figure_pages(REPO)["kungfu-fig9"]
+    references = figure_file("kungfu-fig9", "references.yaml", workflow_copy)
     claim = "Horovod (the paper's ring all-reduce baseline) trains ResNet-50"
     references.write_text(references.read_text().replace(claim, "An edited claim about ResNet-50", 1))
-    paper = tmp_path / "config" / "paper.yaml"
+    paper = figure_file("kungfu-fig9", "paper.yaml", workflow_copy)
     paper.write_text(paper.read_text().replace("KungFu OSDI'20 Fig 9: ResNet-50 and MobileNetV2", "edited source", 1))
-    after = figure_pages(tmp_path)["kungfu-fig9"]
+    written = "from pathlib import Path\nfrom ddlrepro.host.docs_pages import figure_pages\n"
+    written += "print(figure_pages(Path('.'))['kungfu-fig9'])"
+    done = subprocess.run(
+        [sys.executable, "-c", written],
+        cwd=workflow_copy,
+        env=workflow_environment(workflow_copy),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    after = done.stdout
     assert claim in before and claim not in after and "An edited claim about ResNet-50" in after
     assert '| `models` | `["resnet50", "mobilenet_v2"]` | edited source |' in after
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 from conftest import REPO, as_replicates, snakemake
 
-from ddlrepro.host.checks import check_figure, load_references
+from ddlrepro.host.catalog import figure_file
+from ddlrepro.host.checks import check_figure, figure_references
 from ddlrepro.host.config import ConfigError, load_config, validate_config
 from ddlrepro.host.figures import figure_points
 from ddlrepro.host.figures.easyscale_fig13 import FIRST, LAST, summarize
@@ -23,7 +24,7 @@ from ddlrepro.points import Point
 from ddlrepro.rank.easyscale import ConsistentTrainer, SyntheticTokens
 from ddlrepro.rank.models import build_model
 
-RECORDED = REPO / "tests" / "data" / "tables" / "easyscale-fig13.csv"
+RECORDED = figure_file("easyscale-fig13", "recorded.csv")
 TURN = {"switch", "data", "forward_backward", "gradient_copy"}
 AFTER_TURN = {"sync", "optimizer", "loss"}
 # The laps cover train_step from its first statement to its last: what the step time measures besides them is a
@@ -127,7 +128,7 @@ def test_checks_on_the_recorded_table() -> None:
     summary = summarize(table, int(table["warmup_steps"].iloc[0])).assign(**quiet)
     assert list(summary["group"]) == [FIRST, LAST, FIRST, LAST]
     assert set(summary["paper_model"]) == {"ResNet-50", "BERT"}
-    references = load_references(REPO / "config" / "references.yaml")["easyscale-fig13"]
+    references = figure_references()["easyscale-fig13"]
     three = as_replicates(summary)  # the recorded run as three replicates
     checks = check_figure("easyscale-fig13", three, references, "smoke").set_index("check")
     assert checks.loc["first-ests-cheaper-than-last", "status"] == "pass"

@@ -14,7 +14,8 @@ import pytest
 from conftest import REPO, as_replicates, copy_workflow, only_figures, snakemake
 
 from ddlrepro.host.bundle import read_bundle, verify_bundle
-from ddlrepro.host.checks import check_figure, load_references
+from ddlrepro.host.catalog import figure_file
+from ddlrepro.host.checks import check_figure, figure_references
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.figures import draw_figure, figure_points
 from ddlrepro.host.figures.easyscale_fig14 import (
@@ -30,7 +31,7 @@ from ddlrepro.host.simulator.traces import ARTIFACT_COLUMNS
 from ddlrepro.host.tables import read_table
 
 PROFILE_RUNS = REPO / "tests" / "data" / "easyscale-fig14-profile-runs.csv"  # resnet20's runs of the smoke config
-RECORDED = REPO / "tests" / "data" / "tables" / "easyscale-fig14.csv"  # the smoke config's simulation
+RECORDED = figure_file("easyscale-fig14", "recorded.csv")  # the smoke config's simulation
 LABELS = ["profiles_host", "cluster", "trace", "restart", "application_map", "round_s"]  # on the profile rows
 ORDER_CHECKS = [
     "jct-heter-below-homo",
@@ -42,7 +43,7 @@ ORDER_CHECKS = [
 
 
 def references() -> list[dict]:
-    return load_references(REPO / "config" / "references.yaml")["easyscale-fig14"]
+    return figure_references()["easyscale-fig14"]
 
 
 def test_profile_table_is_one_ests_step_per_run() -> None:
@@ -150,7 +151,7 @@ def test_figure_and_summary_say_simulated_and_emulated() -> None:
     assert "simulated, profiles from" in footer and "device types emulated on CPU" in footer
     assert "bert → bert_tiny" in footer and "bert → bert_tiny" in summary["application_map"].iloc[0]
     assert "device types emulated on CPU" in summary["profiles_host"].iloc[0] and summary["simulated"].all()
-    caption = (REPO / "workflow" / "report" / "easyscale-fig14.rst").read_text()
+    caption = figure_file("easyscale-fig14", "caption.rst").read_text()
     assert "Simulated" in caption and "emulated on CPU" in caption
 
 

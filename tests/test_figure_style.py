@@ -15,7 +15,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
-from conftest import REPO
 from matplotlib.axes import Axes
 from matplotlib.axis import Axis
 from matplotlib.collections import Collection
@@ -26,11 +25,11 @@ from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 from ddlrepro.host import plotting
-from ddlrepro.host.checks import load_references
+from ddlrepro.host.catalog import figure_file
+from ddlrepro.host.checks import figure_references
 from ddlrepro.host.figures import FIGURES, draw_figure
 from ddlrepro.host.tables import read_table
 
-TABLES = Path(__file__).parent / "data" / "tables"
 MACHINE = "1 host; AMD EPYC, 2 cores; no GPU; torch 2.13.0+cpu"
 # An axis label ends with its unit in parentheses, or counts something (workers, steps, mini-batches).
 UNIT = re.compile(r"\([^()]+\)$|^number of |^training step$|^mini-batch$")
@@ -40,8 +39,8 @@ TIMING_FIGURES = [figure for figure in FIGURES if figure != "easyscale-fig9"]
 
 
 def drawn(figure: str, table=None) -> Figure:
-    references = load_references(REPO / "config" / "references.yaml").get(figure, [])
-    table = read_table(TABLES / f"{figure}.csv") if table is None else table
+    references = figure_references().get(figure, [])
+    table = read_table(figure_file(figure, "recorded.csv")) if table is None else table
     drawing, _ = draw_figure(figure, table, "smoke", references, MACHINE)
     drawing.canvas.draw()
     return drawing
@@ -183,7 +182,7 @@ def test_shared_style(figure_id: str) -> None:
 def test_disturbed_runs_are_marked(figure_id: str) -> None:
     """With every run disturbed, every bar of a timing is hatched or every timing point ringed, and the footer
     says so."""
-    table = read_table(TABLES / f"{figure_id}.csv")
+    table = read_table(figure_file(figure_id, "recorded.csv"))
     table = table.assign(disturbed=True, foreign_share=0.6)
     drawing = drawn(figure_id, table)
     footer = drawing.get_supxlabel()
@@ -212,4 +211,4 @@ def test_machine_summary_names_no_host() -> None:
 
 
 def test_every_figure_has_a_recorded_table() -> None:
-    assert sorted(path.stem for path in TABLES.glob("*.csv")) == sorted(FIGURES)
+    assert [figure for figure in FIGURES if not figure_file(figure, "recorded.csv").is_file()] == []

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from conftest import REPO, planned_jobs, snakemake
 
+from ddlrepro.host.checks import figure_references
 from ddlrepro.host.config import ConfigError, load_config, load_config_file, validate_config
 from ddlrepro.host.figures import figure_points
 from ddlrepro.host.launchers import check_points, configured_launcher
@@ -201,9 +202,9 @@ def test_an_unusual_cluster_shape_gets_slurm_requests_that_agree_with_every_poin
 
 def test_a_figure_waiting_for_data_lists_its_checks_as_skipped_saying_why() -> None:
     """checks.tsv keeps a verdict line for every claim: a figure skipped for its data lists each as skipped, why."""
-    from ddlrepro.host.checks import collect_checks, headline, load_references
+    from ddlrepro.host.checks import collect_checks, headline
 
-    references = load_references(REPO / "config" / "references.yaml")
+    references = figure_references()
     collected = collect_checks([], {"kungfu-fig4": "CIFAR-10's python batches are not in x"}, references)
     assert len(collected) == len(references["kungfu-fig4"]) and set(collected["status"]) == {"skipped"}
     assert collected["reason"].str.startswith("waiting: CIFAR-10's python batches").all()

@@ -16,6 +16,8 @@ import pytest
 import yaml
 from conftest import REPO, assert_refused, snakemake
 
+from ddlrepro.host.catalog import figure_file
+from ddlrepro.host.checks import figure_references
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import figure_points, wikimedia_ps
 from ddlrepro.host.launchers import isolation, local_launcher
@@ -220,7 +222,7 @@ def test_a_frozen_trunk_is_labelled() -> None:
 
     from ddlrepro.host.tables import read_table
 
-    table = read_table(REPO / "tests" / "data" / "tables" / f"{FIGURE}.csv")
+    table = read_table(figure_file(FIGURE, "recorded.csv"))
     for trainable, labelled in (("all", False), ("top", True)):
         drawing, _ = wikimedia_ps.plot(table.assign(trainable=trainable), "smoke", [])
         assert ("trunk frozen at its random initialisation" in drawing.get_suptitle()) is labelled
@@ -281,9 +283,8 @@ def fault_records(attempts: list[tuple[str, float]], **metrics: float) -> pd.Dat
 
 @pytest.fixture(scope="module")
 def fault_references() -> dict:
-    from ddlrepro.host.checks import load_references
 
-    return {ref["id"]: ref for ref in load_references(REPO / "config" / "references.yaml")[FIGURE]}
+    return {ref["id"]: ref for ref in figure_references()[FIGURE]}
 
 
 KILLED_PS = {"role": "ps", "task": 1, "at_step": 4, "signal": "SIGKILL"}

@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 from conftest import snakemake
 
+from ddlrepro.host.catalog import figure_file
 from ddlrepro.host.checks import ReferenceError as CheckReferenceError
-from ddlrepro.host.checks import check_figure, load_references
+from ddlrepro.host.checks import check_figure, figure_references
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
 from ddlrepro.host.figures import figure_points, kungfu_fig6
@@ -26,7 +27,6 @@ from ddlrepro.rank.elastic.faults import live_records
 from ddlrepro.rank.policies.provisioning import ProvisioningPolicy, throughput_source
 
 CONFIG = Path(__file__).parents[1] / "config" / "config.yaml"
-REFERENCES = Path(__file__).parents[1] / "config" / "references.yaml"
 
 
 def provisioning_sequence(totals: dict[int, float], windows: int, window_steps: int = 4, max_workers: int = 4) -> list:
@@ -163,7 +163,7 @@ def test_a_policy_point_counts_its_pool_once() -> None:
 def test_a_missing_fixed_run_at_the_settled_size_is_a_declared_gap() -> None:
     """The recorded table's adaptive run settled at 1 worker; with fixed-1 skipped, the share is NaN with the reason,
     its check is skipped for that reason, the other check still runs, and the figure marks the empty slot."""
-    table = pd.read_csv(Path(__file__).parent / "data" / "tables" / "kungfu-fig6.csv")
+    table = pd.read_csv(figure_file("kungfu-fig6", "recorded.csv"))
     fixed_1 = table[table["mode"] == "fixed-1"]
     skipped_row = fixed_1.iloc[[0]].assign(metric="skipped", value=float("nan"), status="skipped", reason="skipped: x")
     table = pd.concat([table[table["mode"] != "fixed-1"], skipped_row], ignore_index=True)
@@ -173,7 +173,7 @@ def test_a_missing_fixed_run_at_the_settled_size_is_a_declared_gap() -> None:
     assert summary.loc["adaptive", "best_fixed_size"] == 2
     assert (summary.loc["fixed-1", "status"], summary.loc["fixed-1", "size"]) == ("skipped", 1)
     figure, drawn = kungfu_fig6.plot(table, "smoke", [])
-    checks = check_figure(kungfu_fig6.ID, drawn, load_references(REFERENCES)[kungfu_fig6.ID], "smoke")
+    checks = check_figure(kungfu_fig6.ID, drawn, figure_references()[kungfu_fig6.ID], "smoke")
     statuses = checks.set_index("check")["status"].to_dict()
     assert statuses["stops-where-the-next-worker-does-not-pay"] in {"inconclusive", "skipped"}
     assert statuses["adaptive-cheaper-than-all-at-once"] in {"inconclusive", "disturbed"}  # one replicate
@@ -184,12 +184,12 @@ def test_a_missing_fixed_run_at_the_settled_size_is_a_declared_gap() -> None:
 def test_a_fixed_run_missing_without_a_skip_is_an_error_not_a_skip() -> None:
     """fixed-1 is absent from the table without being declared skipped (a run lost, a table cut short): the share's
     check must fail loudly, never be excused as skipped."""
-    table = pd.read_csv(Path(__file__).parent / "data" / "tables" / "kungfu-fig6.csv")
+    table = pd.read_csv(figure_file("kungfu-fig6", "recorded.csv"))
     table = table[table["mode"] != "fixed-1"]
     summary = kungfu_fig6.summarize(table).set_index("mode")
     assert pd.isna(summary.loc["adaptive", "settled_share"]) and summary.loc["adaptive", "settled_share_skipped"] == ""
     with pytest.raises(CheckReferenceError, match="next_worker_gain_share is NaN"):
-        check_figure(kungfu_fig6.ID, summary.reset_index(), load_references(REFERENCES)[kungfu_fig6.ID], "smoke")
+        check_figure(kungfu_fig6.ID, summary.reset_index(), figure_references()[kungfu_fig6.ID], "smoke")
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, written_forms
+from conftest import REPO, gathered_references, written_forms
 
 from ddlrepro.host.bundle import create_bundle
 from ddlrepro.host.config import ConfigError, validate_config
@@ -69,7 +69,7 @@ def bundle_with_report(tmp_path: Path, report: str, repo: Path | None = None) ->
     (results / "provenance").mkdir(parents=True)
     (results / "report.html").write_text(report)
     (results / "checks.tsv").write_text("")
-    references = REPO / "config" / "references.yaml"
+    references = gathered_references(tmp_path)
     out = tmp_path / "b.tar.gz"
     return create_bundle(out, results, [], [], {"scale": "smoke"}, references, repo or tmp_path)
 
@@ -175,7 +175,7 @@ def test_bundle_looks_for_the_secrets_the_runs_saw(
     (results / "provenance").mkdir()
     (results / "report.html").write_text("<p>fine</p>")
     (results / "checks.tsv").write_text("")
-    references = REPO / "config" / "references.yaml"
+    references = gathered_references(tmp_path)
     with pytest.raises(ValueError, match=r"refusing to bundle results/runs/kungfu-fig9/p1/log\.txt: .*DEPLOYMENT_BLOB"):
         create_bundle(tmp_path / "b.tar.gz", results, [], [run_dir], {"scale": "smoke"}, references, tmp_path)
     assert "secret variable(s) GONE_TOKEN, not set here" in capsys.readouterr().err

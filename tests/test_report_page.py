@@ -17,13 +17,13 @@ import yaml
 from conftest import REPO
 
 from ddlrepro.host import plotting
-from ddlrepro.host.checks import check_figure, load_references
+from ddlrepro.host.catalog import figure_file
+from ddlrepro.host.checks import check_figure, figure_references
 from ddlrepro.host.figures import FIGURES as ALL_FIGURES
 from ddlrepro.host.figures import draw_figure
 from ddlrepro.host.report import INPUTS_MARK, caption_html, recorded_inputs, render_report, write_report
 from ddlrepro.host.tables import read_table
 
-TABLES = Path(__file__).parent / "data" / "tables"
 # kungfu-fig7 first: its summary is the widest table, and it lands in the screenshot's first 2000 pixels.
 FIGURES = ["kungfu-fig7", "kungfu-fig8", "kungfu-fig9", "dlaas-scaling"]
 DECIMAL = re.compile(r"\d+\.\d+")
@@ -39,13 +39,13 @@ def report(tmp_path_factory) -> Path:
     results = tmp_path_factory.mktemp("results")
     (results / "tables").mkdir()
     (results / "figures").mkdir()
-    references = load_references(REPO / "config" / "references.yaml")
+    references = figure_references()
     exclude = yaml.safe_load((REPO / "tests" / "configs" / "tiny.yaml").read_text())["checks"]["exclude"]
     checks = []
     for figure in FIGURES:
-        shutil.copy(TABLES / f"{figure}.csv", results / "tables" / f"{figure}.csv")
+        shutil.copy(figure_file(figure, "recorded.csv"), results / "tables" / f"{figure}.csv")
         drawing, summary = draw_figure(
-            figure, read_table(TABLES / f"{figure}.csv"), "smoke", references.get(figure, []), "1 host"
+            figure, read_table(figure_file(figure, "recorded.csv")), "smoke", references.get(figure, []), "1 host"
         )
         plotting.save(drawing, str(results / "figures" / f"{figure}.png"), str(results / "figures" / f"{figure}.pdf"))
         summary.to_csv(results / "tables" / f"{figure}.summary.csv", index=False)
@@ -53,7 +53,7 @@ def report(tmp_path_factory) -> Path:
         checks.append(check_figure(figure, summary, references.get(figure, []), "smoke", exclude))
     pd.concat(checks).to_csv(results / "checks.tsv", sep="\t", index=False)
     out = results / "report.html"
-    captions = [REPO / "workflow" / "report" / f"{figure}.rst" for figure in FIGURES]
+    captions = [figure_file(figure, "caption.rst") for figure in FIGURES]
     write_report(out, FIGURES, "smoke", "local", captions, results, repository=REPO)
     return out
 
@@ -62,7 +62,7 @@ def test_the_report_records_its_inputs_and_is_built_again_from_them_alone(report
     html = report.read_text()
     inputs = recorded_inputs(html)
     assert inputs is not None and inputs["figures"] == list(FIGURES) and inputs["scale"] == "smoke"
-    captions = [REPO / "workflow" / "report" / f"{figure}.rst" for figure in FIGURES]
+    captions = [figure_file(figure, "caption.rst") for figure in FIGURES]
     assert render_report(inputs, captions, report.parent) == html
     tampered = html.replace(INPUTS_MARK + " ", INPUTS_MARK + " AAAA", 1)
     assert recorded_inputs(tampered) is None and recorded_inputs(html + "<p>more</p>") is None
@@ -87,7 +87,7 @@ def test_captions_rendered_from_restructuredtext(report: Path) -> None:
 
 @pytest.mark.parametrize("figure", list(ALL_FIGURES))
 def test_every_caption_is_valid_restructuredtext(figure: str) -> None:
-    assert caption_html(REPO / "workflow" / "report" / f"{figure}.rst").startswith("<p>")
+    assert caption_html(figure_file(figure, "caption.rst")).startswith("<p>")
 
 
 def test_caption_cannot_bring_a_script(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from conftest import (
 )
 from test_local_launcher import wait_for, worker_pids
 
-from ddlrepro.host.checks import load_references
+from ddlrepro.host.checks import figure_references
 from ddlrepro.host.launchers import configured_launcher
 from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
 from ddlrepro.host.launchers.slurm import SlurmLauncher, execute_step
@@ -254,7 +254,7 @@ def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, s
     }
     containers_only = [  # the BigGAN study's checks on its container environments: only hpc runs here
         f"biggan-profiles/{reference['id']}"
-        for reference in load_references(REPO / "config" / "references.yaml")["biggan-profiles"]
+        for reference in figure_references()["biggan-profiles"]
         if reference["measured"]["where"]["environment"] != "hpc"
     ]
     excluded = checks_excluding("kungfu-allreduce/nccl-busbw", *containers_only)  # MPI only, hpc only

@@ -25,6 +25,7 @@ from conftest import (
 )
 from test_bundle import figureless_bundle, figureless_members, flipped
 
+from ddlrepro.host.catalog import figure_file
 from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.jobenv import jobs_package_problem
 
@@ -178,7 +179,7 @@ def test_a_finished_checkout_copied_elsewhere_reruns_nothing(tmp_path: Path) -> 
     options = ["--configfile", "tests/configs/tiny.yaml", "one.yaml"]
     built = snakemake(first, *options)
     assert built.returncode == 0, built.stderr[-3000:]
-    caption_start = " ".join((first / "workflow" / "report" / "dlaas-scaling.rst").read_text().split()[:3])
+    caption_start = " ".join(figure_file("dlaas-scaling", "caption.rst", first).read_text().split()[:3])
     assert caption_start in (first / "results" / "report.html").read_text()
 
     moved = tmp_path / "elsewhere" / "moved"
@@ -189,7 +190,7 @@ def test_a_finished_checkout_copied_elsewhere_reruns_nothing(tmp_path: Path) -> 
     assert "Nothing to be done" in plan.stdout + plan.stderr
 
     # The report's captions and template are its inputs: editing either rebuilds it (and only it).
-    for edited in ("workflow/report/dlaas-scaling.rst", "src/ddlrepro/host/templates/report.html.j2"):
+    for edited in ("src/ddlrepro/host/figures/dlaas_scaling/caption.rst", "src/ddlrepro/host/templates/report.html.j2"):
         with (moved / edited).open("a") as file:
             file.write("\n")
         assert planned_jobs(snakemake(moved, "-n", *options).stdout) == {"report": 1, "all": 1}, edited

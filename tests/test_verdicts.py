@@ -1,4 +1,4 @@
-"""Timing claims judged over replicates: every `scale: any` timing check of config/references.yaml, on replicate
+"""Timing claims judged over replicates: every `scale: any` timing check of the figures' references.yaml, on replicate
 summaries built from the recorded real runs of tests/data/tables (the figure's own summary code; the checked value
 shifted to where the claim holds, where it is false by a margin, and where the noise straddles its line), gives
 pass, fail and inconclusive; and the interval, the band and the headline behave as documented."""
@@ -12,13 +12,14 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
-from conftest import REPO
 
+from ddlrepro.host.catalog import figure_file
 from ddlrepro.host.checks import (
     Interval,
     check_figure,
     claim_band,
     evaluate,
+    figure_references,
     headline,
     load_references,
     select,
@@ -29,8 +30,7 @@ from ddlrepro.host.checks import (
 from ddlrepro.host.figures import draw_figure
 from ddlrepro.host.tables import read_table
 
-REFERENCES = load_references(REPO / "config" / "references.yaml")
-TABLES = REPO / "tests" / "data" / "tables"
+REFERENCES = figure_references()
 TIMING = [
     (figure, reference)
     for figure, entries in REFERENCES.items()
@@ -41,7 +41,9 @@ TIMING = [
 
 def recorded_summary(figure: str) -> pd.DataFrame:
     """The figure's summary of its recorded real runs, as quiet runs (host load cleared)."""
-    drawing, summary = draw_figure(figure, read_table(TABLES / f"{figure}.csv"), "smoke", [], "recorded runs")
+    drawing, summary = draw_figure(
+        figure, read_table(figure_file(figure, "recorded.csv")), "smoke", [], "recorded runs"
+    )
     plt.close(drawing)
     quiet = {column: 0.0 for column in summary.columns if column.endswith(("foreign_share", "steal_share"))}
     flags = {column: False for column in summary.columns if column.endswith("disturbed")}

@@ -16,6 +16,7 @@ import torch
 from conftest import ONE_WORKER_COUNT_DLAAS, SNAKEMAKE, checks_excluding, planned_jobs, snakemake, workflow_environment
 from test_local_launcher import wait_for, worker_pids
 
+from ddlrepro.host.catalog import figure_file
 from ddlrepro.host.figures import FIGURES
 
 # Extra config files go after TINY's (one --configfile with several files: a second flag would replace the first).
@@ -99,7 +100,7 @@ def assert_snakemake_report_holds_every_figure(workdir: Path) -> None:
         page = report.read("report/report.html").decode()
     for figure in FIGURE_IDS:
         assert [name for name in names if name.endswith(f"/{figure}.png")], names
-        caption = (workdir / "workflow" / "report" / f"{figure}.rst").read_text().split()[:6]
+        caption = figure_file(figure, "caption.rst", workdir).read_text().split()[:6]
         assert " ".join(caption) in page, figure
     assert "ddlrepro: the figures of five distributed" in page
 

@@ -7,11 +7,12 @@ from importlib.resources import files as package_files
 
 from snakemake.exceptions import WorkflowError
 
+from ddlrepro.host.catalog import figure_file
 from ddlrepro.host.checks import (
     check_exclude,
     collect_checks,
+    configured_references,
     headline,
-    load_references,
     timing_figures,
 )
 from ddlrepro.host.config import validate_config
@@ -51,8 +52,12 @@ try:
     config["launcher"]["name"] = resolved_launcher_name(
         config["launcher"]["name"], lambda: snakemake_executor(sys.argv[1:])
     )
-    REFERENCES = load_references(Path(config["references"]))
-    check_exclude(config["checks"]["exclude"], REFERENCES, config["references"])
+    REFERENCES = configured_references(config["references"])
+    check_exclude(
+        config["checks"]["exclude"],
+        REFERENCES,
+        config["references"] or "the figures' references.yaml",
+    )
     replicated = timing_figures(
         REFERENCES,
         config["scale"],
@@ -96,7 +101,8 @@ ENABLED = planned_figures(config)
 # Every path a rule names is relative to the working directory, so that a finished checkout moved or copied
 # elsewhere (with results/ and .snakemake/) plans nothing: Snakemake reruns a job whose input list or params change.
 CHECKOUT = os.path.relpath(workflow.basedir)
-CAPTIONS = str(Path(CHECKOUT) / "workflow" / "report")
+# What every figure is checked against, gathered into one file (rule gather_references) that the bundle keeps.
+REFERENCES_FILE = "results/references.yaml"
 
 
 class CaptionText:
@@ -112,6 +118,20 @@ class CaptionText:
 
 
 BUNDLE = f"results/bundle/{bundle_name(git_state(Path(CHECKOUT)))}.tar.gz"
+
+
+def caption_file(figure):
+    """A figure's caption (its folder's caption.rst), as the rules name it."""
+    return checkout_relative(figure_file(figure, "caption.rst"))
+
+
+def reference_sources():
+    """The files results/references.yaml is gathered from: the configured file, or every figure's own."""
+    if config["references"]:
+        return [config["references"]]
+    return [
+        checkout_relative(figure_file(figure, "references.yaml")) for figure in FIGURES
+    ]
 
 
 def checkout_relative(path):

@@ -36,7 +36,7 @@ rule simulate_table:
 rule plot:
     input:
         table=plot_table,
-        references=config["references"],
+        references=REFERENCES_FILE,
         runs=point_results,
         code=lambda wildcards: [
             checkout_relative(path) for path in figure_source(wildcards.figure)
@@ -58,7 +58,7 @@ rule plot:
         SOFTWARE
     params:
         scale=config["scale"],
-        caption=lambda wildcards: CaptionText(Path(CAPTIONS, f"{wildcards.figure}.rst")),
+        caption=lambda wildcards: CaptionText(caption_file(wildcards.figure)),
     shell:
         "python -m ddlrepro plot {wildcards.figure} --table {input.table} --png {output.png}"
         " --pdf {output.pdf} --summary {output.summary} --scale {params.scale}"

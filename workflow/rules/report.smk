@@ -1,10 +1,28 @@
 # Checks against the papers, the HTML report of every enabled figure, and the bundle (+ its manifest's digest).
+# The references: every figure folder's own (or the configured file), in one file the checks and bundle read.
+rule gather_references:
+    input:
+        reference_sources(),
+    output:
+        REFERENCES_FILE,
+    log:
+        "results/logs/gather_references.log",
+    conda:
+        SOFTWARE
+    params:
+        references=(
+            f"--references {shlex.quote(config['references'])}"
+            if config["references"]
+            else ""
+        ),
+    shell:
+        "python -m ddlrepro gather-references {params.references} --out {output} > {log} 2>&1"
 
 
 rule check_figure:
     input:
         summary="results/tables/{figure}.summary.csv",
-        references=config["references"],
+        references=REFERENCES_FILE,
     output:
         "results/checks/{figure}.tsv",
     log:
@@ -24,7 +42,7 @@ rule check_figure:
 rule collect_checks:
     input:
         checks=figure_checks(ENABLED),
-        references=config["references"],
+        references=REFERENCES_FILE,
     output:
         "results/checks.tsv",
     log:
@@ -45,7 +63,7 @@ rule report:
     input:
         figure_outputs(ENABLED),
         checks="results/checks.tsv",
-        captions=[f"{CAPTIONS}/{figure}.rst" for figure in ENABLED],
+        captions=[caption_file(figure) for figure in ENABLED],
         template=checkout_relative(
             package_files("ddlrepro.host") / "templates" / "report.html.j2"
         ),
@@ -73,7 +91,7 @@ rule bundle:
         "results/checks.tsv",
         figure_outputs(ENABLED),
         figure_checks(ENABLED),
-        references=config["references"],
+        references=REFERENCES_FILE,
         runs=all_point_results(ENABLED),
     output:
         bundle=BUNDLE,

@@ -38,6 +38,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from ddlrepro.host.catalog import figure_file
 from ddlrepro.host.config import ConfigError, config_schema, read_yaml, validate_config
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.figures import FIGURES
@@ -132,7 +133,7 @@ CAPTIONS = "report/captions/"  # the captions the report was built with, per fig
 
 def caption_members(figures: list[str], repo: Path) -> dict[str, bytes]:
     """The figures' captions as the checkout holds them (what the report rule gave the report)."""
-    captions = {figure: repo / "workflow" / "report" / f"{figure}.rst" for figure in figures}
+    captions = {figure: figure_file(figure, "caption.rst", repo) for figure in figures}
     return {f"{CAPTIONS}{figure}.rst": path.read_bytes() for figure, path in captions.items() if path.is_file()}
 
 

@@ -18,6 +18,7 @@ figure and the reference, never a skip.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import operator
 from collections.abc import Collection
@@ -28,7 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ddlrepro.host.config import SCHEMAS, read_yaml, validate_against, validate_config
+from ddlrepro.host.catalog import figure_file, figure_ids
+from ddlrepro.host.config import SCHEMAS, read_yaml, read_yaml_file, validate_against, validate_config
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.tables import HOST_LOAD_COLUMNS, as_flags, by_replicate
 
@@ -68,12 +70,44 @@ class DeclaredSkip(LookupError):
     """Every row a reference selects is a point the machine declared it could not run (e.g. needs CUDA)."""
 
 
+@functools.cache
+def references_schema() -> dict[str, Any]:
+    """schemas/references.schema.yaml with the figure ids the folders hold (catalog.py)."""
+    schema = read_yaml(REFERENCES_SCHEMA.read_text())
+    schema["propertyNames"]["enum"] = list(figure_ids())
+    return schema
+
+
 def load_references(path: Path, schema: Path = REFERENCES_SCHEMA) -> dict[str, list[dict[str, Any]]]:
-    """Load references.yaml (or the benchmarks' targets, `schema` BENCHMARK_TARGETS_SCHEMA) and validate it against
-    its schema (ConfigError names the offending entry)."""
+    """Load a references file (figure id → references; or the benchmarks' targets, `schema`
+    BENCHMARK_TARGETS_SCHEMA) and validate it against its schema (ConfigError names the offending entry)."""
     references = read_yaml(path.read_text()) or {}
-    validate_against(references, schema, path.name)
+    validate_against(references, schema, path.name, references_schema() if schema == REFERENCES_SCHEMA else None)
     return references
+
+
+def figure_references() -> dict[str, list[dict[str, Any]]]:
+    """Every figure's own references (its folder's references.yaml), each file validated on its own so that a
+    problem names it."""
+    references = {}
+    for figure in figure_ids():
+        path = figure_file(figure, "references.yaml")
+        own = {figure: read_yaml_file(path) or []}
+        validate_against(own, REFERENCES_SCHEMA, str(path), references_schema())
+        references |= own
+    return references
+
+
+def configured_references(setting: str | None) -> dict[str, list[dict[str, Any]]]:
+    """The references a configuration checks against (its `references`): a file's, or null for the figures' own."""
+    return load_references(Path(setting)) if setting else figure_references()
+
+
+def references_text(references: dict[str, list[dict[str, Any]]]) -> str:
+    """`references` as one references file (what rule gather_references writes and the bundle keeps)."""
+    import yaml
+
+    return yaml.safe_dump(references, sort_keys=False, allow_unicode=True, width=120)
 
 
 def checks_settings(config: dict[str, Any]) -> dict[str, Any]:

@@ -77,10 +77,10 @@ def cmd_simulate_table(args: argparse.Namespace) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> None:
-    from ddlrepro.host.checks import load_references
+    from ddlrepro.host.checks import configured_references
     from ddlrepro.host.figures import render_figure
 
-    references = load_references(Path(args.references)).get(args.figure, [])
+    references = configured_references(args.references).get(args.figure, [])
     outputs = (Path(args.png), Path(args.pdf), Path(args.summary))
     runs = [Path(path) for path in args.runs]
     render_figure(args.figure, Path(args.table), outputs, args.scale, references, runs)
@@ -89,22 +89,37 @@ def cmd_plot(args: argparse.Namespace) -> None:
 def cmd_check(args: argparse.Namespace) -> None:
     import pandas as pd
 
-    from ddlrepro.host.checks import check_figure, load_references
+    from ddlrepro.host.checks import check_figure, configured_references
 
-    references = load_references(Path(args.references)).get(args.figure, [])
+    references = configured_references(args.references).get(args.figure, [])
     checks = check_figure(args.figure, pd.read_csv(args.summary), references, args.scale, args.exclude, args.tier)
     checks.to_csv(args.out, sep="\t", index=False)
     print(f"{args.figure}: " + ", ".join(f"{n} {s}" for s, n in checks["status"].value_counts().items()))
 
 
 def cmd_collect_checks(args: argparse.Namespace) -> None:
-    from ddlrepro.host.checks import collect_checks, headline, load_references
+    from ddlrepro.host.checks import collect_checks, configured_references, headline
 
     waiting = json.loads(args.waiting)
-    references = load_references(Path(args.references)) if waiting else None
+    references = configured_references(args.references) if waiting else None
     checks = collect_checks([Path(path) for path in args.checks], waiting, references)
     checks.to_csv(args.out, sep="\t", index=False)
     print(headline(checks))
+
+
+def cmd_gather_references(args: argparse.Namespace) -> None:
+    from ddlrepro.host.checks import configured_references, references_text
+
+    references = configured_references(args.references)
+    Path(args.out).write_text(references_text(references))
+    print(f"{args.out}: {sum(map(len, references.values()))} references of {len(references)} figures")
+
+
+def cmd_new_figure(args: argparse.Namespace) -> None:
+    from ddlrepro.host.scaffold import new_figure
+
+    folder = new_figure(args.figure, args.title)
+    print(f"{folder}: a new figure {args.figure!r}; build it with `snakemake {args.figure.replace('-', '_')}`")
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -229,6 +244,9 @@ def installed_version() -> str:
         return "unknown (not installed)"
 
 
+REFERENCES_HELP = "a references file (figure id → references); default: each figure's own references.yaml"
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="ddlrepro", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -309,7 +327,9 @@ def parser() -> argparse.ArgumentParser:
     plot.add_argument("--pdf", required=True)
     plot.add_argument("--summary", required=True)
     plot.add_argument("--scale", default="smoke", help="paper scale also draws the papers' absolute numbers")
-    plot.add_argument("--references", required=True, help="references.yaml: what the figure draws in")
+    plot.add_argument(
+        "--references", default=None, help="a references file (figure id → references); default: each figure's own"
+    )
     plot.add_argument(
         "--runs", nargs="*", default=[], help="the runs' result.json files: the footer names the machine they ran on"
     )
@@ -318,7 +338,9 @@ def parser() -> argparse.ArgumentParser:
     check = command("check", help="check a figure's summary table against the papers")
     check.add_argument("figure")
     check.add_argument("--summary", required=True)
-    check.add_argument("--references", required=True)
+    check.add_argument(
+        "--references", default=None, help="a references file (figure id → references); default: each figure's own"
+    )
     check.add_argument("--scale", required=True)
     check.add_argument("--tier", choices=["quick", "thorough"], default="thorough", help="checks.tier")
     check.add_argument("--out", required=True, help="TSV of the figure's checks")
@@ -329,8 +351,17 @@ def parser() -> argparse.ArgumentParser:
     collect.add_argument("checks", nargs="*")
     collect.add_argument("--out", required=True)
     collect.add_argument("--waiting", default="{}", help="JSON {figure: what it waits for}: its checks are skipped")
-    collect.add_argument("--references", default="config/references.yaml")
+    collect.add_argument(
+        "--references", default=None, help="a references file (figure id → references); default: each figure's own"
+    )
     collect.set_defaults(handler=cmd_collect_checks)
+
+    gather = command("gather-references", help="write the references the figures are checked against to one file")
+    gather.add_argument(
+        "--references", default=None, help="a references file (figure id → references); default: each figure's own"
+    )
+    gather.add_argument("--out", required=True)
+    gather.set_defaults(handler=cmd_gather_references)
 
     report = command("report", help="self-contained HTML report of the built figures")
     report.add_argument("--out", required=True)
@@ -388,6 +419,11 @@ def parser() -> argparse.ArgumentParser:
     paper.add_argument("--out", help="write here (docs/paper-scale.md) instead of standard output")
     paper.set_defaults(handler=cmd_paper_settings)
 
+    new = command("new-figure", help="start a figure of your own: its folder, from a template that builds and checks")
+    new.add_argument("figure", help="its id: lowercase words joined by -, e.g. mypaper-fig3")
+    new.add_argument("--title", help="its title (default: from the id)")
+    new.set_defaults(handler=cmd_new_figure)
+
     simulate = command("simulate", help="replay a job trace on a simulated cluster under policies")
     from ddlrepro.host.simulator.cli import add_arguments
 
@@ -402,9 +438,10 @@ COMMAND_GROUPS = {
     "check, share and inspect": [
         "validate", "render", "report", "bundle", "verify", "compare", "config-reference", "paper-settings",
     ],
-    "data and simulation": ["fetch-data", "simulate"],
+    "data, simulation and new figures": ["fetch-data", "simulate", "new-figure"],
     "workflow steps (the Snakemake rules run these; by hand too)": [
-        "run-point", "tabulate", "simulate-table", "plot", "check", "collect-checks", "build-image", "install-profile",
+        "run-point", "tabulate", "simulate-table", "plot", "gather-references", "check", "collect-checks",
+        "build-image", "install-profile",
     ],
 }  # fmt: skip
 

@@ -14,6 +14,7 @@ import referencing
 import referencing.jsonschema
 import yaml
 
+from ddlrepro.host.catalog import SCALE_FILES, figure_file, figure_ids
 from ddlrepro.host.errors import UserError
 
 # Shipped with the package (package data), so an installed ddlrepro validates without a checkout.
@@ -263,8 +264,14 @@ DefaultFillingValidator = _fill_defaults(jsonschema.Draft202012Validator)
 
 @functools.cache
 def config_schema() -> dict[str, Any]:
-    """The config schema, read once."""
-    return read_yaml(CONFIG_SCHEMA.read_text())
+    """The config schema, read once: schemas/config.schema.yaml with each figure's section from its folder's
+    schema.yaml (catalog.py), and the list of figure ids from the folders found."""
+    schema = read_yaml(CONFIG_SCHEMA.read_text())
+    figures = schema["properties"]["figures"]
+    figures["properties"] = {figure: read_yaml_file(figure_file(figure, "schema.yaml")) for figure in figure_ids()}
+    figures["required"] = list(figure_ids())
+    schema["$defs"]["figure_id"]["enum"] = list(figure_ids())
+    return schema
 
 
 def _schema_node(keys: tuple[str, ...]) -> dict[str, Any]:
@@ -297,21 +304,33 @@ def validate_config(config: dict[str, Any], partial: bool = False) -> dict[str, 
 def resolve_scale(config: dict[str, Any]) -> None:
     """`figures` ← the active scale's block (`smoke` or `paper`), overridden by the config's own `figures`.
 
-    Each scale's figure sections live in their own block, so a paper-scale point never takes a value the smoke
-    block set (config/paper.yaml is read on top of config/config.yaml): what the paper block leaves out is the
-    schema's default. The other scale's block is dropped; every figure the active block names is enabled unless
-    `figures` says otherwise. Idempotent: a resolved config resolves to itself."""
+    The block is every figure folder's smoke.yaml or paper.yaml (`folder_block`), under a block of the same name
+    in the config (which changes a scale's sizes for every run at that scale). Each scale's figure sections live
+    apart, so a paper-scale point never takes a smoke value: what the paper block leaves out is the schema's
+    default. The other scale's block is dropped; every figure the active block names is enabled unless `figures`
+    says otherwise. Idempotent: a resolved config resolves to itself."""
     scale = config.get("scale", schema_default("scale"))
     for other in set(SCALE_BLOCKS) - {scale}:
         config.pop(other, None)
-    block = config.get(scale)
-    if not isinstance(block, dict):
-        return
-    sections = scale_sections(scale, block)
+    block = config.get(scale, {})
+    if scale not in SCALE_BLOCKS or not isinstance(block, dict):
+        return  # the schema names what is wrong
+    sections = scale_sections(scale, merge_into(folder_block(scale), copy.deepcopy(block)))
     config["figures"] = merge_into(sections, copy.deepcopy(config.get("figures") or {}))
 
 
-SCALE_BLOCKS = ("smoke", "paper")
+SCALE_BLOCKS = tuple(SCALE_FILES)
+
+
+def folder_block(scale: str) -> dict[str, Any]:
+    """A scale's block as the figures' folders give it: each figure's smoke.yaml or paper.yaml, by figure id."""
+    block = {}
+    for figure in figure_ids():
+        path = figure_file(figure, SCALE_FILES[scale])
+        block[figure] = read_yaml_file(path)
+        if not isinstance(block[figure], dict):
+            raise ConfigError(f"{path}: a figure's {scale} section must be a mapping of its keys")
+    return block
 
 
 def scale_sections(scale: str, block: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -355,18 +374,23 @@ def _leaves(error: jsonschema.ValidationError) -> list[jsonschema.ValidationErro
     return [error]
 
 
-def load_config_file(path: Path) -> dict[str, Any]:
-    """One config file's mapping; ConfigError names the file, and the line and column where YAML can tell."""
+def read_yaml_file(path: Path) -> Any:
+    """A YAML file's value; ConfigError names the file, and the line and column where YAML can tell."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{path}: cannot read the config file: {error}") from None
+        raise ConfigError(f"{path}: cannot read the file: {error}") from None
     try:
-        value = read_yaml(text)
+        return read_yaml(text)
     except yaml.MarkedYAMLError as error:
         raise ConfigError(f"{path}:{_yaml_position(error)}: not valid YAML: {_yaml_problem(error, text)}") from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """One config file's mapping; ConfigError names the file, and the line and column where YAML can tell."""
+    value = read_yaml_file(path)
     if value is None:
         raise ConfigError(f"{path}: the config file is empty (it needs at least one key, e.g. `scale: smoke`)")
     if not isinstance(value, dict):

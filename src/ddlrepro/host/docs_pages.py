@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from ddlrepro.host import cli
-from ddlrepro.host.checks import load_references
-from ddlrepro.host.config import load_config, load_config_file
+from ddlrepro.host.catalog import figure_file
+from ddlrepro.host.checks import figure_references
+from ddlrepro.host.config import folder_block, load_config
 from ddlrepro.host.figures import FIGURES, figure_module
 from ddlrepro.host.paper_settings import shown, sourced_table
 
@@ -60,13 +61,13 @@ def figure_page(
 
 
 def figure_pages(repo: Path) -> dict[str, str]:
-    """Every figure's page, from the checkout's configs, references and captions."""
-    references = load_references(repo / "config" / "references.yaml")
+    """Every figure's page, from its folder (references, caption, paper settings) and the checkout's smoke config."""
+    references = figure_references()
     smoke = load_config(repo / "config" / "config.yaml")["figures"]
-    paper = load_config_file(repo / "config" / "paper.yaml")["paper"]
+    paper = folder_block("paper")
     pages = {}
     for figure in FIGURES:
-        caption = (repo / "workflow" / "report" / f"{figure}.rst").read_text()
+        caption = figure_file(figure, "caption.rst").read_text()
         settings = {key: value for key, value in smoke[figure].items() if key != "enabled"}
         pages[figure] = figure_page(figure, caption, references.get(figure, []), settings, paper.get(figure, {}))
     return pages

@@ -1,5 +1,5 @@
-"""docs/paper-scale.md: every paper-scale parameter of every figure with its source (config/paper.yaml's `paper:`
-block), and the schema defaults a paper-scale figure takes where the block is silent."""
+"""docs/paper-scale.md: every paper-scale parameter of every figure with its source (each figure folder's paper.yaml,
+under a config's own `paper:` block), and the schema defaults a paper-scale figure takes where the block is silent."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ddlrepro.host.config import load_config, load_config_file
+from ddlrepro.host.config import folder_block, load_config, load_config_file, merge_into
 
 HEADER = """# Paper-scale parameters and their sources
 
-Written by `ddlrepro paper-settings` from config/paper.yaml (`paper:` block: every value with its source) and the
-config schema (its defaults, where the block is silent). Run with `--configfile config/paper.yaml`, a figure's
-points take exactly these values, and none from config/config.yaml's smoke sizes. `ours:` marks a value neither
-the paper nor its artifact gives, with why.
+Written by `ddlrepro paper-settings` from each figure's paper.yaml (src/ddlrepro/host/figures/<id>/: every value
+with its source) and the config schema (its defaults, where the block is silent). Run with `--configfile
+config/paper.yaml`, a figure's points take exactly these values, and none of its smoke sizes (smoke.yaml beside
+it). `ours:` marks a value neither the paper nor its artifact gives, with why.
 """
 
 
@@ -31,7 +31,7 @@ def sourced_table(entries: dict[str, Any]) -> list[str]:
 
 def settings_page(smoke: Path, paper: Path) -> str:
     """The markdown page: per figure, the block's values and sources, then the schema defaults it takes."""
-    block = load_config_file(paper)["paper"]
+    block = merge_into(folder_block("paper"), load_config_file(paper).get("paper", {}))
     resolved = load_config(smoke, paper)["figures"]
     lines = [HEADER]
     for figure, entries in block.items():

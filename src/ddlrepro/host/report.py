@@ -14,6 +14,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
+from ddlrepro.host.catalog import caption_figure
 from ddlrepro.host.checks import headline
 from ddlrepro.host.figures import FIGURES, figure_module
 from ddlrepro.host.provenance import git_state, host_inventory
@@ -215,7 +216,7 @@ def recorded_inputs(html: str) -> dict[str, Any] | None:
 
 def render_report(inputs: dict[str, Any], captions: list[Path], results: Path) -> str:
     """The report page for `inputs` (report_inputs) and the results under `results`, each figure captioned by the
-    file of `captions` named after it (`<figure>.rst`); the inputs recorded at its end."""
+    file of `captions` that is its own (catalog.caption_figure); the inputs recorded at its end."""
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("ddlrepro.host", "templates"),
         autoescape=jinja2.select_autoescape(["html", "j2"]),
@@ -223,7 +224,7 @@ def render_report(inputs: dict[str, Any], captions: list[Path], results: Path) -
     figures = inputs["figures"]
     meta = {key: inputs[key] for key in ("scale", "launcher", "git", "built", "host")}
     meta["speed"] = machine_speed_index(figures, results)
-    caption_files = {path.stem: path for path in captions}
+    caption_files = {caption_figure(path): path for path in captions}
     checks = pd.read_csv(results / "checks.tsv", sep="\t", dtype=str, keep_default_na=False)
     html = environment.get_template("report.html.j2").render(
         meta=meta,
@@ -249,7 +250,7 @@ def write_report(
     rerun_options: str = "",
     repository: Path = Path("."),
 ) -> None:
-    """The report of `figures` built under `results`, each captioned by the file of `captions` named after it
-    (`<figure>.rst`), code version from the checkout `repository`."""
+    """The report of `figures` built under `results`, each captioned by its own file of `captions`
+    (catalog.caption_figure), code version from the checkout `repository`."""
     inputs = report_inputs(figures, scale, launcher, rerun_options, repository)
     out.write_text(render_report(inputs, captions, results))

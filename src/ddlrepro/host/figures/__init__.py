@@ -1,6 +1,7 @@
-"""Figures: one module each, declaring its points (`points`) and its plot (`plot`). The registry is here.
+"""Figures: one folder each (host/catalog.py), its module declaring its points (`points`), its summary
+(`summarize`) and its plot (`plot`). The registry is here.
 
-Figure modules are imported while Snakemake builds its DAG, so they import pandas/matplotlib only inside `plot`.
+Figure modules are imported while Snakemake builds its DAG, so they import pandas/matplotlib only inside functions.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from ddlrepro.host.catalog import figure_file, figure_ids, module_name
 from ddlrepro.host.errors import UserError
 from ddlrepro.points import Point
 
@@ -20,26 +22,8 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-FIGURES = {
-    "kungfu-fig4": "ddlrepro.host.figures.kungfu_fig4",
-    "kungfu-fig5": "ddlrepro.host.figures.kungfu_fig5",
-    "kungfu-fig6": "ddlrepro.host.figures.kungfu_fig6",
-    "kungfu-fig7": "ddlrepro.host.figures.kungfu_fig7",
-    "kungfu-fig8": "ddlrepro.host.figures.kungfu_fig8",
-    "kungfu-fig9": "ddlrepro.host.figures.kungfu_fig9",
-    "kungfu-fig10": "ddlrepro.host.figures.kungfu_fig10",
-    "kungfu-allreduce": "ddlrepro.host.figures.kungfu_allreduce",
-    "dlaas-scaling": "ddlrepro.host.figures.dlaas_scaling",
-    "easyscale-fig9": "ddlrepro.host.figures.easyscale_fig9",
-    "easyscale-fig10": "ddlrepro.host.figures.easyscale_fig10",
-    "easyscale-fig11": "ddlrepro.host.figures.easyscale_fig11",
-    "easyscale-fig12": "ddlrepro.host.figures.easyscale_fig12",
-    "easyscale-fig13": "ddlrepro.host.figures.easyscale_fig13",
-    "easyscale-fig14": "ddlrepro.host.figures.easyscale_fig14",
-    "wikimedia-ps": "ddlrepro.host.figures.wikimedia_ps",
-    "biggan-elasticity": "ddlrepro.host.figures.biggan_elasticity",
-    "biggan-profiles": "ddlrepro.host.figures.biggan_profiles",
-}
+# Every figure: a folder of this package each (host/catalog.py lists what one holds), found on disk.
+FIGURES = {figure: module_name(figure) for figure in figure_ids()}
 
 
 def figure_module(figure: str) -> ModuleType:
@@ -137,10 +121,9 @@ def figure_source(figure: str) -> list[str]:
     """The code a figure's plot depends on: its module, the helpers beside it, and plotting.py; for a simulated
     figure also the simulator's modules (editing one reruns the simulation)."""
     here = Path(__file__).parent
-    figure_files = {f"{module.rsplit('.', 1)[1]}.py" for module in FIGURES.values()}
-    helpers = [str(path) for path in sorted(here.glob("*.py")) if path.name not in figure_files]
+    helpers = [str(path) for path in sorted(here.glob("*.py"))]
     simulator = sorted(str(path) for path in (here.parent / "simulator").rglob("*.py")) if is_simulated(figure) else []
-    own = str(here / f"{FIGURES[figure].rsplit('.', 1)[1]}.py")
+    own = str(figure_file(figure, "__init__.py"))
     return [own, *helpers, str(here.parent / "plotting.py"), *simulator]
 
 
