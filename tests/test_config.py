@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import REPO, planned_jobs, snakemake, tiny_point
 
-from ddlrepro.host.config import CONFIG_SCHEMA, ConfigError, load_config, validate_config
+from ddlrepro.host.config import ConfigError, config_schema, load_config, validate_config
 from ddlrepro.host.figures import FIGURES, figure_points
 from ddlrepro.host.launchers import check_points, configured_launcher, launcher_class, launcher_classes
 from ddlrepro.host.run import run_point
@@ -136,7 +136,7 @@ def model_enums(node: Any) -> list[list[str]]:
 def test_schema_model_names_match_the_package() -> None:
     """The shared list is the package's image models (what the synthetic-image workloads train); the figures that
     train other models list them in their own sections; every model is named somewhere, none that is not one."""
-    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
+    schema = copy.deepcopy(config_schema())
     assert set(schema["$defs"]["model"]["enum"]) == set(IMAGE_MODELS)
     assert {name for names in model_enums(schema) for name in names} == set(MODELS)
     assert set(schema["properties"]["figures"]["properties"]) == set(FIGURES)
@@ -147,7 +147,7 @@ def test_code_defaults_are_the_schemas() -> None:
     from ddlrepro.host import cli, tables
     from ddlrepro.host.checks import checks_settings
 
-    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())["properties"]
+    schema = copy.deepcopy(config_schema())["properties"]
     threshold = schema["checks"]["properties"]["max_foreign_share"]["default"]
     assert tables.DEFAULT_MAX_FOREIGN_SHARE == checks_settings({})["max_foreign_share"] == threshold
     assert cli.parser().parse_args(["tabulate", "r.json", "--out", "t.csv"]).max_foreign_share == threshold
@@ -183,7 +183,7 @@ def config_keys(schema: dict) -> set[str]:
 def test_no_launcher_module_carries_its_own_default_table(module: Path) -> None:
     """Defaults live in the schema only: no dict literal giving config keys literal values (as the Kubernetes
     launcher's DEFAULTS did), no `.get(<config key>, <default>)`."""
-    keys = config_keys(yaml.safe_load(CONFIG_SCHEMA.read_text())["properties"]["launcher"])
+    keys = config_keys(copy.deepcopy(config_schema())["properties"]["launcher"])
     for node in ast.walk(ast.parse(module.read_text())):
         if isinstance(node, ast.Dict):
             literal = (ast.Constant, ast.List, ast.Dict, ast.Tuple)
@@ -282,7 +282,7 @@ def test_a_toy_launcher_needs_only_its_module_and_schema_section(
 
     (tmp_path / "toy_launcher.py").write_text(TOY_LAUNCHER)
     monkeypatch.syspath_prepend(str(tmp_path))
-    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
+    schema = copy.deepcopy(config_schema())
     launcher = schema["properties"]["launcher"]["properties"]
     launcher["name"]["enum"].append("toy")
     launcher["toy"] = {
@@ -307,7 +307,7 @@ def test_a_toy_launcher_needs_only_its_module_and_schema_section(
 
 
 def test_the_schemas_launcher_names_are_its_launcher_sections() -> None:
-    launcher = yaml.safe_load(CONFIG_SCHEMA.read_text())["properties"]["launcher"]["properties"]
+    launcher = copy.deepcopy(config_schema())["properties"]["launcher"]["properties"]
     assert set(launcher["name"]["enum"]) == {*launcher_classes(), "auto"} == {"auto", "local", "slurm", "kubernetes"}
     for name in launcher_classes():
         assert launcher_class(name).name == name

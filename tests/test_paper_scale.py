@@ -3,7 +3,6 @@ config/config.yaml's smoke sizes; the values the originals' code sets (issue 36 
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,7 @@ import yaml
 from conftest import REPO, planned_jobs, snakemake
 
 from ddlrepro.host.checks import figure_references
-from ddlrepro.host.config import ConfigError, load_config, load_config_file, validate_config
+from ddlrepro.host.config import ConfigError, folder_block, load_config, load_config_file, validate_config
 from ddlrepro.host.figures import figure_points
 from ddlrepro.host.launchers import check_points, configured_launcher
 from ddlrepro.host.launchers.hosting import elastic_runtime, peak_workers
@@ -22,7 +21,7 @@ from ddlrepro.rank.policies.batch import starting_rate
 
 SMOKE = REPO / "config" / "config.yaml"
 PAPER = REPO / "config" / "paper.yaml"
-BLOCK = load_config_file(PAPER)["paper"]
+BLOCK = folder_block("paper")
 
 
 def paper_config(data_dir: Path, *files: Path) -> dict[str, Any]:
@@ -43,19 +42,18 @@ def cifar_like(tmp_path: Path) -> Path:
 
 
 def test_paper_points_take_no_value_from_the_smoke_block(cifar_like: Path, tmp_path: Path) -> None:
-    """Drop config.yaml's smoke sizes altogether: the paper-scale points are the same ones, id for id."""
-    without_smoke = tmp_path / "no-smoke.yaml"
-    written = yaml.safe_load(SMOKE.read_text())
-    written.pop("smoke")
-    without_smoke.write_text(yaml.safe_dump(written))
+    """Change every smoke size of every figure: the paper-scale points are the same ones, id for id."""
+    changed_smoke = tmp_path / "changed-smoke.yaml"
+    never_read = {figure: dict.fromkeys(section, "never read") for figure, section in folder_block("smoke").items()}
+    changed_smoke.write_text(yaml.safe_dump({"smoke": never_read}))
     with_smoke = figure_points(paper_config(cifar_like, SMOKE, PAPER))
-    assert with_smoke == figure_points(paper_config(cifar_like, without_smoke, PAPER))
+    assert with_smoke == figure_points(paper_config(cifar_like, SMOKE, changed_smoke, PAPER))
     assert sum(map(len, with_smoke.values())) > 100
 
 
 def test_every_key_the_smoke_block_sets_the_paper_block_sets_with_its_source() -> None:
     """No paper-scale value is left to a default where the smoke scale chose one: each is a decision, sourced."""
-    smoke = load_config_file(SMOKE)["smoke"]
+    smoke = folder_block("smoke")
     missing = [f"{figure}.{key}" for figure, section in smoke.items() for key in section if key not in BLOCK[figure]]
     assert missing == []
     assert all(entry["source"].strip() for section in BLOCK.values() for entry in section.values())
@@ -114,9 +112,7 @@ def test_the_originals_values_at_paper_scale(cifar_like: Path) -> None:
 
 def test_an_unsourced_paper_value_is_refused_naming_its_key() -> None:
     config = load_config(SMOKE, PAPER)
-    config["paper"] = copy.deepcopy(BLOCK)
-    config["paper"]["kungfu-fig5"]["patience"] = 1
-    config["paper"]["kungfu-fig6"]["alpha"] = {"value": 0.3, "source": " "}
+    config["paper"] = {"kungfu-fig5": {"patience": 1}, "kungfu-fig6": {"alpha": {"value": 0.3, "source": " "}}}
     with pytest.raises(ConfigError) as caught:
         validate_config(config)
     assert "paper.kungfu-fig5.patience: must be {value: ..., source:" in str(caught.value)
@@ -144,7 +140,7 @@ def test_the_scale_blocks_name_the_figures_the_workflow_has() -> None:
     schema = config_schema()
     ids = schema["$defs"]["figure_id"]["enum"]
     assert sorted(ids) == sorted(FIGURES) == sorted(schema["properties"]["figures"]["required"])
-    assert sorted(load_config_file(SMOKE)["smoke"]) == sorted(BLOCK) == sorted(ids)
+    assert sorted(folder_block("smoke")) == sorted(BLOCK) == sorted(ids)
 
 
 @pytest.mark.parametrize("profile", [[], ["--profile", "profiles/slurm"]], ids=["local", "slurm"])

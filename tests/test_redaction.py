@@ -267,7 +267,7 @@ def test_no_redaction_error_echoes_what_was_written(redaction: dict, problem: st
 def test_no_store_error_echoes_what_was_written(store: Any, problem: str) -> None:
     """Even with synthetic data only (the store unused), a store written wrong is refused naming the key only."""
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    config["smoke"]["dlaas-scaling"] |= {"data_sources": ["synthetic"], "store": store}
+    config["smoke"] = {"dlaas-scaling": {"data_sources": ["synthetic"], "store": store}}
     with pytest.raises(ConfigError, match=re.escape(problem)) as error:
         validate_config(config)
     assert "SECRET" not in str(error.value) and "AKIA" not in str(error.value)

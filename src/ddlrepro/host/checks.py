@@ -1,4 +1,4 @@
-"""Check a figure's summary table against the papers' numbers and claims (config/references.yaml).
+"""Check a figure's summary table against the papers' numbers and claims (each figure folder's references.yaml).
 
 Every reference gives one row of checks.tsv, in one of two tiers (docs/verdicts.md). A deterministic check (bits,
 bytes, counts, fault outcomes, policy invariants) passes or fails on one run, and on every replicate where the

@@ -43,7 +43,7 @@ SIMULATION_KEYS = ("profiles_dir", "simulation")  # what simulate_table reads of
 LABEL_COLUMNS = ["profiles_host", "cluster", "trace", "restart", "application_map"]
 # The simulation's clock on measured profiles (issue 35): every profile time (EST steps, checkpoint + restore) scaled
 # so that the median EST step is this many seconds, the median of the recorded profile runs in
-# tests/data/tables/easyscale-fig14.csv, a day on which the 68 jobs contend for the 32 devices. A trace's submit
+# recorded.csv beside this module, a day on which the 68 jobs contend for the 32 devices. A trace's submit
 # times are fixed seconds while a job's run time follows the machine's speed (2.7-4x from day to day here): in raw
 # seconds a fast day leaves the cluster idle between jobs and the policies tie. In this unit the contention, and
 # so every policy comparison, depends only on the profiles' ratios (models, device types, ESTs per device).

@@ -145,7 +145,7 @@ def with_speedup_load(summary: pd.DataFrame, table: pd.DataFrame) -> pd.DataFram
 
 def kungfu_latencies(references: list[dict[str, Any]]) -> dict[str, float]:
     """KungFu's resize latencies by kind of event: the references that compare a latency (unit s) with a constant
-    (the papers' numbers live in config/references.yaml only)."""
+    (the papers' numbers live in references.yaml only)."""
     return {
         reference["measured"]["where"]["kind"]: float(reference["against"])
         for reference in references
