@@ -38,6 +38,7 @@ localrules:
     horovod,
     tabulate,
     simulate_table,
+    summarize,
     plot,
     gather_references,
     check_figure,

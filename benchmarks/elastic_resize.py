@@ -44,7 +44,7 @@ def measure_schedule(section: dict, launcher: dict, scratch: Path, record: Bench
         for point in points:
             run_point(point, scratch / point.id, local_launcher(900))
     table = tidy_table([scratch / point.id for point in points])
-    summary = kungfu_fig7.summarize(kungfu_fig7.events(table))
+    summary = kungfu_fig7.latency_summary(kungfu_fig7.events(table))
     print(
         f"{section['model']} @{section.get('image_size')}px, batch {section['batch_size']}, "
         f"schedule {section['schedule']}; medians over the events of each kind"

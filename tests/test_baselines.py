@@ -139,7 +139,7 @@ def test_speedups_are_against_the_faster_torchrun_for_each_kind_of_event() -> No
             {"mode": "inplace-cold", "step": 6, "kind": "shrink", "latency": 0.02, "to_sync": 0.02},
         ]
     )
-    summary = kungfu_fig7.summarize(wide).set_index(["mode", "kind"])
+    summary = kungfu_fig7.latency_summary(wide).set_index(["mode", "kind"])
     assert summary.loc[("inplace-cold", "grow"), "speedup_vs_torchrun"] == pytest.approx(2.0)
     assert summary.loc[("inplace-cold", "grow"), "torchrun_baseline"] == "torchrun"
     assert summary.loc[("inplace-cold", "shrink"), "speedup_vs_torchrun"] == pytest.approx(400.0)

@@ -151,7 +151,9 @@ def test_the_gan_trains_on_the_gpu(tmp_path: Path) -> None:
     metrics = metric_records(run_dir)
     assert len([row for row in metrics if row["metric"] == "step_time_s"]) == point.params["steps"]
     assert_nvml_samples(metrics, 1)
-    figure, summary = biggan_profiles.plot(tidy_table([run_dir]), "smoke", [])
+    table = tidy_table([run_dir])
+    summary = biggan_profiles.summarize(table)
+    figure = biggan_profiles.plot(table, summary, "smoke", [])
     (row,) = summary.to_dict("records")
     assert 0 <= row["gpu_utilization_percent_mean"] <= 100 and 0 < row["gpu_memory_percent_mean"] <= 100
     assert "gpu_utilization_percent_mean_skipped" not in row

@@ -60,7 +60,7 @@ def dlaas_checks(tmp_path: Path) -> tuple[dict, object]:
     points = module.points(config["figures"]["dlaas-scaling"], config["launcher"])
     records = {point.id: run_in_fresh_process(point, tmp_path / point.id) for point in points}
     table = tidy_table([tmp_path / point.id for point in points], max_foreign_share=MAX_FOREIGN_SHARE)
-    _, summary = module.plot(table, "smoke", [])
+    summary = module.summarize(table)
     references = figure_references()["dlaas-scaling"]
     checks = check_figure("dlaas-scaling", summary, references, "smoke", config["checks"]["exclude"])
     return records, checks.set_index("check")

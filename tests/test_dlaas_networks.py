@@ -65,7 +65,7 @@ def recorded(network: str, workers: set[int] | None = None, **columns: object) -
 
 
 def overlay_check(*tables: pd.DataFrame) -> dict:
-    _, summary = dlaas_scaling.plot(pd.concat(tables, ignore_index=True), "smoke", [])
+    summary = dlaas_scaling.summarize(pd.concat(tables, ignore_index=True))
     references = [r for r in figure_references()["dlaas-scaling"] if r["id"] == CHECK]
     return check_figure("dlaas-scaling", summary, references, "smoke").set_index("check").loc[CHECK].to_dict()
 
@@ -152,7 +152,7 @@ def test_bridge_and_overlay_ranks_talk_over_their_network_and_the_overlay_check_
     # eth0 alone, as many bytes: eth0 carries about twice vxlan0's.
     assert overlay["vxlan0"] > 1e6 and overlay["eth0"] > 1.8 * overlay["vxlan0"]
     table = tidy_table([tmp_path / point.id for point in points])
-    _, summary = dlaas_scaling.plot(table, "smoke", [])
+    summary = dlaas_scaling.summarize(table)
     assert sorted(summary["network"]) == ["bridge", "bridge", "overlay", "overlay"]
     references = [r for r in figure_references()["dlaas-scaling"] if r["id"] == CHECK]
     checks = check_figure("dlaas-scaling", summary, references, "smoke").set_index("check")

@@ -15,7 +15,7 @@ from ddlrepro.host.catalog import figure_file
 from ddlrepro.host.checks import check_figure, figure_references
 from ddlrepro.host.config import ConfigError, load_config, validate_config
 from ddlrepro.host.figures import figure_points
-from ddlrepro.host.figures.easyscale_fig13 import FIRST, LAST, summarize
+from ddlrepro.host.figures.easyscale_fig13 import FIRST, LAST, group_times
 from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import metric_records
@@ -114,7 +114,7 @@ def test_summary_takes_the_slowest_process_and_divides_by_ddp() -> None:
     sync = pieces & (table["phase"] == "sync")
     table.loc[sync, "value"] = table.loc[sync, "rank"].map({0: 0.03, 1: 0.05})
     table.loc[(table["mode"] == "ddp") & (table["metric"] == "step_time_s"), "value"] = 0.20
-    summary = summarize(table, 2).set_index(["model", "group"])
+    summary = group_times(table, 2).set_index(["model", "group"])
     for model in ("resnet20", "bert_tiny"):
         assert summary.loc[(model, FIRST), "normalised_to_ddp"] == pytest.approx(0.11 / 0.20)
         assert summary.loc[(model, LAST), "normalised_to_ddp"] == pytest.approx(0.16 / 0.20)
@@ -125,7 +125,7 @@ def test_summary_takes_the_slowest_process_and_divides_by_ddp() -> None:
 def test_checks_on_the_recorded_table() -> None:
     table = read_table(RECORDED)
     quiet = {"foreign_share": 0.0, "steal_share": 0.0, "disturbed": False}  # judged as on a quiet host
-    summary = summarize(table, int(table["warmup_steps"].iloc[0])).assign(**quiet)
+    summary = group_times(table, int(table["warmup_steps"].iloc[0])).assign(**quiet)
     assert list(summary["group"]) == [FIRST, LAST, FIRST, LAST]
     assert set(summary["paper_model"]) == {"ResNet-50", "BERT"}
     references = figure_references()["easyscale-fig13"]

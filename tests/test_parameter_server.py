@@ -224,7 +224,8 @@ def test_a_frozen_trunk_is_labelled() -> None:
 
     table = read_table(figure_file(FIGURE, "recorded.csv"))
     for trainable, labelled in (("all", False), ("top", True)):
-        drawing, _ = wikimedia_ps.plot(table.assign(trainable=trainable), "smoke", [])
+        marked = table.assign(trainable=trainable)
+        drawing = wikimedia_ps.plot(marked, wikimedia_ps.summarize(marked), "smoke", [])
         assert ("trunk frozen at its random initialisation" in drawing.get_suptitle()) is labelled
         plt.close(drawing)
 

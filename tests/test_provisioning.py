@@ -172,7 +172,8 @@ def test_a_missing_fixed_run_at_the_settled_size_is_a_declared_gap() -> None:
     assert summary.loc["adaptive", "settled_share_skipped"] == "no fixed-size run at the settled size 1 (skipped: x)"
     assert summary.loc["adaptive", "best_fixed_size"] == 2
     assert (summary.loc["fixed-1", "status"], summary.loc["fixed-1", "size"]) == ("skipped", 1)
-    figure, drawn = kungfu_fig6.plot(table, "smoke", [])
+    drawn = kungfu_fig6.summarize(table)
+    figure = kungfu_fig6.plot(table, drawn, "smoke", [])
     checks = check_figure(kungfu_fig6.ID, drawn, figure_references()[kungfu_fig6.ID], "smoke")
     statuses = checks.set_index("check")["status"].to_dict()
     assert statuses["stops-where-the-next-worker-does-not-pay"] in {"inconclusive", "skipped"}

@@ -33,6 +33,24 @@ rule simulate_table:
         " --runs {input.runs} --out {output} > {log} 2>&1"
 
 
+# What the checks read: the figure's summary of its table (per replicate where it has several), no drawing.
+rule summarize:
+    input:
+        table=plot_table,
+        code=lambda wildcards: [
+            checkout_relative(path)
+            for path in figure_source(wildcards.figure, drawn=False)
+        ],
+    output:
+        "results/tables/{figure}.summary.csv",
+    log:
+        "results/logs/summarize/{figure}.log",
+    conda:
+        SOFTWARE
+    shell:
+        "python -m ddlrepro summarize {wildcards.figure} --table {input.table} --out {output} > {log} 2>&1"
+
+
 rule plot:
     input:
         table=plot_table,
@@ -51,7 +69,6 @@ rule plot:
             labels={"figure": "{figure}"},
         ),
         pdf="results/figures/{figure}.pdf",
-        summary="results/tables/{figure}.summary.csv",
     log:
         "results/logs/plot/{figure}.log",
     conda:
@@ -61,7 +78,7 @@ rule plot:
         caption=lambda wildcards: CaptionText(caption_file(wildcards.figure)),
     shell:
         "python -m ddlrepro plot {wildcards.figure} --table {input.table} --png {output.png}"
-        " --pdf {output.pdf} --summary {output.summary} --scale {params.scale}"
+        " --pdf {output.pdf} --scale {params.scale}"
         " --references {input.references:q} --runs {input.runs} > {log} 2>&1"
 
 

@@ -81,9 +81,16 @@ def cmd_plot(args: argparse.Namespace) -> None:
     from ddlrepro.host.figures import render_figure
 
     references = configured_references(args.references).get(args.figure, [])
-    outputs = (Path(args.png), Path(args.pdf), Path(args.summary))
+    outputs = (Path(args.png), Path(args.pdf), Path(args.summary) if args.summary else None)
     runs = [Path(path) for path in args.runs]
     render_figure(args.figure, Path(args.table), outputs, args.scale, references, runs)
+
+
+def cmd_summarize(args: argparse.Namespace) -> None:
+    from ddlrepro.host.figures import write_summary
+
+    write_summary(args.figure, Path(args.table), Path(args.out))
+    print(f"{args.out}: {args.figure}'s summary of {args.table}")
 
 
 def cmd_check(args: argparse.Namespace) -> None:
@@ -320,12 +327,18 @@ def parser() -> argparse.ArgumentParser:
     simulated.add_argument("--out", required=True)
     simulated.set_defaults(handler=cmd_simulate_table)
 
-    plot = command("plot", help="render a figure and its summary table from its tidy table")
+    summarize = command("summarize", help="a figure's summary table (what its checks read) from its tidy table")
+    summarize.add_argument("figure")
+    summarize.add_argument("--table", required=True, help="the runs' tidy table (a simulated figure: its simulation)")
+    summarize.add_argument("--out", required=True)
+    summarize.set_defaults(handler=cmd_summarize)
+
+    plot = command("plot", help="draw a figure from its tidy table")
     plot.add_argument("figure")
     plot.add_argument("--table", required=True)
     plot.add_argument("--png", required=True)
     plot.add_argument("--pdf", required=True)
-    plot.add_argument("--summary", required=True)
+    plot.add_argument("--summary", help="also write its summary table here (as `summarize`)")
     plot.add_argument("--scale", default="smoke", help="paper scale also draws the papers' absolute numbers")
     plot.add_argument(
         "--references", default=None, help="a references file (figure id → references); default: each figure's own"
@@ -440,7 +453,7 @@ COMMAND_GROUPS = {
     ],
     "data, simulation and new figures": ["fetch-data", "simulate", "new-figure"],
     "workflow steps (the Snakemake rules run these; by hand too)": [
-        "run-point", "tabulate", "simulate-table", "plot", "gather-references", "check", "collect-checks",
+        "run-point", "tabulate", "simulate-table", "summarize", "plot", "gather-references", "check", "collect-checks",
         "build-image", "install-profile",
     ],
 }  # fmt: skip

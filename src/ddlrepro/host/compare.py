@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ddlrepro.host import plotting
+from ddlrepro.host import plotting, summaries
 from ddlrepro.host.bundle import read_bundle
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.tables import HOST_LOAD_COLUMNS, RECORD_COLUMNS, SPEED_COLUMNS, read_table
@@ -104,7 +104,8 @@ def compare_environments(figure: str, environments: dict[str, Path], out_png: Pa
     merged.to_csv(out_csv, index=False)
     module = figure_module(figure)
     if getattr(module, "ENVIRONMENTS_IN_TABLE", False):
-        drawing, summary = module.plot(merged, "compared", [])
+        summary = module.summarize(merged)
+        drawing = module.plot(merged, summary, "compared", [])
         summary.to_csv(out_csv.with_suffix(".summary.csv"), index=False)
         plotting.save(drawing, str(out_png), str(out_png.with_suffix(".pdf")))
         return merged
@@ -114,7 +115,7 @@ def compare_environments(figure: str, environments: dict[str, Path], out_png: Pa
         label = merged["environment"] + " · " + merged["model"]
         if "framework" in merged:
             label += " · " + merged["framework"].fillna("torch") + "/" + merged["strategy"].fillna("RING")
-        summary = plotting.throughput_summary(merged.assign(label=label), by=["label"])
+        summary = summaries.throughput_summary(merged.assign(label=label), by=["label"])
         plotting.errorbar_lines(throughput, summary, "per_worker", "confidence", hue="label")
         plotting.workers_axis(throughput, summary["workers"])
         throughput.set_ylabel("images/s per worker (mean ± 1.96·std)")

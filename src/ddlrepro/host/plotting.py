@@ -1,4 +1,5 @@
-"""Shared analysis and drawing for figures (pandas, matplotlib). Imported only when a figure is rendered."""
+"""Shared drawing for figures (matplotlib; the analysis their summaries share is summaries.py). Imported only when a
+figure is drawn."""
 
 from __future__ import annotations
 
@@ -16,9 +17,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.container import BarContainer
 
-from ddlrepro.host.tables import HOST_LOAD_COLUMNS, as_flags
+from ddlrepro.host.tables import as_flags
 
-CONFIDENCE_Z = 1.96
 REFERENCE_STYLE = {"color": "black", "marker": "*", "markersize": 11, "linestyle": "none", "zorder": 5}
 # matplotlib's own copies of seaborn's whitegrid theme, notebook context and colour-blind-safe palette (Okabe–Ito-like):
 # seaborn's look without importing seaborn, whose scipy.stats cost every plot job 0.9 s here.
@@ -30,43 +30,6 @@ NOTE_WIDTH = 40  # characters per line of a skipped-points note
 # colour, so that they read in grey and to colour-blind readers.
 DISTURBED_HATCH = "xx"
 DISTURBED_RING = {"s": 160, "facecolors": "none", "edgecolors": "black", "linewidths": 1.2, "zorder": 6}
-
-
-def throughput_summary(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Per (group, workers): per-worker img/s mean ± 1.96·std over all ranks' iterations, total, efficiency.
-
-    Efficiency is rate_N / (N × rate_1); where a group has no 1-worker point, its smallest worker count stands in
-    for 1 (rate_N / (N/N0 × rate_N0)).
-    """
-    rates = table[table["metric"] == "img_per_sec"]
-    grouped = rates.groupby([*by, "workers"], sort=True)["value"]
-    summary = grouped.agg(per_worker="mean", std=lambda v: v.std(ddof=0), samples="count").reset_index()
-    summary["confidence"] = CONFIDENCE_Z * summary.pop("std")
-    summary["total"] = summary["workers"] * summary["per_worker"]
-    base = summary.loc[summary.groupby(by)["workers"].idxmin(), [*by, "per_worker"]]
-    summary = summary.merge(base.rename(columns={"per_worker": "base_per_worker"}), on=by)
-    summary["ideal_total"] = summary["workers"] * summary.pop("base_per_worker")
-    summary["efficiency"] = summary["total"] / summary["ideal_total"]
-    return with_base_load(with_host_load(summary, table, [*by, "workers"]), by)
-
-
-def with_base_load(summary: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """Fold the load of each group's smallest-worker-count rows into the group's rows: efficiency divides by them."""
-    smallest = summary["workers"] == summary.groupby(by, dropna=False)["workers"].transform("min")
-    base = (
-        summary[smallest]
-        .groupby(by, dropna=False)
-        .agg(
-            foreign_base=("foreign_share", "max"),
-            steal_base=("steal_share", "max"),
-            disturbed_base=("disturbed", "any"),
-        )
-    )
-    merged = summary.join(base, on=by)
-    merged["foreign_share"] = merged[["foreign_share", "foreign_base"]].max(axis=1)
-    merged["steal_share"] = merged[["steal_share", "steal_base"]].max(axis=1)
-    merged["disturbed"] = merged["disturbed"] | merged["disturbed_base"].fillna(False).astype(bool)
-    return merged.drop(columns=["foreign_base", "steal_base", "disturbed_base"])
 
 
 def drawn_references(references: list[dict[str, Any]], column: str, key: str, scale: str) -> pd.DataFrame:
@@ -180,14 +143,6 @@ def save(figure: plt.Figure, png: str, pdf: str) -> None:
     plt.close(figure)
 
 
-def skipped_points(table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """The points a machine could not run: their `by` columns and the reason (e.g. "skipped: needs CUDA")."""
-    if "status" not in table:
-        return pd.DataFrame(columns=[*by, "workers", "status", "reason"])
-    skipped = table[table["status"] == "skipped"]
-    return skipped[[*by, "workers", "status", "reason"]].drop_duplicates().reset_index(drop=True)
-
-
 def note_skipped(axis: plt.Axes, skipped: pd.DataFrame, by: list[str]) -> None:
     """Say on the panel which points were skipped and why: never leave a gap that reads as a measurement."""
     if skipped.empty:
@@ -216,39 +171,6 @@ def note_skipped_slot(axis: plt.Axes, position: float, reason: str) -> None:
         va="bottom",
         rotation=90,
         color="firebrick",
-    )
-
-
-def run_host_load(table: pd.DataFrame) -> pd.DataFrame:
-    """The tidy table with its host-load columns present (tables made before they existed: unknown, judged)."""
-    defaults = {"foreign_share": float("nan"), "steal_share": float("nan"), "disturbed": False}
-    missing = {column: value for column, value in defaults.items() if column not in table}
-    table = table.assign(**missing)
-    return table.assign(disturbed=as_flags(table["disturbed"]))
-
-
-def with_host_load(summary: pd.DataFrame, table: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    """`summary` with the host load of the runs behind each row, matched on `by`: the largest foreign and steal
-    shares, and disturbed if any of those runs was."""
-    table = run_host_load(table)
-    load = table.groupby(by, dropna=False).agg(
-        foreign_share=("foreign_share", "max"), steal_share=("steal_share", "max"), disturbed=("disturbed", "any")
-    )
-    merged = summary.drop(columns=HOST_LOAD_COLUMNS, errors="ignore").join(load, on=by)
-    merged["disturbed"] = merged["disturbed"].fillna(False).astype(bool)
-    return merged
-
-
-def fold_load(summary: pd.DataFrame, table: pd.DataFrame, baseline: pd.Series) -> pd.DataFrame:
-    """Count the load of the runs every summary value is relative to (`baseline`, a mask of tidy rows: a ratio's
-    denominator) in every row."""
-    base = run_host_load(table)[baseline]
-    if base.empty:
-        return summary
-    return summary.assign(
-        foreign_share=summary["foreign_share"].clip(lower=base["foreign_share"].max()),
-        steal_share=summary["steal_share"].clip(lower=base["steal_share"].max()),
-        disturbed=summary["disturbed"] | bool(base["disturbed"].any()),
     )
 
 

@@ -39,16 +39,16 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
-    """Per workers: per-worker img/s (mean, 95 % spread), total, efficiency against the smallest run."""
+    """Per workers: per-worker img/s (mean, 95 % spread), total, efficiency against the smallest run. What the
+    checks read: pandas only, no matplotlib."""
+    from ddlrepro.host import summaries
+
+    return summaries.throughput_summary(table, by=["model"])
+
+
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
     from ddlrepro.host import plotting
 
-    return plotting.throughput_summary(table, by=["model"])
-
-
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
-    from ddlrepro.host import plotting
-
-    summary = summarize(table)
     figure, (axis,) = plotting.new_figure(1, TITLE)
     plotting.errorbar_lines(axis, summary, "per_worker", "confidence", hue="model")
     axis.set_ylabel("throughput per worker (images/s)")
@@ -56,7 +56,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     plotting.workers_axis(axis, summary["workers"])
     plotting.legend(axis, title="model")
     plotting.note_disturbed(axis, summary, ["model", "workers"])
-    return figure, summary
+    return figure
 '''
 
 SCHEMA = """description: {title_yaml}

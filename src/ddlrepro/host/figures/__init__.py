@@ -11,8 +11,7 @@ import json
 from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ddlrepro.host.catalog import figure_file, figure_ids, module_name
 from ddlrepro.host.errors import UserError
@@ -20,16 +19,38 @@ from ddlrepro.points import Point
 
 if TYPE_CHECKING:
     import pandas as pd
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure as MplFigure
 
 # Every figure: a folder of this package each (host/catalog.py lists what one holds), found on disk.
 FIGURES = {figure: module_name(figure) for figure in figure_ids()}
 
 
-def figure_module(figure: str) -> ModuleType:
+class FigureModule(Protocol):
+    """What a figure's module declares (its folder's __init__.py). Optional, where a figure needs them:
+    `missing_data(section, download)` (what data it waits for), `shard_settings(section)` (its packed shards),
+    `PLOTS_ONE_REPLICATE` (draws one replicate: a timeline), `ENVIRONMENTS_IN_TABLE` (compare draws it itself),
+    and a simulated step: `simulate_table(table, settings, machine)`, `SIMULATION_KEYS`, `simulation_inputs`."""
+
+    ID: str
+    TITLE: str
+
+    def points(self, section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
+        """The runs the figure needs, from its config section (schema defaults filled in) and the launcher's."""
+
+    def summarize(self, table: pd.DataFrame) -> pd.DataFrame:
+        """What the checks read, from the runs' tidy table (or its simulation); no matplotlib."""
+
+    def plot(
+        self, table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]
+    ) -> MplFigure:
+        """The figure, drawn from the table and its summary (and the papers' numbers it draws in)."""
+
+
+def figure_module(figure: str) -> FigureModule:
     if figure not in FIGURES:
         raise KeyError(f"unknown figure {figure!r}; valid figures: {', '.join(FIGURES)}")
-    return importlib.import_module(FIGURES[figure])
+    module: Any = importlib.import_module(FIGURES[figure])
+    return module
 
 
 def enabled_figures(config: dict[str, Any]) -> list[str]:
@@ -117,20 +138,22 @@ def simulate_replicates(figure: str, table: pd.DataFrame, settings: dict[str, An
     return pd.concat(simulations, ignore_index=True)
 
 
-def figure_source(figure: str) -> list[str]:
-    """The code a figure's plot depends on: its module, the helpers beside it, and plotting.py; for a simulated
-    figure also the simulator's modules (editing one reruns the simulation)."""
+def figure_source(figure: str, drawn: bool = True) -> list[str]:
+    """The code a figure's summary (and, `drawn`, its plot) depends on: its module, the helpers beside it,
+    summaries.py (and plotting.py); for a simulated figure also the simulator's modules (editing one reruns the
+    simulation)."""
     here = Path(__file__).parent
     helpers = [str(path) for path in sorted(here.glob("*.py"))]
     simulator = sorted(str(path) for path in (here.parent / "simulator").rglob("*.py")) if is_simulated(figure) else []
+    shared = [here.parent / "summaries.py", *([here.parent / "plotting.py"] if drawn else [])]
     own = str(figure_file(figure, "__init__.py"))
-    return [own, *helpers, str(here.parent / "plotting.py"), *simulator]
+    return [own, *helpers, *map(str, shared), *simulator]
 
 
 def draw_figure(
     figure: str, table: pd.DataFrame, scale: str, references: list[dict[str, Any]], machine: str
-) -> tuple[Figure, pd.DataFrame]:
-    """A figure in the shared style (footer: scale, machine, which replicates are drawn) and its summary table."""
+) -> tuple[MplFigure, pd.DataFrame]:
+    """A figure in the shared style (footer: scale, machine, which replicates are drawn) and the summary drawn."""
     from ddlrepro.host import plotting
     from ddlrepro.host.tables import by_replicate
 
@@ -139,7 +162,8 @@ def draw_figure(
         one = getattr(module, "PLOTS_ONE_REPLICATE", False)
         shown = replicates[min(replicates)].reset_index(drop=True) if one else table
         machine += f" · {f'replicate {min(replicates)}' if one else 'all'} of {len(replicates)} replicates drawn"
-    drawing, summary = module.plot(shown, scale, references)
+    summary = module.summarize(shown)
+    drawing = module.plot(shown, summary, scale, references)
     plotting.finish(drawing, scale, machine)
     return drawing, summary
 
@@ -155,38 +179,43 @@ def runs_machine(results: list[Path]) -> str:
 def render_figure(
     figure: str,
     table: Path,
-    outputs: tuple[Path, Path, Path],
+    outputs: tuple[Path, Path, Path | None],
     scale: str,
     references: list[dict[str, Any]],
     runs: list[Path],
 ) -> None:
-    """Draw a figure from its tidy table and write its (png, pdf, summary CSV) `outputs`."""
+    """Draw a figure from its tidy table and write its png and pdf `outputs` (and, where the third is a path, the
+    summary CSV the checks read: write_summary)."""
     from ddlrepro.host import plotting
     from ddlrepro.host.tables import read_table
 
     png, pdf, summary = outputs
     runs_table = read_table(table)
-    drawing, summary_table = draw_figure(figure, runs_table, scale, references, runs_machine(runs))
+    drawing, _ = draw_figure(figure, runs_table, scale, references, runs_machine(runs))
     plotting.save(drawing, str(png), str(pdf))
-    replicate_summaries(figure, runs_table, scale, references, summary_table).to_csv(summary, index=False)
+    if summary is not None:
+        write_summary(figure, table, summary)
 
 
-def replicate_summaries(
-    figure: str, table: pd.DataFrame, scale: str, references: list[dict[str, Any]], pooled: pd.DataFrame
-) -> pd.DataFrame:
+def write_summary(figure: str, table: Path, out: Path) -> None:
+    """The summary CSV the checks read (replicate_summaries), from the figure's tidy table; no matplotlib."""
+    from ddlrepro.host.tables import read_table
+
+    replicate_summaries(figure, read_table(table)).to_csv(out, index=False)
+
+
+def replicate_summaries(figure: str, table: pd.DataFrame) -> pd.DataFrame:
     """What the checks judge: with replicates, the figure's summary of each replicate's runs alone, one block per
     replicate (column `replicate`), so a relation pairs values of the same replicate; else the figure's summary."""
-    import matplotlib.pyplot as plt
     import pandas as pd
 
     from ddlrepro.host.tables import by_replicate
 
-    replicates = by_replicate(table)
+    module, replicates = figure_module(figure), by_replicate(table)
     if len(replicates) == 1:
-        return pooled
-    summaries = []
-    for replicate, rows in replicates.items():
-        drawing, summary = figure_module(figure).plot(rows.reset_index(drop=True), scale, references)
-        plt.close(drawing)
-        summaries.append(summary.assign(replicate=replicate))
+        return module.summarize(table)
+    summaries = [
+        module.summarize(rows.reset_index(drop=True)).assign(replicate=replicate)
+        for replicate, rows in replicates.items()
+    ]
     return pd.concat(summaries, ignore_index=True)

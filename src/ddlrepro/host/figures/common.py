@@ -103,14 +103,14 @@ def with_efficiency_vs_ceiling(summary: pd.DataFrame, table: pd.DataFrame, keys:
     """`efficiency_vs_ceiling`: each row's per-worker rate ÷ the host-ceiling runs' at the same `keys` and workers
     (NaN, with why in `efficiency_vs_ceiling_skipped`, where no such run was configured), its host load over both
     runs (`efficiency_vs_ceiling_disturbed`, ...), and the ceiling itself (`host_ceiling_per_worker`)."""
-    from ddlrepro.host import plotting
+    from ddlrepro.host import summaries
     from ddlrepro.host.tables import as_flags
 
     rows = table[is_ceiling(table) & (table["status"] == "ok")]
     if rows.empty:
         why = "no host-ceiling run (independent processes) in the table"
         return summary.assign(efficiency_vs_ceiling=math.nan, efficiency_vs_ceiling_skipped=why)
-    ceiling = plotting.throughput_summary(rows, by=keys).set_index([*keys, "workers"])
+    ceiling = summaries.throughput_summary(rows, by=keys).set_index([*keys, "workers"])
     ceiling = ceiling[["per_worker", "foreign_share", "steal_share", "disturbed"]].add_prefix("ceiling_")
     joined = summary.join(ceiling, on=[*keys, "workers"])
     return summary.assign(

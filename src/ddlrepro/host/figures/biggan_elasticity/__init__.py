@@ -173,10 +173,17 @@ def outcome(situation: str, cell: dict[str, Any]) -> str:
     return "carried on in place"
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (runtime, situation) run: what happened and when, with the host load it saw."""
+    from ddlrepro.host import summaries
+
+    summary = summaries.with_host_load(cells(table), table, ["runtime", "situation"])
+    return summary
+
+
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
     from ddlrepro.host import plotting
 
-    summary = plotting.with_host_load(cells(table), table, ["runtime", "situation"])
     runtimes = [runtime for runtime in RUNTIMES if runtime in set(summary["runtime"])]
     situations = [situation for situation in SITUATIONS if situation in set(summary["situation"])]
     figure, panels = plotting.new_figure(len(runtimes) * len(situations), TITLE, panel_size=(4.6, 3.4))
@@ -195,7 +202,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         axis.set_ylabel("cluster size (workers)" if column == 0 else "")
         axis.set_xlabel("time since the job started (s)" if row == len(runtimes) - 1 else "")
     plotting.note_disturbed(panels[0], summary, ["runtime", "situation"])
-    return figure, summary
+    return figure
 
 
 def draw_cell(axis, table: pd.DataFrame, cell: pd.Series, runtime: str, situation: str) -> None:

@@ -177,7 +177,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     """One row per environment (see the module's docstring); a skipped environment keeps its reason."""
     import pandas as pd
 
-    from ddlrepro.host import plotting
+    from ddlrepro.host import summaries
 
     rows = []
     for point_id, point_rows in table.groupby("point_id", sort=False):
@@ -205,7 +205,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
         if "gpu_utilization_percent" not in series:
             row |= {f"gpu_{what}_percent_mean_skipped": NEEDS_CUDA for what in ("utilization", "memory")}
         rows.append(row)
-    summary = plotting.with_host_load(pd.DataFrame(rows), table, ["point_id"])
+    summary = summaries.with_host_load(pd.DataFrame(rows), table, ["point_id"])
     return with_memory_spread(summary).drop(columns=["point_id"])
 
 
@@ -218,11 +218,10 @@ def with_memory_spread(summary: pd.DataFrame) -> pd.DataFrame:
     return summary.assign(job_memory_spread=float("nan"), job_memory_spread_skipped="skipped: fewer than 2 ran")
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
-    from ddlrepro.host import plotting
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
+    from ddlrepro.host import plotting, summaries
     from ddlrepro.host.tables import as_flags
 
-    summary = summarize(table)
     figure, axes = plotting.new_figure(4, TITLE, panel_size=(6.0, 4.6), table_below=True)
     cpu, memory, gpu, means = axes
     ran = table[table["metric"] != "skipped"]
@@ -252,9 +251,9 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         gpu.set_yticks([])
         gpu.text(0.5, 0.5, NEEDS_CUDA, ha="center", transform=gpu.transAxes)
     means_table(means, summary)
-    plotting.note_skipped(gpu, plotting.skipped_points(table, ["environment"]), ["environment"])
+    plotting.note_skipped(gpu, summaries.skipped_points(table, ["environment"]), ["environment"])
     plotting.note_disturbed(cpu, summary, ["environment"])
-    return figure, summary
+    return figure
 
 
 def pair(axis: Any, series: pd.DataFrame, solid: str, dashed: str, labels: tuple[str, str]) -> None:

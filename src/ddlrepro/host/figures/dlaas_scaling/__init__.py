@@ -183,7 +183,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     """The DLaaS-style table per (model, batch, series, workers), with a row per skipped point and its reason."""
     import pandas as pd
 
-    from ddlrepro.host import plotting
+    from ddlrepro.host import summaries
 
     table = with_defaults(table)
     ceilings, table = table[is_ceiling(table)], table[~is_ceiling(table)]
@@ -192,10 +192,10 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     table = table[~(partners["data_source"] | partners["network"])]
     by = ["model", "batch_size", *SERIES]
     measured = table[table["status"] == "ok"]
-    summary = plotting.throughput_summary(measured, by=by).assign(status="ok", reason="")
+    summary = summaries.throughput_summary(measured, by=by).assign(status="ok", reason="")
     columns = [*by, "workers", "total", "per_worker", "confidence", "efficiency", "status", "reason"]
-    summary = summary[columns + plotting.HOST_LOAD_COLUMNS].rename(columns={"total": "images_per_sec"})
-    skipped = plotting.skipped_points(table, by)
+    summary = summary[columns + summaries.HOST_LOAD_COLUMNS].rename(columns={"total": "images_per_sec"})
+    skipped = summaries.skipped_points(table, by)
     summary = pd.concat([summary, skipped], ignore_index=True) if not skipped.empty else summary
     for key, beside in besides.items():
         summary = with_rate_vs_partner(summary, beside, by, key)
@@ -214,14 +214,14 @@ def is_partner(table: pd.DataFrame, key: str) -> pd.Series:
 def with_rate_vs_partner(summary: pd.DataFrame, beside: pd.DataFrame, by: list[str], key: str) -> pd.DataFrame:
     """`rate_vs_<partner>`: a row's per-worker rate ÷ that of the partner its own run trained on in turns (paired:
     the same processes, the same moments), and, where a run that has a partner lacks it, why (`..._skipped`)."""
-    from ddlrepro.host import plotting
+    from ddlrepro.host import summaries
 
     column, keys = f"rate_vs_{PARTNERS[key]}", [*by, "workers"]
     measured = beside[beside["status"] == "ok"]
     if measured.empty:
         paired = summary[keys].assign(partner_rate=float("nan"))
     else:
-        paired = plotting.throughput_summary(measured, by=by)[[*keys, "per_worker"]]
+        paired = summaries.throughput_summary(measured, by=by)[[*keys, "per_worker"]]
         paired = paired.rename(columns={"per_worker": "partner_rate"})
     joined = summary.merge(paired, on=keys, how="left")
     lacking = (joined["status"] == "ok") & joined[key].isin(PAIRED_VALUES[key]) & joined["partner_rate"].isna()
@@ -291,10 +291,9 @@ def draw_series(rate: Any, efficiency: Any, measured: pd.DataFrame) -> None:
             rate.plot(rows["workers"], ideal, "k--", label=f"ideal (N × rate₁){label}")
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
-    from ddlrepro.host import plotting
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
+    from ddlrepro.host import plotting, summaries
 
-    summary = summarize(table)
     measured = summary[summary["status"] == "ok"]
     figure, (rate, efficiency) = plotting.new_figure(2, TITLE, panel_size=(6.0, 4.2))
     draw_series(rate, efficiency, measured)
@@ -302,7 +301,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     plotting.ring_disturbed(efficiency, measured["workers"], measured["efficiency"], measured["disturbed"])
     varying = [column for column in ("network", "data_source") if measured[column].nunique() > 1]
     plotting.note_disturbed(efficiency, measured, [*varying, "workers"])
-    skipped = plotting.skipped_points(with_defaults(table), ["network", "data_source"])
+    skipped = summaries.skipped_points(with_defaults(table), ["network", "data_source"])
     plotting.note_skipped(efficiency, skipped, ["network", "data_source"])
     for axis, column in ((rate, "images_per_sec"), (efficiency, "efficiency")):
         drawn = plotting.drawn_references(references, column, "workers", scale)
@@ -313,4 +312,4 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     rate.set_ylabel("throughput, all workers (images/s)")
     efficiency.set_ylabel("scaling efficiency (fraction of N × rate₁)")
     efficiency.set_ylim(0, 1.1)
-    return figure, summary
+    return figure

@@ -35,19 +35,26 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     return list({point.id: point for point in result}.values())
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
-    from ddlrepro.host import plotting
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Per (layout, logical workers): median step time, summed peak memory, and memory against the packed processes'."""
+    from ddlrepro.host import summaries
 
     steps = timed_steps(table, int(table["warmup_steps"].iloc[0]))
     steps["layout"] = steps["workers"].map(lambda workers: "ESTs in 1 process" if workers == 1 else "packed processes")
     timing = median_step_time(steps, by="point_id")
     runs = steps.drop_duplicates("point_id")[["point_id", "logical_workers", "layout"]]
     summary = runs.merge(timing, on="point_id").merge(peak_memory(table), on="point_id")
-    summary = plotting.with_host_load(summary, table, ["point_id"])  # the step times; memory is not a timing
+    summary = summaries.with_host_load(summary, table, ["point_id"])  # the step times; memory is not a timing
     summary = expand_single_worker(summary).sort_values(["layout", "logical_workers"], ignore_index=True)
     for measure, ratio in (("total_pss_mib", "memory_vs_packed"), ("total_rss_mib", "memory_vs_packed_rss")):
         packed = summary[summary["layout"] == "packed processes"].set_index("logical_workers")[measure]
         summary[ratio] = summary[measure] / summary["logical_workers"].map(packed)
+
+    return summary.drop(columns="point_id")
+
+
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
+    from ddlrepro.host import plotting
 
     figure, (memory, seconds) = plotting.new_figure(2, TITLE, panel_size=(6.2, 4.2))
     for layout, rows in summary.groupby("layout", sort=True):
@@ -62,7 +69,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         plotting.workers_axis(axis, summary["logical_workers"], label="number of logical workers N")
         axis.set_ylim(bottom=0)
         plotting.legend(axis)
-    return figure, summary.drop(columns="point_id")
+    return figure
 
 
 def expand_single_worker(summary: pd.DataFrame) -> pd.DataFrame:

@@ -29,15 +29,22 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     ]
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
-    from ddlrepro.host import plotting
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Per number of ESTs in the process: median step and switch times, and the switch's share of the step."""
+    from ddlrepro.host import summaries
 
     steps = timed_steps(table, int(table["warmup_steps"].iloc[0]))
     summary = steps.groupby("logical_workers", as_index=False).agg(
         step_time_s=("step_time_s", "median"), switch_time_s=("switch_time_s", "median")
     )
     summary["switch_percent"] = 100 * summary["switch_time_s"] / summary["step_time_s"]
-    summary = plotting.with_host_load(summary, table, ["logical_workers"])
+    summary = summaries.with_host_load(summary, table, ["logical_workers"])
+    return summary
+
+
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
+    from ddlrepro.host import plotting
+
     figure, (share,) = plotting.new_figure(1, TITLE, panel_size=(6.5, 4.2))
     bars = share.bar(summary["logical_workers"].astype(str), summary["switch_percent"], alpha=0.8, label="measured")
     plotting.hatch_disturbed(bars, summary["disturbed"])
@@ -46,4 +53,4 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     share.set_xlabel("number of ESTs in the process")
     share.set_ylabel("EST switching, share of step time (%)")
     plotting.legend(share)
-    return figure, summary
+    return figure

@@ -51,14 +51,21 @@ def step_times(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
     return summary.set_index("mode").loc[["ddp", "D0", "D1"]].reset_index()
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
-    from ddlrepro.host import plotting
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Per training mode: the slowest rank's median step time and its ratio to plain DDP's."""
+    from ddlrepro.host import summaries
 
     summary = step_times(table, int(table["warmup_steps"].iloc[0]))
-    summary = plotting.with_host_load(summary, table, ["mode"])
-    summary = plotting.fold_load(summary, table, table["mode"] == "ddp")  # every ratio is ÷ plain DDP's
+    summary = summaries.with_host_load(summary, table, ["mode"])
+    summary = summaries.fold_load(summary, table, table["mode"] == "ddp")  # every ratio is ÷ plain DDP's
+    return summary
+
+
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
+    from ddlrepro.host import plotting, summaries
+
     figure, (seconds, ratio) = plotting.new_figure(2, TITLE)
-    own = plotting.with_host_load(summary.drop(columns=plotting.HOST_LOAD_COLUMNS), table, ["mode"])
+    own = summaries.with_host_load(summary.drop(columns=summaries.HOST_LOAD_COLUMNS), table, ["mode"])
     plotting.hatch_disturbed(seconds.bar(summary["mode"], summary["step_time_s"], alpha=0.8), own["disturbed"])
     seconds.set_xlabel("training mode")
     seconds.set_ylabel("median step time, slowest rank (s)")
@@ -71,4 +78,4 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     ratio.set_xlabel("training mode")
     ratio.set_ylabel("step time ÷ plain DDP's (ratio)")
     plotting.legend(ratio)
-    return figure, summary
+    return figure

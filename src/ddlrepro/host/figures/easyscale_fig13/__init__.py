@@ -73,7 +73,7 @@ def est_times(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
     return per_est
 
 
-def summarize(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
+def group_times(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
     """Per model and group: the median over steps of the slowest process's time (ESTs 0..k−2: their mean in each
     process), each piece's mean over steps of its largest process value (so the pieces need not add up to the
     time), and the time ÷ the DDP step and ÷ the model's last EST."""
@@ -95,13 +95,19 @@ def summarize(table: pd.DataFrame, warmup_steps: int) -> pd.DataFrame:
     return summary.sort_values(["model", "group"], key=lambda column: column.map(order), ignore_index=True)
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Per model and group: EST times against the DDP step (group_times), with both runs' host load."""
+    from ddlrepro.host import summaries
+
+    summary = group_times(table, int(table["warmup_steps"].iloc[0]))
+    return summaries.with_host_load(summary, table, ["model"])  # both runs of a model: the ratio's two sides
+
+
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
     import numpy as np
 
     from ddlrepro.host import plotting
 
-    summary = summarize(table, int(table["warmup_steps"].iloc[0]))
-    summary = plotting.with_host_load(summary, table, ["model"])  # both runs of a model: the ratio's two sides
     models = list(dict.fromkeys(summary["model"]))
     paper = paper_values(references)
     figure, (ratio,) = plotting.new_figure(1, TITLE, panel_size=(7.5, 4.4))
@@ -121,7 +127,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     ratio.set_ylabel("EST time ÷ plain DDP step (ratio)")
     ratio.set_ylim(bottom=0)
     plotting.legend(ratio)
-    return figure, summary
+    return figure
 
 
 def paper_values(references: list[dict[str, Any]]) -> dict[str, Any]:

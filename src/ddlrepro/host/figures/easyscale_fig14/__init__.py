@@ -317,7 +317,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     import numpy as np
     import pandas as pd
 
-    from ddlrepro.host import plotting
+    from ddlrepro.host import summaries
     from ddlrepro.host.simulator.engine import Simulation
 
     jobs, round_s = table[table["kind"] == "job"], float(label(table, "round_s"))
@@ -342,7 +342,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     for column in LABEL_COLUMNS:
         summary[column] = label(table, column)
     # Every policy's numbers rest on every profile: a disturbed profile run marks them all.
-    load = plotting.run_host_load(table[table["kind"] == "profile"])
+    load = summaries.run_host_load(table[table["kind"] == "profile"])
     summary["foreign_share"], summary["steal_share"] = load["foreign_share"].max(), load["steal_share"].max()
     summary["disturbed"] = bool(load["disturbed"].any())
     summary["simulated"] = True
@@ -354,12 +354,11 @@ def label(table: pd.DataFrame, column: str) -> Any:
     return table.loc[table["kind"] == "profile", column].iloc[0]
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
     import numpy as np
 
     from ddlrepro.host import plotting
 
-    summary = summarize(table)
     figure, (jct, makespan, allocated) = plotting.new_figure(3, TITLE, panel_size=(5.6, 4.6))
     x = np.arange(len(POLICIES))
     paper = paper_values(references)
@@ -384,7 +383,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     plotting.legend(allocated)
     plotting.note_disturbed(jct, summary, ["policy"])
     plotting.add_footer(figure, labels_line(summary))
-    return figure, summary
+    return figure
 
 
 def labels_line(summary: pd.DataFrame) -> str:

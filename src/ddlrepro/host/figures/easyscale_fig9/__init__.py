@@ -226,7 +226,7 @@ def draw_panel(axis: Any, differences: pd.DataFrame) -> None:
     plotting.legend(axis)
 
 
-def summarize(differences: pd.DataFrame) -> pd.DataFrame:
+def difference_summary(differences: pd.DataFrame) -> pd.DataFrame:
     """Per panel, series and stage: steps, exactly equal steps, first and largest |difference| of the loss, the
     steps after which the parameters differ from the baseline's (bit for bit, by digest), whether the stage mixes
     device types."""
@@ -250,22 +250,35 @@ def summarize(differences: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+def difference_panels(table: pd.DataFrame) -> list[pd.DataFrame]:
+    """The loss differences of panel (a), one device type, and (b), emulated device types, where there are any."""
+    panels = [loss_differences(table).sort_values("step"), typed_loss_differences(table).sort_values("step")]
+    return [differences for differences in panels if len(differences)]
+
+
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Per panel, series and stage (difference_summary); with panel (b), which device types it emulated."""
     import pandas as pd
 
+    table = typing_columns(table)
+    panels = difference_panels(table)
+    summary = difference_summary(pd.concat(panels, ignore_index=True))
+    if len(panels) == 2:
+        quota = f"CPU quota {device_types.quota_status(table)}"
+        summary["devices"] = summary["panel"].map({"a": "one device type", "b": f"{EMULATED}; {quota}"})
+    return summary
+
+
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
     from ddlrepro.host import plotting
 
     table = typing_columns(table)
-    panels = [loss_differences(table).sort_values("step"), typed_loss_differences(table).sort_values("step")]
-    panels = [differences for differences in panels if len(differences)]
+    panels = difference_panels(table)
     figure, axes = plotting.new_figure(len(panels), TITLE, panel_size=(10, 4.5) if len(panels) == 1 else (8, 4.5))
     for axis, differences in zip(axes, panels, strict=True):
         draw_panel(axis, differences)
-    summary = summarize(pd.concat(panels, ignore_index=True))
     if len(panels) == 2:
-        quota = f"CPU quota {device_types.quota_status(table)}"
         plotting.panel_title(axes[0], "one device type")
         plotting.panel_title(axes[1], EMULATED)
-        plotting.add_footer(figure, f"Panel (b): {EMULATED}; {quota}.")
-        summary["devices"] = summary["panel"].map({"a": "one device type", "b": f"{EMULATED}; {quota}"})
-    return figure, summary
+        plotting.add_footer(figure, f"Panel (b): {EMULATED}; CPU quota {device_types.quota_status(table)}.")
+    return figure

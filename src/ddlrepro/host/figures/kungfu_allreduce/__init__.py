@@ -67,7 +67,7 @@ def with_strategy(table: pd.DataFrame) -> pd.DataFrame:
 def bandwidths(table: pd.DataFrame) -> pd.DataFrame:
     """Per (backend, strategy, size): mean time per operation over ranks and repetitions, algbw and busbw (GB/s);
     `table` has a strategy per row (`with_strategy`)."""
-    from ddlrepro.host import plotting
+    from ddlrepro.host import summaries
 
     times = table[table["metric"] == "allreduce_time_s"]
     summary = (
@@ -78,7 +78,7 @@ def bandwidths(table: pd.DataFrame) -> pd.DataFrame:
     summary["algbw_GBps"] = summary["size_bytes"] / summary["time_s"] / 1e9
     summary["busbw_GBps"] = summary["algbw_GBps"] * 2 * (summary["workers"] - 1) / summary["workers"]
     summary["status"], summary["reason"] = "ok", ""
-    return plotting.with_host_load(summary, table, ["backend", "strategy", "workers"])
+    return summaries.with_host_load(summary, table, ["backend", "strategy", "workers"])
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
@@ -86,15 +86,15 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     at the same size, and (`large_vs_gloo_ring`) the mean of that ratio over the sizes ≥ 16 MiB."""
     import pandas as pd
 
-    from ddlrepro.host import plotting
+    from ddlrepro.host import summaries
 
     table = with_strategy(table)
     summary = bandwidths(table)
     gloo = summary[(summary["backend"] == "gloo") & (summary["strategy"] == "RING")].set_index("size_bytes")
     summary["vs_gloo_ring"] = summary["busbw_GBps"] / summary["size_bytes"].map(gloo["busbw_GBps"])
     ring = (table["backend"] == "gloo") & (table["strategy"] == "RING") & (table["status"] == "ok")
-    summary = plotting.fold_load(summary, table, ring)  # every ratio is ÷ gloo RING's
-    skipped = plotting.skipped_points(table, ["backend", "strategy"])
+    summary = summaries.fold_load(summary, table, ring)  # every ratio is ÷ gloo RING's
+    skipped = summaries.skipped_points(table, ["backend", "strategy"])
     summary = pd.concat([summary, skipped], ignore_index=True)
     summary["size_bytes"] = summary["size_bytes"].astype("Int64")
     summary["large"] = (summary["size_bytes"] >= LARGE_BYTES).fillna(False).astype(bool)
@@ -103,10 +103,9 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     return summary.join(large.rename("large_vs_gloo_ring"), on=["backend", "strategy"])
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
     from ddlrepro.host import plotting
 
-    summary = summarize(table)
     measured = summary[summary["status"] == "ok"].assign(variant=lambda s: s["backend"] + "/" + s["strategy"])
     figure, (busbw, times, large) = plotting.new_figure(3, TITLE, panel_size=(5.6, 4.8))
     for variant, rows in measured.groupby("variant", sort=True):
@@ -124,7 +123,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     busbw.set_yscale("log")
     plotting.note_disturbed(busbw, summary.drop_duplicates(["backend", "strategy"]), ["backend", "strategy"])
     large_panel(large, summary)
-    return figure, summary
+    return figure
 
 
 def large_panel(axis: Any, summary: pd.DataFrame) -> None:

@@ -44,22 +44,21 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
     import pandas as pd
 
-    from ddlrepro.host import plotting
+    from ddlrepro.host import summaries
 
     measured = table[table["status"] == "ok"]
-    summary = plotting.throughput_summary(measured, by=["backend", "strategy"]) if not measured.empty else None
-    columns = ["backend", "strategy", "workers", "per_worker", "confidence", "total", *plotting.HOST_LOAD_COLUMNS]
+    summary = summaries.throughput_summary(measured, by=["backend", "strategy"]) if not measured.empty else None
+    columns = ["backend", "strategy", "workers", "per_worker", "confidence", "total", *summaries.HOST_LOAD_COLUMNS]
     summary = (summary[columns] if summary is not None else pd.DataFrame(columns=columns)).assign(
         status="ok", reason=""
     )
-    skipped = plotting.skipped_points(table, ["backend", "strategy"])
+    skipped = summaries.skipped_points(table, ["backend", "strategy"])
     return pd.concat([summary, skipped], ignore_index=True)
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
     from ddlrepro.host import plotting
 
-    summary = summarize(table)
     figure, (rates,) = plotting.new_figure(1, TITLE, panel_size=(7.5, 5.2))
     labels = summary["backend"] + "/" + summary["strategy"]
     heights = summary["per_worker"].astype(float).fillna(0.0)
@@ -81,4 +80,4 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     plotting.panel_title(rates, f"{int(summary['workers'].max())} workers")
     if not drawn.empty:
         plotting.legend(rates)
-    return figure, summary
+    return figure

@@ -139,7 +139,7 @@ def epochs(table: pd.DataFrame) -> pd.DataFrame:
     return per_epoch(table, ["batch_size", "epoch_time_s"])
 
 
-def summarize(table: pd.DataFrame) -> pd.DataFrame:
+def accuracy_summary(table: pd.DataFrame) -> pd.DataFrame:
     import numpy as np
     import pandas as pd
 
@@ -173,10 +173,17 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     return summary.assign(cap=summary["run"].map(caps).astype(int))
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Per run: time to the best small-batch accuracy less a point, and the batch sizes it ran, with its host load."""
+    from ddlrepro.host import summaries
+
+    summary = summaries.with_host_load(accuracy_summary(table), table, ["run"])
+    return summary
+
+
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
     from ddlrepro.host import plotting
 
-    summary = plotting.with_host_load(summarize(table), table, ["run"])
     evaluated = evaluations(table).merge(summary[["run", "disturbed"]], on="run")
     figure, (accuracy, batch, noise) = plotting.new_figure(3, TITLE, panel_size=(5.0, 4.2))
     for run in summary["run"]:
@@ -193,7 +200,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     plotting.note_disturbed(accuracy, summary, ["run"])
     draw_batches(batch, table, summary)
     draw_noise(noise, table)
-    return figure, summary
+    return figure
 
 
 RULE_LABELS = {"fork": "the fork's rule", "per-cycle": "per-cycle rule, not the fork's"}

@@ -146,7 +146,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     """One row per run; a run this machine skipped keeps its reason (its checks are then skipped, not failed)."""
     import pandas as pd
 
-    from ddlrepro.host import plotting
+    from ddlrepro.host import summaries
 
     rows = []
     for run in [run for run in RUNS if run in set(table["run"])]:
@@ -156,7 +156,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
             rows.append({"run": run, "status": "skipped", "reason": reason})
         else:
             rows.append(run_summary(ran, run))
-    return plotting.with_host_load(pd.DataFrame(rows), table, ["run"])
+    return summaries.with_host_load(pd.DataFrame(rows), table, ["run"])
 
 
 def received_while_traffic(table: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
@@ -172,12 +172,11 @@ def received_while_traffic(table: pd.DataFrame, summary: pd.DataFrame) -> pd.Dat
     return counts[["run", "rank", "received_mb", "disturbed"]]
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
-    from ddlrepro.host import plotting
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
+    from ddlrepro.host import plotting, summaries
 
-    summary = summarize(table)
     figure, axes = plotting.new_figure(3, TITLE)
-    skipped = plotting.skipped_points(table, ["run"])
+    skipped = summaries.skipped_points(table, ["run"])
     ran = table[table["metric"] != "skipped"]
     over_steps(axes[0], ran, summary, "img_per_sec", "per worker (images/s)")
     plotting.panel_title(axes[0], "training throughput")
@@ -188,7 +187,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     for axis in axes[:2]:
         plotting.note_skipped(axis, skipped, ["run"])
     plotting.note_disturbed(axes[0], summary, ["run"])
-    return figure, summary
+    return figure
 
 
 def over_steps(axis: Any, table: pd.DataFrame, summary: pd.DataFrame, metric: str, label: str) -> None:

@@ -104,15 +104,15 @@ def run_summary(rows: pd.DataFrame, window: int, batch: int) -> dict[str, float]
     }
 
 
-def summarize(table: pd.DataFrame) -> pd.DataFrame:
+def mode_summary(table: pd.DataFrame) -> pd.DataFrame:
     """One row per run (skipped runs too, with their reason); on the adaptive row the comparison with the fixed
     sizes, NaN where the run it needs is missing, with the reason in `settled_share_skipped`."""
     import pandas as pd
 
-    from ddlrepro.host import plotting
+    from ddlrepro.host import summaries
 
     window, batch = int(table["window_steps"].iloc[0]), int(table["batch_size"].iloc[0])
-    skipped = plotting.skipped_points(table, ["mode"]).rename(columns={"workers": "size"})
+    skipped = summaries.skipped_points(table, ["mode"]).rename(columns={"workers": "size"})
     per_run = steps_table(table[~table["mode"].isin(skipped["mode"])])
     measured = [
         {"mode": mode, **run_summary(rows, window, batch)} for mode, rows in per_run.groupby("mode", sort=False)
@@ -167,7 +167,7 @@ def with_settled_comparison(summary: pd.DataFrame, alpha: float, max_workers: in
 def with_share_load(summary: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     """`settled_share` and `next_worker_gain_share` compare the fixed-size runs: their own host-load columns cover
     all of them."""
-    from ddlrepro.host.plotting import with_host_load
+    from ddlrepro.host.summaries import with_host_load
 
     fixed = with_host_load(summary[summary["mode"] != ADAPTIVE][["mode"]], table, ["mode"])
     load = {"foreign_share": fixed["foreign_share"].max(), "steal_share": fixed["steal_share"].max()}
@@ -176,10 +176,17 @@ def with_share_load(summary: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
     return summary.assign(**{f"{column}_{key}": value for column in columns for key, value in load.items()})
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per run with its host load; on the adaptive row the comparison with the fixed sizes (mode_summary)."""
+    from ddlrepro.host import summaries
+
+    summary = with_share_load(summaries.with_host_load(mode_summary(table), table, ["mode"]), table)
+    return summary.reset_index(drop=True)
+
+
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
     from ddlrepro.host import plotting
 
-    summary = with_share_load(plotting.with_host_load(summarize(table), table, ["mode"]), table)
     figure, (timeline, sizes, efficiency) = plotting.new_figure(3, TITLE, panel_size=(5.4, 4.4))
     colours = mode_colours(summary)
     draw_timeline(timeline, steps_table(table), colours)
@@ -187,7 +194,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     draw_efficiency(efficiency, summary, colours)
     plotting.add_footer(figure, f"Model: {model_label(table)}; {DATA}.")
     plotting.note_disturbed(efficiency, summary, ["mode"])
-    return figure, summary.reset_index(drop=True)
+    return figure
 
 
 def model_label(table: pd.DataFrame) -> str:

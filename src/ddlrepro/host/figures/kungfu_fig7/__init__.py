@@ -70,7 +70,7 @@ def events(table: pd.DataFrame) -> pd.DataFrame:
     return wide
 
 
-def summarize(wide: pd.DataFrame) -> pd.DataFrame:
+def latency_summary(wide: pd.DataFrame) -> pd.DataFrame:
     phases = [column for column in PHASE_ORDER if column in wide.columns]
     summary = (
         wide.groupby(["mode", "kind"], as_index=False)
@@ -84,15 +84,23 @@ def summarize(wide: pd.DataFrame) -> pd.DataFrame:
     return summary
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
-    from ddlrepro.host import plotting
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Per mode and resize kind: events, median latency and phases (latency_summary), with the host load."""
+    from ddlrepro.host import summaries
 
     wide = events(table)
-    summary = with_speedup_load(plotting.with_host_load(summarize(wide), table, ["mode"]), table)
+    summary = with_speedup_load(summaries.with_host_load(latency_summary(wide), table, ["mode"]), table)
+    return summary
+
+
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
+    from ddlrepro.host import plotting, summaries
+
+    wide = events(table)
     figure, (timeline, latency, phases) = plotting.new_figure(3, TITLE, panel_size=(5.6, 4.6))
     colours = mode_colours(table)
     draw_timeline(timeline, table, colours)
-    draw_latency(latency, wide, plotting.with_host_load(summary[["mode"]].drop_duplicates(), table, ["mode"]), colours)
+    draw_latency(latency, wide, summaries.with_host_load(summary[["mode"]].drop_duplicates(), table, ["mode"]), colours)
     kungfu = kungfu_latencies(references)
     for kind, style in (("grow", "--"), ("shrink", ":")):
         if kind in kungfu:
@@ -101,7 +109,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     plotting.panel_title(timeline, "modes coloured as in (b)")
     plotting.note_disturbed(latency, summary, ["mode", "kind"])
     draw_phases(phases, summary)
-    return figure, summary
+    return figure
 
 
 def mode_colours(table: pd.DataFrame) -> dict[str, Any]:
@@ -129,7 +137,7 @@ def with_speedup_load(summary: pd.DataFrame, table: pd.DataFrame) -> pd.DataFram
     the torchrun mode chosen as its kind's baseline; the row's own columns (its latencies) keep its run's only."""
     import pandas as pd
 
-    from ddlrepro.host.plotting import HOST_LOAD_COLUMNS, with_host_load
+    from ddlrepro.host.summaries import HOST_LOAD_COLUMNS, with_host_load
 
     modes = pd.DataFrame({"mode": table["mode"].unique()})
     per_mode = with_host_load(modes, table, ["mode"]).set_index("mode")

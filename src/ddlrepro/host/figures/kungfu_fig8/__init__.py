@@ -55,19 +55,28 @@ def points(section: dict[str, Any], launcher: dict[str, Any]) -> list[Point]:
     ]
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
-    from ddlrepro.host import plotting
+def summarize(table: pd.DataFrame) -> pd.DataFrame:
+    """Per monitor setting: per-worker img/s, and its overhead and ratio against no monitor (`none`)."""
+    from ddlrepro.host import summaries
 
     settings = set(table["setting"].dropna())
     order = [s for s in ("none", "noise-scale@1", "noise-scale@8", "variance@1", "variance@8") if s in settings]
     order += sorted(settings - set(order))
-    summary = plotting.throughput_summary(table, by=["setting"]).set_index("setting").loc[order].reset_index()
-    summary = plotting.fold_load(summary, table, table["setting"] == "none")  # every ratio is ÷ none
+    summary = summaries.throughput_summary(table, by=["setting"]).set_index("setting").loc[order].reset_index()
+    summary = summaries.fold_load(summary, table, table["setting"] == "none")  # every ratio is ÷ none
     baseline = summary.set_index("setting")["per_worker"].get("none")
     summary["overhead_percent"] = 100 * (1 - summary["per_worker"] / baseline) if baseline else float("nan")
     summary["measured_ratio"] = summary["per_worker"] / baseline if baseline else float("nan")
+    columns = ["setting", "workers", "per_worker", "confidence", "overhead_percent", "measured_ratio"]
+    return summary[columns + summaries.HOST_LOAD_COLUMNS]
+
+
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
+    from ddlrepro.host import plotting
+
+    baseline = summary.set_index("setting")["per_worker"].get("none")
     paper_ratios = plotting.drawn_references(references, "measured_ratio", "setting", scale)
-    summary["paper_ratio"] = summary["setting"].map(paper_ratios.set_index("setting")["value"])
+    summary = summary.assign(paper_ratio=summary["setting"].map(paper_ratios.set_index("setting")["value"]))
 
     figure, (rates, noise, parts, variance) = plotting.new_figure(4, TITLE, panel_size=(5.0, 4.4))
     positions = range(len(summary))
@@ -103,9 +112,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     monitored = table[table["rank"] == 0]
     plot_noise_scale(noise, parts, monitored, table)
     plot_variance(variance, monitored)
-    columns = ["setting", "workers", "per_worker", "confidence", "overhead_percent", "measured_ratio", "paper_ratio"]
-    columns += plotting.HOST_LOAD_COLUMNS
-    return figure, summary[columns]
+    return figure
 
 
 def monitored_lines(axis: Axes, values: pd.DataFrame, label: str = "{setting}", **style: Any) -> None:

@@ -75,28 +75,27 @@ def variant_labels(table: pd.DataFrame) -> pd.Series:
 def summarize(table: pd.DataFrame) -> pd.DataFrame:
     """Per (model, variant, workers): per-worker img/s, total, efficiency against the framework's 1-worker rate,
     and the ratio to Horovod's per-worker rate at the same model and workers."""
-    from ddlrepro.host import plotting
+    from ddlrepro.host import summaries
 
     table = table.assign(variant=variant_labels(table))
     ceilings, table = table[is_ceiling(table)], table[~is_ceiling(table)]
-    summary = plotting.throughput_summary(table, by=["model", "framework", "strategy", "variant"])
+    summary = summaries.throughput_summary(table, by=["model", "framework", "strategy", "variant"])
     smallest = summary.groupby(["model", "framework"])["workers"].transform("min")
     base = summary[summary["workers"] == smallest].groupby(["model", "framework"])["per_worker"].mean().rename("base")
     summary = summary.join(base, on=["model", "framework"])
     summary["ideal_total"] = summary["workers"] * summary.pop("base")
     summary["efficiency"] = summary["total"] / summary["ideal_total"]
-    summary = plotting.with_base_load(summary, ["model", "framework"])  # efficiency ÷ the framework's own base
+    summary = summaries.with_base_load(summary, ["model", "framework"])  # efficiency ÷ the framework's own base
     horovod = summary[summary["framework"] == BASELINE].groupby(["model", "workers"])["per_worker"].max()
     summary = summary.join(horovod.rename("horovod_per_worker"), on=["model", "workers"])
     summary["vs_horovod"] = summary["per_worker"] / summary.pop("horovod_per_worker")
-    summary = plotting.fold_load(summary, table, table["framework"] == BASELINE)  # vs_horovod is ÷ Horovod's
+    summary = summaries.fold_load(summary, table, table["framework"] == BASELINE)  # vs_horovod is ÷ Horovod's
     return with_efficiency_vs_ceiling(summary, ceilings, ["model"])
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
     from ddlrepro.host import plotting
 
-    summary = summarize(table)
     models = sorted(summary["model"].unique())
     figure, axes = plotting.new_figure(len(models) + 1, TITLE)
     drawn = plotting.drawn_references(references, "per_worker", "workers", scale)
@@ -112,7 +111,7 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
         plotting.legend(axis, title="framework/strategy")
         plotting.note_disturbed(axis, rows, ["model", "variant", "workers"])
     ratio_panel(axes[-1], summary)
-    return figure, summary
+    return figure
 
 
 def ratio_panel(axis: Any, summary: pd.DataFrame) -> None:

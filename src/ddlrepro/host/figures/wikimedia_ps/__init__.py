@@ -164,7 +164,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
     """One row per run (see the module's docstring); a skipped run keeps its reason."""
     import pandas as pd
 
-    from ddlrepro.host import plotting
+    from ddlrepro.host import summaries
 
     rows = []
     for point_id, point_rows in table.groupby("point_id", sort=False):
@@ -184,7 +184,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
         fault = faults.fault_of(first)
         row |= cluster_row(ran) if first["mode"] == "cluster" else {}
         rows.append(row | (faults.fault_row(ran, fault) if fault else {}))
-    summary = plotting.with_host_load(pd.DataFrame(rows), table, ["point_id"])
+    summary = summaries.with_host_load(pd.DataFrame(rows), table, ["point_id"])
     return against_one_process(summary).drop(columns=["point_id"])
 
 
@@ -209,12 +209,11 @@ def fault_runs(summary: pd.DataFrame) -> pd.Series:
     return summary["fault"].notna() if "fault" in summary else summary["run"].isna()
 
 
-def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> tuple[Figure, pd.DataFrame]:
+def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> Figure:
     import pandas as pd
 
-    from ddlrepro.host import plotting
+    from ddlrepro.host import plotting, summaries
 
-    summary = summarize(table)
     frozen = "trainable" in table and (table["trainable"] == "top").any()
     figure, axes = plotting.new_figure(5, TITLE + (FROZEN if frozen else ""))
     ok = summary[(summary["status"] == "ok") & ~fault_runs(summary)]
@@ -257,8 +256,8 @@ def plot(table: pd.DataFrame, scale: str, references: list[dict[str, Any]]) -> t
     faults.plot_faults(axes[4], faults.attempts_table(table, faulted), summary[summary["status"] == "ok"])
     plotting.panel_title(axes[4], "faults: attempts")
     for axis in axes:
-        plotting.note_skipped(axis, plotting.skipped_points(table, ["placement", "mode"]), ["placement", "mode"])
-    return figure, summary
+        plotting.note_skipped(axis, summaries.skipped_points(table, ["placement", "mode"]), ["placement", "mode"])
+    return figure
 
 
 def per_ps_table(table: pd.DataFrame, disturbed: dict[str, bool]) -> pd.DataFrame:
