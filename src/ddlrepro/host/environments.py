@@ -31,7 +31,6 @@ from ddlrepro.host.redaction import redacted_tail
 from ddlrepro.host.rundir import write_json_atomic
 from ddlrepro.points import Point
 
-KINDS = ("slurm", "container", "local")
 ENGINE = ["podman", "--runtime", "runc"]
 # runc cannot raise this machine's file limits inside a container: keep them at what the host grants.
 LIMITS = ["--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768"]
