@@ -3,6 +3,7 @@ failed, does not idle out its rate limiter's span (real Snakemake, two jobs that
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -62,3 +63,59 @@ def test_the_status_check_patch_fits_the_installed_executor_interface() -> None:
         def _wait_for_jobs(self) -> None: ...
 
     assert "no coroutine `_wait_for_jobs`" in (scheduling.unpatchable_reason(Changed) or "")
+
+
+class Fitting:
+    """The shape of RemoteExecutor the patch was written for."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.wait = True
+
+    async def _wait_for_jobs(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class TakesAnArgument(Fitting):
+    async def _wait_for_jobs(self, timeout: float) -> None: ...
+
+
+class NoWaitFlag(Fitting):
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stopping = False
+
+
+class NoShutdown:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.wait = True
+
+    async def _wait_for_jobs(self) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("executor", "named"),
+    [
+        (Fitting, None),
+        (TakesAnArgument, "`_wait_for_jobs(self, timeout"),
+        (NoWaitFlag, "`self.wait`"),
+        (NoShutdown, "`shutdown(self)`"),
+    ],
+)
+def test_a_changed_executor_shape_is_named(executor: type, named: str | None) -> None:
+    """Each private piece the patch uses, changed, is named in the reason it is not made."""
+    reason = scheduling.shape_problem(executor)
+    assert reason is None if named is None else named in (reason or ""), reason
+
+
+def test_the_pinned_executor_interface_is_one_the_patch_was_written_for() -> None:
+    """envs/requirements.txt pins the executor interface inside PATCHED_FOR: bumping it past them fails here."""
+    pins = dict(
+        line.split("==")
+        for line in (REPO / "envs" / "requirements.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    major = int(pins[scheduling.INTERFACE].split(".")[0])
+    assert scheduling.PATCHED_FOR[0] <= major < scheduling.PATCHED_FOR[1], pins[scheduling.INTERFACE]

@@ -67,6 +67,24 @@ def unpatchable_reason(remote_executor: type) -> str | None:
     major = int(version.split(".")[0])
     if not PATCHED_FOR[0] <= major < PATCHED_FOR[1]:
         return f"{INTERFACE} {version} is outside the versions the patch was written for ({PATCHED_FOR[0]}.x)"
-    if not inspect.iscoroutinefunction(getattr(remote_executor, "_wait_for_jobs", None)):
-        return f"{INTERFACE} {version}'s RemoteExecutor has no coroutine `_wait_for_jobs` any more"
-    return None
+    problem = shape_problem(remote_executor)
+    return f"{INTERFACE} {version}'s RemoteExecutor {problem}" if problem else None
+
+
+def shape_problem(remote_executor: type) -> str | None:
+    """What the patch relies on and `remote_executor` no longer has: a coroutine `_wait_for_jobs(self)`, a method
+    `shutdown(self)`, and the `lock` and `wait` attributes its `__init__` sets (shutdown's own stop flag)."""
+    wait_for_jobs = getattr(remote_executor, "_wait_for_jobs", None)
+    shutdown = getattr(remote_executor, "shutdown", None)
+    if not inspect.iscoroutinefunction(wait_for_jobs):
+        return "has no coroutine `_wait_for_jobs` any more"
+    if list(inspect.signature(wait_for_jobs).parameters) != ["self"]:
+        return f"has `_wait_for_jobs{inspect.signature(wait_for_jobs)}`, not `_wait_for_jobs(self)`"
+    if not inspect.isfunction(shutdown) or list(inspect.signature(shutdown).parameters) != ["self"]:
+        return "has no method `shutdown(self)` any more"
+    try:
+        source = inspect.getsource(remote_executor.__init__)
+    except (OSError, TypeError):  # no source of its own (object's __init__, or a compiled one)
+        source = ""
+    unset = [name for name in ("lock", "wait") if f"self.{name} = " not in source]
+    return f"no longer sets `self.{unset[0]}` in `__init__`" if unset else None
