@@ -31,7 +31,7 @@ from conftest import (
     written_forms,
 )
 
-import ddlrepro.host.bundle
+import ddlrepro.host.bundle.safe_read
 from ddlrepro.host.bundle import (
     BUNDLE_FORMAT,
     MANIFEST,
@@ -516,7 +516,7 @@ def test_ssh_keygen_hanging_is_a_bundle_error(monkeypatch: pytest.MonkeyPatch, t
     def hang(command: list[str], **options: object) -> None:
         raise subprocess.TimeoutExpired(command, options["timeout"])
 
-    monkeypatch.setattr(ddlrepro.host.bundle.subprocess, "run", hang)
+    monkeypatch.setattr(subprocess, "run", hang)
     with pytest.raises(BundleError, match=r"bundle.sign_key .*id: ssh-keygen did not sign within 60 s"):
         sign_manifest(b"{}", tmp_path / "id")
     with pytest.raises(BundleError, match=r"^--allowed-signers: ssh-keygen -Y verify did not finish within 60 s"):
@@ -531,7 +531,7 @@ def test_a_gz_member_that_is_not_gzip_is_searched_as_it_is(monkeypatch: pytest.M
 
 
 def test_members_declaring_too_many_bytes_are_refused_unread(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(ddlrepro.host.bundle, "MAX_BUNDLE_BYTES", 100)
+    monkeypatch.setattr(ddlrepro.host.bundle.safe_read, "MAX_BUNDLE_BYTES", 100)
     info = tarfile.TarInfo("ddlrepro-x/big")
     bundle = tarball(tmp_path / "big.tar.gz", (info, b"x" * 101))
     with pytest.raises(BundleError, match=r"files hold more than 100 bytes unpacked, more than verify reads"):

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from conftest import gathered_references
 
-from ddlrepro.host import bundle as bundles
 from ddlrepro.host.bundle import (
     BUNDLE_FORMAT,
     MANIFEST,
@@ -27,6 +26,7 @@ from ddlrepro.host.bundle import (
     BundleError,
     png_pixels,
     read_bundle,
+    safe_read,
     same_picture,
     sha256,
     verify_bundle,
@@ -135,7 +135,7 @@ def test_a_gzip_bomb_is_refused_by_its_declared_size_before_its_data_is_read(tmp
 
 
 def test_members_are_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bundles, "MAX_MEMBERS", 10)
+    monkeypatch.setattr(safe_read, "MAX_MEMBERS", 10)
     bundle = tmp_path / "many.tar.gz"
     with tarfile.open(bundle, "w:gz") as tar:
         for index in range(11):

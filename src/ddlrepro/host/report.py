@@ -170,7 +170,7 @@ def rerun_advice(runs: pd.DataFrame, results: Path, options: str = "") -> dict[s
 
 
 # The report records what it was built from beyond the results (the settings, and where and when it was built), so
-# that `ddlrepro verify` can build it again from a bundle and compare (bundle.check_report).
+# that `ddlrepro verify` can build it again from a bundle and compare (bundle/rederive.py's check_report).
 INPUTS_MARK = "ddlrepro-report-inputs"
 RECORDED_INPUTS = re.compile(rf"<!-- {INPUTS_MARK} ([A-Za-z0-9+/=]+) -->\n?\Z")
 INPUT_TYPES = {
