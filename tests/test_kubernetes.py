@@ -461,7 +461,7 @@ def test_delete_names_the_objects_it_could_not_remove(
     worker_logs: dict[int, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A job held by a finalizer: the run's results stand, and its log names what is left behind."""
-    monkeypatch.setattr(kubernetes, "DELETE_GRACE_S", 0.2)
+    monkeypatch.setattr(kubernetes.watch, "DELETE_GRACE_S", 0.2)
     fake = FakeCluster("job", [[["succeeded", "succeeded"]]], [worker_logs], stuck={"Job"})
     run_dir = run_on(fake, tmp_path, "job", monkeypatch)
     job = kubernetes.job_name(tiny_point(workers=2))
@@ -471,7 +471,7 @@ def test_delete_names_the_objects_it_could_not_remove(
 
 
 def test_leftovers_that_cannot_be_removed_stop_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kubernetes, "DELETE_GRACE_S", 0.2)
+    monkeypatch.setattr(kubernetes.watch, "DELETE_GRACE_S", 0.2)
     fake = FakeCluster("job", [[["succeeded", "succeeded"]]], [{}], stuck={"Job"})
     fake.leave_behind("Service", "Job")
     with pytest.raises(RunFailed, match=r"objects of an earlier run are still there: Job ml-bench/ddlrepro-"):
