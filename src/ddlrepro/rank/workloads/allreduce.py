@@ -69,12 +69,13 @@ def operations(
 ) -> dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], Callable]]:
     """Each strategy's sum over the ranks and a barrier, by strategy name, in the order to run them."""
     if params["backend"] == "mpi" and ctx.backend != "mpi":
-        return {params.get("strategy", "MPI_Allreduce"): mpi4py_allreduce()}
+        return {params["strategy"]: mpi4py_allreduce()}
     return {strategy: torch_allreduce(strategy, ctx) for strategy in strategies(params)}
 
 
 def strategies(params: dict[str, Any]) -> list[str]:
-    return params.get("strategies") or [params.get("strategy", "RING")]
+    """The point's `strategies` (gloo, nccl) or its one `strategy` (MPI: kungfu_allreduce.MPI_STRATEGY)."""
+    return params.get("strategies") or [params["strategy"]]
 
 
 def check_sum(result: torch.Tensor, ctx: RankContext, strategy: str, size: int) -> None:
