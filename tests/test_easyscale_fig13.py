@@ -69,7 +69,7 @@ def test_est_pieces_name_their_est_and_piece(timed_run: Path) -> None:
 
 
 def test_no_est_pieces_unless_asked() -> None:
-    params = {"model": "smallnet", "logical_workers": 2, "mode": "D1", "batch_size": 2}
+    params = {"model": "smallnet", "logical_workers": 2, "mode": "D1", "batch_size": 2, "learning_rate": 0.05}
     quiet, timed = ConsistentTrainer(params, 0, [2]), ConsistentTrainer({**params, "est_timings": True}, 0, [2])
     quiet.train_step()
     timed.train_step()

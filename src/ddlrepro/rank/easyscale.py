@@ -159,7 +159,7 @@ class ConsistentTrainer:
         if params["mode"] == "ddp":
             self.trained = nn.parallel.DistributedDataParallel(self.model, broadcast_buffers=False)
         self.optimizer = torch.optim.SGD(
-            self.model.parameters(), lr=params.get("learning_rate", 0.05), momentum=0.9, weight_decay=5e-4
+            self.model.parameters(), lr=params["learning_rate"], momentum=0.9, weight_decay=5e-4
         )
         self.step = 0
         self.switch_seconds = 0.0

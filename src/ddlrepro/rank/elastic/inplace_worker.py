@@ -61,7 +61,7 @@ class InPlaceWorker:
         self.retired: list[membership.Group] = []
         self.event: ResizeEvent | None = None
         self.proposed: set[int] = set()
-        self.warm = int(self.params.get("standby", 0)) > 0
+        self.warm = int(self.params["standby"]) > 0
         self.record_state = bool(self.params.get("record_state", False))
         self.policy = provisioning_policy(self.params)
         self.throughput = throughput

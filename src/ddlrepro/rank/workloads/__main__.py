@@ -24,7 +24,7 @@ def main(argv: list[str]) -> None:
     ensure_device_environment(point, argv)
     workload = importlib.import_module(WORKLOADS[point.workload])
     ctx = RankContext.from_environment(
-        point.threads_per_worker, point.params.get("backend", "auto"), point.params.get("device", "backend")
+        point.threads_per_worker, point.params["backend"], point.params.get("device", "backend")
     )
     ctx = dataclasses.replace(ctx, threads=devicetypes.rank_threads(point.params, ctx.rank, ctx.threads))
     typed = point.params.get("device_types") or point.params.get("kernels")
@@ -32,7 +32,7 @@ def main(argv: list[str]) -> None:
     try:
         with (
             NodeInterfaceCounter(ctx.rank, ctx.local_rank),
-            ResourceSampler(ctx, point.params.get("sample_interval_s", 1.0)),
+            ResourceSampler(ctx, point.params["sample_interval_s"]),
         ):
             workload.run({**point.params, **point.inputs}, ctx)
     finally:

@@ -46,7 +46,7 @@ def summed_votes(vote: int) -> int:
 
 
 def run(params: dict[str, Any], ctx: RankContext) -> None:
-    if ctx.world_size < 2 or params.get("strategy", "STAR") != "STAR":
+    if ctx.world_size < 2 or params["strategy"] != "STAR":
         raise ValueError("the adaptive strategy workload moves STAR's root: it needs STAR and at least 2 workers")
     torch.manual_seed(params.get("seed", 0))
     model = build_model(params["model"]).to(ctx.device)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 FRAMEWORKS = ["torch", "horovod", "tensorflow"]
+LEARNING_RATE = 0.01  # the protocol's SGD rate in every framework: throughput points carry no rate of their own
 
 
 @dataclass

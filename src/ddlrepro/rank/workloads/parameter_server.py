@@ -83,7 +83,7 @@ def layer_sizes(params: dict[str, Any]) -> list[tuple[int, int]]:
 
 def initial_weights(params: dict[str, Any]) -> list[np.ndarray]:
     """Glorot-uniform kernels and zero biases, seeded: the same start for the cluster and the baseline."""
-    rng = np.random.default_rng(params.get("seed", 0))
+    rng = np.random.default_rng(params["seed"])
     weights = []
     for fan_in, fan_out in layer_sizes(params):
         limit = math.sqrt(6 / (fan_in + fan_out))
@@ -98,7 +98,7 @@ def trainable_flags(params: dict[str, Any]) -> list[bool]:
 
 
 def digits(params: dict[str, Any]) -> datasets.Split:
-    return datasets.digits(params.get("seed", 0), params["test_fraction"])
+    return datasets.digits(params["seed"], params["test_fraction"])
 
 
 def flat(images: np.ndarray) -> np.ndarray:
@@ -296,7 +296,7 @@ class Chief:
         split = digits(params)
         step = self.step_function(coordinator.strategy, variables, flags)
         data = per_worker_data(coordinator, split)
-        samples, seed = len(split.train_labels), params.get("seed", 0)
+        samples, seed = len(split.train_labels), params["seed"]
         steps = params["epochs"] * steps_per_epoch(params, samples)
         progress = Progress(params, variables, steps_per_epoch(params, samples))
         order = batches(samples, params["batch_size"], seed)
@@ -552,7 +552,7 @@ def run_single(params: dict[str, Any]) -> None:
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    keras.utils.set_random_seed(params.get("seed", 0))  # fit's shuffling: the same order on every run
+    keras.utils.set_random_seed(params["seed"])  # fit's shuffling: the same order on every run
     began = time.time()
     model.fit(
         flat(split.train_images),

@@ -4,7 +4,8 @@ Keras 3's `model.fit` fails under MultiWorkerMirroredStrategy (keras-team/keras#
 `strategy.run` of a GradientTape step in one `tf.function`, as TensorFlow's custom-training-loop guide writes it:
 the optimizer all-reduces the gradients across workers (RING collective) before applying them. The cluster comes
 from TF_CONFIG, which the launcher sets (one loopback port per worker). Each worker trains on its own synthetic
-batch, softmax cross-entropy averaged over the global batch, SGD lr 0.01: the same protocol as the torch path.
+batch, softmax cross-entropy averaged over the global batch, SGD at frameworks.LEARNING_RATE: the same protocol as
+the torch path.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddlrepro.rank.models import MODELS
 from ddlrepro.rank.runtime import RankContext
-from ddlrepro.rank.workloads.frameworks import Trainer
+from ddlrepro.rank.workloads.frameworks import LEARNING_RATE, Trainer
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -59,7 +60,7 @@ def tensorflow_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
     keras.utils.set_random_seed(params.get("seed", 0))
     with strategy.scope():
         model = build_keras_model(params["model"], params.get("image_size"))
-        optimizer = keras.optimizers.SGD(learning_rate=0.01)
+        optimizer = keras.optimizers.SGD(learning_rate=LEARNING_RATE)
     images, labels = synthetic_batch(params["model"], params["batch_size"], params.get("image_size"), ctx.rank)
     global_batch = params["batch_size"] * ctx.world_size
 

@@ -41,7 +41,7 @@ from ddlrepro.rank.monitors import GradientMonitor
 from ddlrepro.rank.runtime import RankContext, network_group
 from ddlrepro.rank.shards import PrefetchingReader, reader
 from ddlrepro.rank.strategies import apply_strategy
-from ddlrepro.rank.workloads.frameworks import FRAMEWORKS, Trainer
+from ddlrepro.rank.workloads.frameworks import FRAMEWORKS, LEARNING_RATE, Trainer
 from ddlrepro.records import emit, say
 
 
@@ -72,11 +72,9 @@ def synthetic_batch(
     return images.to(device), labels.to(device)
 
 
-def make_train_step(
-    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, lr: float = 0.01
-) -> Callable[[], torch.Tensor]:
+def make_train_step(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> Callable[[], torch.Tensor]:
     """One SGD step of softmax cross-entropy on the fixed batch; returns the (unsynchronised) loss."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
 
     def step() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
@@ -92,7 +90,7 @@ def make_streaming_train_step(
     model: nn.Module, next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]], device: torch.device
 ) -> Callable[[], torch.Tensor]:
     """One SGD step on the next batch a data source delivers (`data_source` other than synthetic)."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
 
     def step() -> torch.Tensor:
         images, labels = next_batch()
@@ -147,11 +145,11 @@ def attach_monitor(model: nn.Module, params: dict[str, Any], ctx: RankContext) -
         raise ValueError(f"monitor {kind!r} needs at least 2 workers: it compares local and all-reduced gradients")
     monitor = GradientMonitor(
         kind,
-        params.get("monitor_interval", 1),
+        params["monitor_interval"],
         params["batch_size"],
         ctx.world_size,
-        params.get("noise_scale_alpha", 0.6),
-        aggregation=params.get("noise_scale_aggregation", "pooled"),
+        params["noise_scale_alpha"],
+        aggregation=params["noise_scale_aggregation"],
     )
     monitor.attach(model)
     return monitor
@@ -202,7 +200,7 @@ def horovod_trainer(params: dict[str, Any], ctx: RankContext) -> Trainer:
         params["model"], params["batch_size"], params.get("image_size"), ctx.device, seed=ctx.rank
     )
     optimizer = hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
+        torch.optim.SGD(model.parameters(), lr=LEARNING_RATE), named_parameters=model.named_parameters()
     )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
@@ -264,7 +262,7 @@ def setting_label(setting: dict[str, Any]) -> str:
         if key in setting:
             return str(setting[key])
     monitor = setting.get("monitor", "none")
-    return monitor if monitor == "none" else f"{monitor}@{setting.get('monitor_interval', 1)}"
+    return monitor if monitor == "none" else f"{monitor}@{setting['monitor_interval']}"
 
 
 def run_paired(params: dict[str, Any], ctx: RankContext) -> None:
