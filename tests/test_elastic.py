@@ -23,8 +23,8 @@ from torch import nn
 
 from ddlrepro.host.config import ConfigError
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
+from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers import check_points, configured_launcher, local_launcher
-from ddlrepro.host.launchers.hosting import peak_workers
 from ddlrepro.host.launchers.local import check_fits_machine
 from ddlrepro.host.launchers.slurm import SlurmLauncher
 from ddlrepro.host.ledger import LedgerError, trained_ranges, verify
@@ -264,7 +264,7 @@ def test_several_grows_and_shrinks_in_place(tmp_path: Path, standby: int) -> Non
     assert (events["resize_latency_s"] < 30).all()
     if standby:  # the pool's processes never exit before the stop: every process started is one peak_workers counts
         started = {record["pid"] for record in live_records(tmp_path / "run") if record["kind"] == "worker"}
-        assert len(started) == peak_workers(point) == 3
+        assert len(started) == launch_of(point).peak_workers == 3
 
 
 _TOTALS = {"resize_latency_s", "resize_to_sync_s"}
@@ -419,9 +419,9 @@ def test_slurm_counts_an_elastic_points_standbys_as_the_local_launcher_does() ->
     start and never more."""
     point = elastic_point("10:4,20:1,30:0", standby=2)
     settings = slurm_launcher(tasks_per_node=2).resources(point)
-    assert peak_workers(point) == 4
-    assert peak_workers(elastic_point("10:4,20:1,30:0", standby=3)) == 4
-    assert peak_workers(elastic_point("10:2,30:0", standby=3)) == 4
+    assert launch_of(point).peak_workers == 4
+    assert launch_of(elastic_point("10:4,20:1,30:0", standby=3)).peak_workers == 4
+    assert launch_of(elastic_point("10:2,30:0", standby=3)).peak_workers == 4
     assert (settings["nodes"], settings["tasks"], settings["tasks_per_node"]) == (1, 4, 4)
     with pytest.raises(ConfigError, match="4 workers"):
         check_fits_machine(point, oversubscription=1, cores=3)

@@ -13,8 +13,8 @@ from conftest import REPO, planned_jobs, snakemake
 from ddlrepro.host.checks import figure_references
 from ddlrepro.host.config import ConfigError, folder_block, load_config, load_config_file, validate_config
 from ddlrepro.host.figures import figure_points
+from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers import check_points, configured_launcher
-from ddlrepro.host.launchers.hosting import elastic_runtime, peak_workers
 from ddlrepro.host.paper_settings import settings_page
 from ddlrepro.rank import datasets
 from ddlrepro.rank.policies.batch import starting_rate
@@ -187,8 +187,8 @@ def test_an_unusual_cluster_shape_gets_slurm_requests_that_agree_with_every_poin
     for point in points:
         request = launcher.resources(point)
         nodes, per_node, tasks = request["nodes"], request["tasks_per_node"], request["tasks"]
-        assert tasks == peak_workers(point), point.id
-        if elastic_runtime(point) is None:
+        assert tasks == launch_of(point).peak_workers, point.id
+        if launch_of(point).runtime is None:
             assert (nodes - 1) * per_node < tasks <= nodes * per_node and per_node == min(tasks, 8), point.id
             assert nodes * per_node == tasks or tasks < 8, point.id
         assert request["gres"] == f"gpu:{min(8, per_node)}", point.id

@@ -17,8 +17,8 @@ from ddlrepro.host.checks import check_figure, figure_references
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
 from ddlrepro.host.figures import figure_points, kungfu_fig6
+from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers import local_launcher
-from ddlrepro.host.launchers.hosting import peak_workers
 from ddlrepro.host.ledger import verify
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows
@@ -157,7 +157,7 @@ def test_the_policy_removes_the_last_worker_and_adds_by_resizing() -> None:
 
 def test_a_policy_point_counts_its_pool_once() -> None:
     """1 worker and 2 warm standbys that become workers 2 and 3: 3 processes at most, not 3 + 2."""
-    assert peak_workers(adaptive_point({1: 1.0, 2: 1.0, 3: 1.0})) == 3
+    assert launch_of(adaptive_point({1: 1.0, 2: 1.0, 3: 1.0})).peak_workers == 3
 
 
 def test_a_missing_fixed_run_at_the_settled_size_is_a_declared_gap() -> None:

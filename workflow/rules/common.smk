@@ -32,6 +32,7 @@ from ddlrepro.host.figures import (
     simulation_inputs,
     simulation_settings,
 )
+from ddlrepro.host.launch import launch_of
 from ddlrepro.host.provenance import git_state, profile_from_command, record_invocation
 from ddlrepro.host.launchers import (
     check_points,
@@ -220,7 +221,7 @@ def launcher_options():
 
 def resumed_point_result(wildcards):
     """A run that continues another run's checkpoint (an elastic stage) waits for that run."""
-    resumed = lookup_point(wildcards).params.get("resume_from")
+    resumed = launch_of(lookup_point(wildcards)).resumes
     return [f"results/runs/{wildcards.figure}/{resumed}/result.json"] if resumed else []
 
 
@@ -235,8 +236,8 @@ def previous_replicate_results(wildcards):
 
 def point_software(wildcards):
     """What a run needs built first: the project's Horovod for Horovod points."""
-    framework = lookup_point(wildcards).params.get("framework")
-    return ["results/software/horovod.txt"] if framework == "horovod" else []
+    needs_build = launch_of(lookup_point(wildcards)).horovod_build
+    return ["results/software/horovod.txt"] if needs_build else []
 
 
 def point_data(wildcards):
@@ -244,7 +245,7 @@ def point_data(wildcards):
     (fetched first by fetch_cifar10 where they are missing and `download` allows)."""
     point = lookup_point(wildcards)
     shards = point.inputs.get("shards_dir")
-    if point.params.get("dataset") == "cifar10":
+    if launch_of(point).cifar10:
         return [str(Path(point.inputs["data_dir"]) / name) for name in CIFAR10_FILES]
     return [shards] if shards else []
 

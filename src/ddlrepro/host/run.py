@@ -22,6 +22,7 @@ from typing import Any
 
 from ddlrepro.host import environments, leftovers
 from ddlrepro.host.hostload import ForeignLoadMeter, machine_speed
+from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers import configured_launcher
 from ddlrepro.host.launchers.base import Launcher, RunFailed
 from ddlrepro.host.objectstore import data_inputs, s3fs_unavailable_reason
@@ -47,7 +48,8 @@ def unmet_requirement(point: Point, launcher: str = "local", in_image: bool = Fa
     """Why this machine cannot run `point`, or None: NCCL needs CUDA; a point whose params name `testbed_hosts`
     (it runs across that many testbed hosts) needs the local launcher, which makes them, its ranks on the hosts
     themselves (not in the training image), and root for network namespaces."""
-    if point.params.get("testbed_hosts"):
+    launch = launch_of(point)
+    if launch.testbed:
         if launcher != "local":
             return f"skipped: runs on testbed hosts, which the local launcher makes, not the {launcher} launcher"
         if in_image:
@@ -58,7 +60,7 @@ def unmet_requirement(point: Point, launcher: str = "local", in_image: bool = Fa
     reason = data_source_unavailable_reason(point, launcher)
     if reason:
         return f"skipped: {reason}"
-    if point.params.get("backend") == "nccl":
+    if launch.nccl:
         return nccl_unmet_requirement(point, launcher)
     return None
 
@@ -78,7 +80,7 @@ def nccl_unmet_requirement(point: Point, launcher: str) -> str | None:
 def data_source_unavailable_reason(point: Point, launcher: str) -> str | None:
     """Why the point's data source cannot be read here: the store started for a run and the s3fs mount are on
     this host (127.0.0.1), which only the local launcher's ranks share; s3fs needs FUSE and root."""
-    source = point.params.get("data_source")
+    source = launch_of(point).data_source
     if source not in ("s3", "s3fs"):
         return None
     if launcher != "local" and (source == "s3fs" or not point.inputs.get("store_endpoint")):
@@ -183,7 +185,7 @@ def earlier_attempts(run_dir: Path, code: dict[str, Any], attempt: int) -> list[
 
 def resume_inputs(point: Point, run_dir: Path, earlier: list[dict[str, Any]]) -> dict[str, str]:
     """A resumable point's attempt number and the last failed attempt's checkpoint folder (if it left one)."""
-    if point.workload not in RESUMABLE_WORKLOADS or not point.params.get("checkpoint_interval"):
+    if point.workload not in RESUMABLE_WORKLOADS or not launch_of(point).checkpoint_interval:
         return {}
     inputs = {"attempt": str(earlier[-1]["attempt"] + 1 if earlier else 1)}
     checkpoint = run_dir / earlier[-1]["folder"] / CHECKPOINT_DIR if earlier else None

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ddlrepro.host.catalog import figure_file, figure_ids, module_name
 from ddlrepro.host.errors import UserError
+from ddlrepro.host.launch import launch_of
 from ddlrepro.points import Point
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def figure_points(config: dict[str, Any], replicated: Collection[str] = ()) -> d
     for figure in planned_figures(config):
         points = figure_module(figure).points(config["figures"][figure], config["launcher"])
         copies = config["checks"]["replicates"] if figure in replicated else 1
-        if copies > 1 and any(point.params.get("resume_from") for point in points):
+        if copies > 1 and any(launch_of(point).resumes for point in points):
             raise UserError(f"{figure}: points that resume another point's checkpoint cannot be replicated")
         replicas = [replace(point, replicate=replicate) for replicate in range(copies) for point in points]
         expanded[figure] = {point.id: point for point in replicas}

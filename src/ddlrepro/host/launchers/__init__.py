@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddlrepro.host.config import ConfigError, config_schema, validate_config
+from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers.base import Launcher
-from ddlrepro.host.launchers.hosting import elastic_runtime
 from ddlrepro.points import Point
 
 SECTIONS = ("launcher", "images")
@@ -114,7 +114,7 @@ def point_problems(points: dict[str, dict[str, Point]], launcher: Launcher) -> l
 
 
 def check_hostable(figure: str, point: Point, launcher: Launcher) -> None:
-    runtime = elastic_runtime(point)
+    runtime = launch_of(point).runtime
     if runtime is None or runtime in launcher.elastic_runtimes:
         return
     hosts = [name for name in launcher_classes() if runtime in launcher_class(name).elastic_runtimes]

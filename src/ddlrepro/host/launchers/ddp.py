@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
+from ddlrepro.host.launch import elastic_start
 from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
 from ddlrepro.host.launchers.processes import (
     ON_THIS_HOST,
@@ -64,7 +65,7 @@ def request(point: Point, run_dir: Path) -> DdpRequest:
         SERVER_ENV: f"127.0.0.1:{free_loopback_port()}",
     }
     command = [sys.executable, "-m", WORKER_MODULE, point.to_json()]
-    return DdpRequest("ddp", WorkerSpec(None, command, env), point.params["initial_workers"], situation)
+    return DdpRequest("ddp", WorkerSpec(None, command, env), elastic_start(point).initial_workers, situation)
 
 
 class StaticWorld:

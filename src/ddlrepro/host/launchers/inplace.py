@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer, RequestError
+from ddlrepro.host.launch import ElasticStart, elastic_start
 from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
 from ddlrepro.host.launchers.forkserver import ForkServer
 from ddlrepro.host.launchers.processes import (
@@ -40,7 +41,6 @@ from ddlrepro.host.ledger import LedgerError, verify
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic.cluster import SERVER_ENV, STORE_ENV, TOKEN_ENV, WORKER_ENV, publish_agreed, ready_key
-from ddlrepro.rank.elastic.schedule import largest_cluster
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -80,26 +80,26 @@ def request(point: Point, run_dir: Path) -> InplaceRequest:
         SERVER_ENV: f"127.0.0.1:{free_loopback_port()}",
         STORE_ENV: f"127.0.0.1:{free_loopback_port()}",
     }
-    situation = Situation.of(point.params)
+    situation, elastic = Situation.of(point.params), elastic_start(point)
     return InplaceRequest(
         runtime="inplace",
         worker=WorkerSpec(None, [sys.executable, "-m", WORKER_MODULE, point.to_json()], env),
         config_server=env[SERVER_ENV],
         store=env[STORE_ENV],
         schedule=point.params["schedule"],
-        initial_workers=starting_workers(point.params["initial_workers"], situation),
-        standby=point.params["standby"],
-        max_size=largest_cluster(point.params),
+        initial_workers=starting_workers(elastic.initial_workers, situation),
+        standby=elastic.standby,
+        max_size=elastic.largest_cluster,
         situation=situation,
-        fork_server=needs_cold_joiners(point.params, situation),
+        fork_server=needs_cold_joiners(elastic, situation),
     )
 
 
-def needs_cold_joiners(params: dict, situation: Situation | None) -> bool:
+def needs_cold_joiners(elastic: ElasticStart, situation: Situation | None) -> bool:
     """Whether the schedule grows the job beyond its warm standbys (then a fork server spares each cold joiner its
     imports). A situation's late or joining worker stands for a process coming from elsewhere: started, never
     forked."""
-    return situation is None and largest_cluster(params) > params["initial_workers"] + params["standby"]
+    return situation is None and elastic.largest_cluster > elastic.initial_workers + elastic.standby
 
 
 def starting_workers(initial: int, situation: Situation | None) -> int:

@@ -3,7 +3,7 @@
 If a worker dies the others are stopped at once and the run fails with that rank and the tail of its stderr;
 a run past its time limit is stopped the same way. Nothing is left running when the launcher itself is killed.
 
-Three ways to start the ranks, by what the point runs (`launch_mode`):
+Three ways to start the ranks, by what the point runs (its launch's `ranks`, host/launch.py):
 - `ranks`: one process per rank, torchrun's environment (every torch and TensorFlow point);
 - `horovod-gloo`: the same, plus Horovod's gloo environment and its rendezvous server, run by this launcher
   (rank/taskenv.py) instead of horovodrun, so failures and output are handled as for any other rank;
@@ -11,8 +11,8 @@ Three ways to start the ranks, by what the point runs (`launch_mode`):
   output lines are filed under the rank their tag names.
 
 With `images.build` podman or docker, every rank runs in the built image (its own container on the host's network).
-Elastic points run under their runtime (hosting.py), as processes on this machine. A point whose params name
-`testbed_hosts` runs its ranks one per host of its own testbed, with competing traffic (testbed_ranks.py).
+Elastic points run under their runtime (hosting.py), as processes on this machine. A point whose launch names
+testbed hosts runs its ranks one per host of its own testbed, with competing traffic (testbed_ranks.py).
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ from ddlrepro.host import leftovers, owners
 from ddlrepro.host.config import ConfigError
 from ddlrepro.host.cpuquota import CpuQuotas
 from ddlrepro.host.hostload import process_tree_cpu
+from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers import hosting, isolation, testbed_ranks
 from ddlrepro.host.launchers.base import CpuCounter, JobSpec, RunFailed, WorkerSpec
-from ddlrepro.host.launchers.hosting import peak_workers
 from ddlrepro.host.launchers.processes import (
     ON_THIS_HOST,
     POLL_INTERVAL_S,
@@ -112,7 +112,7 @@ class LocalRequest:
 def check_fits_machine(point: Point, oversubscription: float, cores: int | None = None) -> None:
     """Refuse a point whose workers × threads exceed this machine's usable cores × `oversubscription`."""
     cores = cores or len(os.sched_getaffinity(0))
-    workers = peak_workers(point)
+    workers = launch_of(point).peak_workers
     needed = workers * point.threads_per_worker
     if needed > cores * oversubscription:
         raise ConfigError(
@@ -122,29 +122,20 @@ def check_fits_machine(point: Point, oversubscription: float, cores: int | None 
         )
 
 
-def launch_mode(point: Point) -> str:
-    """`ranks`, `horovod-gloo` or `mpirun` (see the module's docstring)."""
-    params = point.params
-    if params.get("framework") == "horovod":
-        return "mpirun" if params.get("horovod_controller", "gloo") == "mpi" else "horovod-gloo"
-    return "mpirun" if params.get("backend") == "mpi" else "ranks"
-
-
 def check_image_can_run(point: Point) -> None:
     """Raise unless the training image can run `point`: it carries neither Horovod nor MPI."""
-    if launch_mode(point) != "ranks":
+    if launch_of(point).ranks != "ranks":
         raise ValueError(f"point {point.id} needs Horovod or MPI, which the training image does not carry")
 
 
 def check_testbed_can_run(point: Point) -> None:
     """Refuse a testbed point (`testbed_hosts`) this launcher would not start as plain torch ranks on its hosts (in
     the training image it is skipped instead: run.unmet_requirement)."""
-    if not point.params.get("testbed_hosts"):
+    launch = launch_of(point)
+    if launch.testbed is None:
         return
-    mode = launch_mode(point)
-    tensorflow = point.params.get("framework") == "tensorflow"
-    if mode != "ranks" or tensorflow:
-        how = "tensorflow" if tensorflow else mode
+    if launch.ranks != "ranks" or launch.tensorflow_cluster:
+        how = "tensorflow" if launch.tensorflow_cluster else launch.ranks
         remedy = f"disable it (figures.{point.figure}.enabled: false)"
         raise ConfigError(f"{point.figure} point {point.id}: testbed hosts run plain torch ranks, not {how}: {remedy}")
 
@@ -162,7 +153,7 @@ class LocalLauncher:
 
     def render(self, point: Point, run_dir: Path) -> JobSpec[Any]:
         """The exact commands and environment each worker will get (no process is started)."""
-        if hosting.elastic_runtime(point):
+        if launch_of(point).runtime:
             return hosting.render_elastic(point, run_dir, self.name, self.options.timeout_s)
         return JobSpec(self.name, self.options.timeout_s, self.request(point, run_dir))
 
@@ -172,7 +163,8 @@ class LocalLauncher:
         if in_image:
             check_image_can_run(point)
         port = free_loopback_port()
-        mode = launch_mode(point)
+        launch = launch_of(point)
+        mode = launch.ranks
         common = {
             **ON_THIS_HOST,
             "MASTER_ADDR": "127.0.0.1",
@@ -192,7 +184,7 @@ class LocalLauncher:
             )
             return LocalRequest(**rendezvous, workers=[step], network_namespace=namespace)
         horovod_port = free_loopback_port() if mode == "horovod-gloo" else None
-        tensorflow = point.params.get("framework") == "tensorflow"
+        tensorflow = launch.tensorflow_cluster
         tensorflow_workers = [f"127.0.0.1:{free_loopback_port()}" for _ in range(point.workers)] if tensorflow else []
         workers = []
         for rank in range(point.workers):
@@ -221,7 +213,7 @@ class LocalLauncher:
                 )
             workers.append(WorkerSpec(rank, command, env))
         check_testbed_can_run(point)
-        placed = testbed_ranks.placement(point.params, point.workers)
+        placed = testbed_ranks.placement(launch.testbed, point.workers)
         if placed:
             workers, rendezvous["master_addr"] = testbed_ranks.placed_workers(workers, placed)
         namespace = isolation.planned_name() if tensorflow and not (placed or in_image) else None
@@ -258,7 +250,7 @@ class LocalLauncher:
 
     def host_cores(self, point: Point, workflow_cores: Callable[[], int]) -> int:
         """Every process runs here: its workers' threads, or every core when runs must not share the machine."""
-        needed = peak_workers(point) * point.threads_per_worker
+        needed = launch_of(point).peak_workers * point.threads_per_worker
         return max(needed, workflow_cores()) if self.options.exclusive else needed
 
     def resources(self, point: Point) -> dict[str, Any]:

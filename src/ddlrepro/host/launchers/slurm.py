@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 from ddlrepro.host.config import ConfigError
+from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers import hosting
 from ddlrepro.host.launchers.base import CpuCounter, JobSpec, RunFailed, WorkerSpec
-from ddlrepro.host.launchers.hosting import peak_workers
-from ddlrepro.host.launchers.local import check_image_can_run, launch_mode
+from ddlrepro.host.launchers.local import check_image_can_run
 from ddlrepro.host.launchers.processes import run_to_completion
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
@@ -148,7 +148,7 @@ class SlurmLauncher:
 
     def render(self, point: Point, run_dir: Path) -> JobSpec[Any]:
         """The srun step this job will run, or an elastic point's job on the allocation's node (nothing starts)."""
-        if hosting.elastic_runtime(point):
+        if launch_of(point).runtime:
             return hosting.render_elastic(point, run_dir, self.name, self.options.timeout_s)
         return JobSpec(self.name, self.options.timeout_s, self.request(point, run_dir))
 
@@ -158,7 +158,8 @@ class SlurmLauncher:
         MPI all-reduce) are started by srun directly through Slurm's MPI plugin (`--mpi=pmix`). With a container
         image (`.sif`), every task runs inside it through `apptainer exec` (`--nv` with GPUs)."""
         options = self.options
-        mode = launch_mode(point)
+        launch = launch_of(point)
+        mode = launch.ranks
         if options.container:
             check_image_can_run(point)
         job_id = self.environ.get("SLURM_JOB_ID", "0")  # outside a job (`ddlrepro render`): job 0
@@ -174,7 +175,7 @@ class SlurmLauncher:
         if mode == "horovod-gloo":
             horovod_port = port + 1  # Horovod's rendezvous server, run by rank 0's task
             env["DDLREPRO_HOROVOD_PORT"] = str(horovod_port)
-        if point.params.get("framework") == "tensorflow":
+        if launch.tensorflow_cluster:
             if 2 + shape[1] > PORTS_PER_JOB:
                 raise ValueError(f"{shape[1]} TensorFlow tasks per node need more than the job's {PORTS_PER_JOB} ports")
             tensorflow_port = port + 2  # the first of each node's ports, one per task on it
@@ -199,7 +200,7 @@ class SlurmLauncher:
 
     def host_cores(self, point: Point, workflow_cores: Callable[[], int]) -> int:
         """The run's allocation is its own: every worker's threads on its node(s)."""
-        return peak_workers(point) * point.threads_per_worker
+        return launch_of(point).peak_workers * point.threads_per_worker
 
     def resources(self, point: Point) -> dict[str, Any]:
         return allocation(point, self.options)
@@ -237,7 +238,7 @@ def allocation(point: Point, options: SlurmOptions) -> dict[str, Any]:
     nodes, per_node = node_shape(point, options.tasks_per_node)
     return {
         "nodes": nodes,
-        "tasks": peak_workers(point),
+        "tasks": launch_of(point).peak_workers,
         "tasks_per_node": per_node,
         "cpus_per_task": point.threads_per_worker,
         "mem_mb": options.mem_mb_per_worker * per_node,
@@ -255,8 +256,9 @@ def check_cluster_limits(point: Point, options: SlurmOptions) -> None:
     nodes, per_node = node_shape(point, options.tasks_per_node)
     cpus = per_node * point.threads_per_worker
     if options.max_nodes is not None and nodes > options.max_nodes:
+        workers = launch_of(point).peak_workers
         raise ConfigError(
-            f"{point.figure} point {point.id}: needs {nodes} nodes ({peak_workers(point)} workers, {per_node} per"
+            f"{point.figure} point {point.id}: needs {nodes} nodes ({workers} workers, {per_node} per"
             f" node), over launcher.slurm.max_nodes {options.max_nodes}"
         )
     if options.cpus_per_node is not None and cpus > options.cpus_per_node:
@@ -268,9 +270,10 @@ def check_cluster_limits(point: Point, options: SlurmOptions) -> None:
 
 def node_shape(point: Point, tasks_per_node: int) -> tuple[int, int]:
     """(nodes, tasks per node): one task per worker, `tasks_per_node` to a node; elastic points on one node, with
-    room for their peak processes (`hosting.peak_workers`, counted as the local and Kubernetes launchers do)."""
-    workers = peak_workers(point)
-    per_node = workers if hosting.elastic_runtime(point) else min(workers, tasks_per_node)
+    room for their peak processes (`launch.Launch.peak_workers`, counted as the local and Kubernetes launchers do)."""
+    launch = launch_of(point)
+    workers = launch.peak_workers
+    per_node = workers if launch.runtime else min(workers, tasks_per_node)
     return math.ceil(workers / per_node), per_node
 
 

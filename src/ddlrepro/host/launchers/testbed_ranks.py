@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ddlrepro.host.launch import TestbedHosts
 from ddlrepro.host.launchers.base import WorkerSpec
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.host.testbed import Testbed, traffic
@@ -64,19 +65,17 @@ class TestbedPlacement:
     network: str = "bridge"
 
 
-def placement(params: dict[str, Any], workers: int) -> TestbedPlacement | None:
-    """The point's testbed, None when it runs on this machine's loopback (no `testbed_hosts`)."""
-    hosts = params.get("testbed_hosts")
-    if not hosts:
+def placement(testbed: TestbedHosts | None, workers: int) -> TestbedPlacement | None:
+    """The point's testbed (its launch's), None when it runs on this machine's loopback."""
+    if testbed is None:
         return None
-    needed = workers + 1 if params.get("traffic") else workers
-    if hosts < needed:
-        raise ValueError(f"testbed_hosts {hosts}: {workers} ranks need {needed} hosts (one more sends traffic)")
-    network = params.get("network", "bridge")
-    if network not in NETWORKS:
-        raise ValueError(f"network {network!r}: ranks on testbed hosts talk over one of {list(NETWORKS)}")
+    needed = workers + 1 if testbed.traffic else workers
+    if testbed.hosts < needed:
+        raise ValueError(f"testbed_hosts {testbed.hosts}: {workers} ranks need {needed} hosts (one more sends traffic)")
+    if testbed.network not in NETWORKS:
+        raise ValueError(f"network {testbed.network!r}: ranks on testbed hosts talk over one of {list(NETWORKS)}")
     owner = "r" + secrets.token_hex(5)  # one testbed per run, even for runs of the same point at once
-    return TestbedPlacement(owner, hosts, params.get("link_rate"), FLOWS_FILE, params.get("traffic"), network)
+    return TestbedPlacement(owner, testbed.hosts, testbed.link_rate, FLOWS_FILE, testbed.traffic, testbed.network)
 
 
 def overlay_subnet(where: TestbedPlacement) -> str | None:

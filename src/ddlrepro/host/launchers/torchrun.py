@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
+from ddlrepro.host.launch import elastic_start
 from ddlrepro.host.launchers.base import RunFailed, WorkerSpec
 from ddlrepro.host.launchers.inplace import host_store, starting_workers, verify_continuity
 from ddlrepro.host.launchers.processes import (
@@ -40,7 +41,6 @@ from ddlrepro.host.launchers.situations import Director, Situation
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic.cluster import SERVER_ENV, TOKEN_ENV, Cluster
-from ddlrepro.rank.elastic.schedule import largest_cluster
 
 WORKER_MODULE = "ddlrepro.rank.elastic.torchrun_worker"
 BASE_RDZV_CONF = "last_call_timeout=1"
@@ -79,7 +79,8 @@ class TorchrunRequest:
 
 def request(point: Point, run_dir: Path) -> TorchrunRequest:
     """What the job will start; no process is started."""
-    most = largest_cluster(point.params)
+    elastic = elastic_start(point)
+    most = elastic.largest_cluster
     situation = Situation.of(point.params)
     port = free_loopback_port()
     command = [
@@ -111,7 +112,7 @@ def request(point: Point, run_dir: Path) -> TorchrunRequest:
         endpoint=f"127.0.0.1:{port}",
         config_server=env[SERVER_ENV],
         schedule=point.params["schedule"],
-        initial_workers=starting_workers(point.params["initial_workers"], situation),
+        initial_workers=starting_workers(elastic.initial_workers, situation),
         max_size=most,
         rdzv_conf=rdzv_conf(point.params),
         situation=situation,

@@ -10,8 +10,8 @@ from typing import Any, Self
 from kubernetes import client
 
 from ddlrepro.host.config import ConfigError
+from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers.base import WorkerSpec
-from ddlrepro.host.launchers.hosting import peak_workers
 from ddlrepro.points import Point
 
 RUN_LABEL = "ddlrepro/run"
@@ -270,7 +270,7 @@ def serialize(obj: Any) -> dict[str, Any]:
 
 def check_cluster_limits(point: Point, options: KubernetesOptions) -> None:
     """Refuse a point needing more pods than the declared `max_pods` (checked only if set)."""
-    pods = peak_workers(point)
+    pods = launch_of(point).peak_workers
     if options.max_pods is not None and pods > options.max_pods:
         raise ConfigError(
             f"{point.figure} point {point.id}: needs {pods} pods, over launcher.kubernetes.max_pods {options.max_pods}"
