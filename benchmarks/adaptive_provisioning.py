@@ -25,10 +25,9 @@ from _common import REPO, BenchmarkRecord
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import kungfu_fig6
 from ddlrepro.host.hostload import ForeignLoadMeter
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows
-from ddlrepro.rank.elastic.faults import live_records
+from ddlrepro.host.testing import live_records, local_launcher
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

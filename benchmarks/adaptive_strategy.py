@@ -19,10 +19,10 @@ from _common import REPO, BenchmarkRecord
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import kungfu_fig5
 from ddlrepro.host.hostload import ForeignLoadMeter
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
 from ddlrepro.host.testbed import limits
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.points import Point
 
 RUN_TIMEOUT_S = 300

@@ -22,9 +22,9 @@ from _common import REPO, BenchmarkRecord
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import biggan_elasticity
 from ddlrepro.host.hostload import ForeignLoadMeter
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
+from ddlrepro.host.testing import local_launcher
 
 
 def measure(section: dict, launcher: dict, scratch: Path, record: BenchmarkRecord) -> None:

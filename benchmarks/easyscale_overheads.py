@@ -21,9 +21,9 @@ from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import easyscale_fig10, easyscale_fig12
 from ddlrepro.host.figures.step_timing import peak_memory
 from ddlrepro.host.hostload import ForeignLoadMeter
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
+from ddlrepro.host.testing import local_launcher
 
 
 def measure(points: list, workdir: Path):

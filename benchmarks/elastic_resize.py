@@ -30,12 +30,11 @@ from _common import REPO, BenchmarkRecord
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import kungfu_fig7
 from ddlrepro.host.hostload import ForeignLoadMeter
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.launchers.forkserver import ForkServer
 from ddlrepro.host.launchers.inplace import FORK_SERVER_PRELOAD
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows, tidy_table
-from ddlrepro.rank.elastic.faults import worker_pid
+from ddlrepro.host.testing import local_launcher, worker_pid
 
 
 def measure_schedule(section: dict, launcher: dict, scratch: Path, record: BenchmarkRecord) -> None:

@@ -28,9 +28,9 @@ from resource_sampler import sample_cost
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import biggan_profiles
 from ddlrepro.host.hostload import ForeignLoadMeter
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import metric_records
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.points import Point
 
 STAND_IN_IMAGES = 1024

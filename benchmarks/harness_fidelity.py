@@ -33,8 +33,8 @@ from typing import Any
 from _common import BenchmarkRecord, paired_round
 
 from ddlrepro.host.hostload import ForeignLoadMeter
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.points import Point
 
 

@@ -20,9 +20,9 @@ from _common import BenchmarkRecord, testbed_unavailable
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import figure_points
 from ddlrepro.host.hostload import ForeignLoadMeter
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import metric_records
+from ddlrepro.host.testing import local_launcher
 
 REPO = Path(__file__).resolve().parent.parent
 ROLES = {"ps_workers": 2, "ps": 1, "evaluators": 0}

@@ -21,9 +21,9 @@ import torch
 from _common import BenchmarkRecord
 
 from ddlrepro.host.hostload import ForeignLoadMeter
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import metric_records
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.points import Point
 from ddlrepro.rank.gan_models import Discriminator, GanShape, Generator
 from ddlrepro.rank.runtime import RankContext, ResourceSampler

@@ -49,7 +49,6 @@ from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import device_types, easyscale_fig14
 from ddlrepro.host.figures.step_timing import median_step_time, timed_steps
 from ddlrepro.host.hostload import ForeignLoadMeter
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.replay import (
     completion_times,
     concurrent_pairs,
@@ -66,6 +65,7 @@ from ddlrepro.host.simulator.profiles import Profiles, from_table
 from ddlrepro.host.simulator.stages import plan, steps_job
 from ddlrepro.host.simulator.traces import ARTIFACT_APPLICATION_COUNTS, generate_trace
 from ddlrepro.host.tables import tidy_table
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.points import Point
 
 SYNTHETIC_HOST = "synthetic (no measured profiles yet)"

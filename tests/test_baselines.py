@@ -16,9 +16,10 @@ import torch
 
 from ddlrepro.host.figures import kungfu_fig7
 from ddlrepro.host.figures.step_timing import peak_memory
-from ddlrepro.host.launchers import local_launcher, torchrun
+from ddlrepro.host.launchers import torchrun
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.points import Point
 from ddlrepro.rank.runtime import RankContext, ResourceSampler
 

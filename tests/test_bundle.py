@@ -435,8 +435,8 @@ def test_bundle_is_up_to_date_after_building(built: Path) -> None:
 
 
 def test_run_json_is_redacted_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddlrepro.host.launchers import local_launcher
     from ddlrepro.host.run import run_point
+    from ddlrepro.host.testing import local_launcher
 
     monkeypatch.setenv("MY_SERVICE_TOKEN", "resnet20")
     run_point(tiny_point(workers=1), tmp_path / "run", local_launcher(120))

@@ -11,9 +11,9 @@ from conftest import REPO
 
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.figures import figure_points
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import metric_records
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.points import Point
 from ddlrepro.rank.checkpoints import load_checkpoint
 from ddlrepro.rank.easyscale import SyntheticImages, est_ranges, fold

@@ -13,10 +13,10 @@ from conftest import REPO, tiny_point
 
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import biggan_profiles
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point, unmet_requirement
 from ddlrepro.host.rundir import metric_records
 from ddlrepro.host.tables import tidy_table
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.rank import runtime
 from ddlrepro.rank.runtime import GpuProbe, RankContext
 

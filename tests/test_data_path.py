@@ -21,10 +21,10 @@ from conftest import REPO, tiny_point
 from ddlrepro.host import objectstore
 from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.figures import dlaas_scaling, figure_points
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.redaction import secret_values
 from ddlrepro.host.run import run_point, unmet_requirement
 from ddlrepro.host.tables import tidy_table
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.rank import shards
 from ddlrepro.rank.pack_shards import pack
 from ddlrepro.rank.workloads.throughput import synthetic_batch

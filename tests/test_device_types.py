@@ -18,11 +18,11 @@ from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.cpuquota import CpuQuotas
 from ddlrepro.host.figures import figure_points
 from ddlrepro.host.figures.device_types import quota_status, typed_params
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.launchers.processes import free_loopback_port
 from ddlrepro.host.owners import owned_name
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import tidy_table
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.points import Point
 from ddlrepro.rank.allocation import cgroup_cpu_limit
 from ddlrepro.rank.devicetypes import rank_environment

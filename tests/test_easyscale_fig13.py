@@ -16,10 +16,10 @@ from ddlrepro.host.checks import check_figure, figure_references
 from ddlrepro.host.config import ConfigError, load_config, validate_config
 from ddlrepro.host.figures import figure_points
 from ddlrepro.host.figures.easyscale_fig13 import FIRST, LAST, group_times
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import metric_records
 from ddlrepro.host.tables import read_table
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.points import Point
 from ddlrepro.rank.easyscale import ConsistentTrainer, SyntheticTokens
 from ddlrepro.rank.models import build_model

@@ -24,17 +24,17 @@ from torch import nn
 from ddlrepro.host.config import ConfigError
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
 from ddlrepro.host.launch import launch_of
-from ddlrepro.host.launchers import check_points, configured_launcher, local_launcher
+from ddlrepro.host.launchers import check_points, configured_launcher
 from ddlrepro.host.launchers.local import check_fits_machine
 from ddlrepro.host.launchers.slurm import SlurmLauncher
 from ddlrepro.host.ledger import LedgerError, trained_ranges, verify
 from ddlrepro.host.redaction import MARKER
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows
+from ddlrepro.host.testing import live_records, local_launcher, worker_pid
 from ddlrepro.points import Point
 from ddlrepro.rank.elastic.client import ConfigClient, ConfigServerError
 from ddlrepro.rank.elastic.cluster import TOKEN_ENV
-from ddlrepro.rank.elastic.faults import live_records, worker_pid
 from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import FINAL_STATE, MOMENTUM, ClassifierTrainer, slice_seed
 from ddlrepro.rank.models import build_model

@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 from test_elastic import elastic_point
 
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.launchers.base import WorkerSpec
 from ddlrepro.host.launchers.forkserver import ForkServer
 from ddlrepro.host.launchers.processes import stop
 from ddlrepro.host.run import run_point
-from ddlrepro.rank.elastic.faults import live_records
+from ddlrepro.host.testing import live_records, local_launcher
 
 
 @pytest.fixture

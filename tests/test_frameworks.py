@@ -12,10 +12,11 @@ import pytest
 from conftest import tiny_point
 
 from ddlrepro.host.figures import kungfu_allreduce
-from ddlrepro.host.launchers import local, local_launcher
+from ddlrepro.host.launchers import local
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import OutputCollector, metric_records
 from ddlrepro.host.tables import tidy_table
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.points import Point
 
 FRAMEWORK_POINTS = {

@@ -15,13 +15,14 @@ from conftest import REPO, assert_refused, snakemake
 
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import figure_points, kungfu_fig5
-from ddlrepro.host.launchers import check_points, configured_launcher, local_launcher
+from ddlrepro.host.launchers import check_points, configured_launcher
 from ddlrepro.host.launchers.base import RunFailed
 from ddlrepro.host.run import run_point, unmet_requirement
 from ddlrepro.host.rundir import metric_records
 from ddlrepro.host.testbed import remove_leftovers
 from ddlrepro.host.testbed.limits import unavailable_reason
 from ddlrepro.host.testbed.network import NETNS_RUN
+from ddlrepro.host.testing import local_launcher
 
 REASON = unavailable_reason()
 FIGURE = "kungfu-fig5"

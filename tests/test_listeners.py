@@ -31,12 +31,13 @@ from test_elastic import elastic_point
 
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import wikimedia_ps
-from ddlrepro.host.launchers import isolation, local_launcher
+from ddlrepro.host.launchers import isolation
 from ddlrepro.host.launchers.base import RunFailed
 from ddlrepro.host.launchers.local import free_loopback_port
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.host.testbed.limits import unavailable_reason as testbed_unavailable_reason
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.points import Point
 from ddlrepro.rank import slurm_task
 from ddlrepro.rank.taskenv import LISTEN_ADDRESS_ENV

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from conftest import tiny_point
 
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.launchers.base import JobSpec, RunFailed, WorkerSpec
 from ddlrepro.host.launchers.local import LocalRequest
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import OutputCollector, metric_records
+from ddlrepro.host.testing import local_launcher
 
 
 @pytest.fixture(scope="module")

@@ -20,11 +20,12 @@ from ddlrepro.host.catalog import figure_file
 from ddlrepro.host.checks import figure_references
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import figure_points, wikimedia_ps
-from ddlrepro.host.launchers import isolation, local_launcher
+from ddlrepro.host.launchers import isolation
 from ddlrepro.host.run import run_point, unmet_requirement
 from ddlrepro.host.rundir import metric_records
 from ddlrepro.host.tables import RECORD_COLUMNS
 from ddlrepro.host.testbed.limits import unavailable_reason
+from ddlrepro.host.testing import local_launcher
 
 REASON = unavailable_reason()
 FIGURE = "wikimedia-ps"

@@ -18,12 +18,11 @@ from ddlrepro.host.config import ConfigError, load_config
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
 from ddlrepro.host.figures import figure_points, kungfu_fig6
 from ddlrepro.host.launch import launch_of
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.ledger import verify
 from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows
+from ddlrepro.host.testing import live_records, local_launcher
 from ddlrepro.points import Point
-from ddlrepro.rank.elastic.faults import live_records
 from ddlrepro.rank.policies.provisioning import ProvisioningPolicy, throughput_source
 
 CONFIG = Path(__file__).parents[1] / "config" / "config.yaml"

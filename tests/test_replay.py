@@ -13,7 +13,6 @@ import pandas as pd
 import pytest
 
 from ddlrepro.host.config import load_config
-from ddlrepro.host.launchers import local_launcher
 from ddlrepro.host.launchers.base import RunFailed
 from ddlrepro.host.replay import (
     completion_times,
@@ -30,6 +29,7 @@ from ddlrepro.host.simulator.profiles import Profiles, from_table
 from ddlrepro.host.simulator.stages import ReplayError, Stage, plan, steps_job
 from ddlrepro.host.simulator.traces import Job
 from ddlrepro.host.tables import tidy_table
+from ddlrepro.host.testing import local_launcher
 
 REPO = Path(__file__).resolve().parents[1]
 SLOTS = Cluster.of({"fast": 1, "slow": 1})

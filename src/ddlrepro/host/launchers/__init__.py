@@ -122,8 +122,3 @@ def check_hostable(figure: str, point: Point, launcher: Launcher) -> None:
         f"{figure} needs elastic runs ({runtime}); the {launcher.name} launcher cannot host them: disable it "
         f"(figures.{figure}.enabled: false) or use {' or '.join(hosts) or 'another launcher'}"
     )
-
-
-def local_launcher(timeout_s: float) -> Launcher:
-    """The local launcher as shipped, stopping a run after `timeout_s` (tests and benchmarks)."""
-    return configured_launcher({"launcher": {"name": "local", "timeout_s": timeout_s}})

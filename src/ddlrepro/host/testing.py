@@ -1,4 +1,5 @@
-"""Fault injection for tests and benchmarks: find a running elastic worker in its run's live log, to kill it."""
+"""What tests and benchmarks drive runs with, kept apart from the workflow's code: the local launcher as shipped,
+and the live log of a running elastic job (to find a worker and kill it)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddlrepro.host.launchers import configured_launcher
+from ddlrepro.host.launchers.base import Launcher
 from ddlrepro.records import RECORD_PREFIX
 
 
@@ -28,3 +31,8 @@ def worker_pid(run_dir: Path, worker: int, after_steps: int, timeout_s: float = 
             return pids[worker]
         time.sleep(0.05)
     raise TimeoutError(f"worker {worker} did not reach step {after_steps} within {timeout_s:g} s")
+
+
+def local_launcher(timeout_s: float) -> Launcher:
+    """The local launcher as shipped, stopping a run after `timeout_s`."""
+    return configured_launcher({"launcher": {"name": "local", "timeout_s": timeout_s}})
