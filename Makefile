@@ -38,8 +38,10 @@ lock: $(STAMP)
 	$(BIN)/python scripts/lock-requirements
 
 # Horovod 0.28.1 built from its sdist with envs/horovod/*.patch; the wheel is cached, rebuilt when pin/patch change.
+# Where this user cannot build it (scripts/horovod's exit 3, e.g. not root and cmake, g++ or Open MPI missing), the
+# Horovod points and tests are skipped, saying why, and everything else goes on.
 horovod: env
-	scripts/horovod install $(BIN)/python
+	scripts/horovod install $(BIN)/python || { code=$$?; [ $$code -eq 3 ] && echo "Horovod not built: its points will be skipped"; }
 
 # The workflow's jobs run `python` from PATH: this environment's, put first here (the workflow never edits PATH).
 WITH_ENV := PATH="$(abspath $(BIN)):$$PATH"

@@ -21,6 +21,7 @@ import yaml
 from ddlrepro.host.cpuquota import CpuQuotas
 from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.redaction import forget_registered
+from ddlrepro.host.run import HOROVOD_MISSING, horovod_importable
 from ddlrepro.points import Point
 
 # A suite started in the background of a shell without job control (`make test &`, a CI step) inherits SIGINT
@@ -82,6 +83,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(marker)
         if "horovod" in item.name.lower():
             item.add_marker("horovod")
+            if not horovod_importable():  # `make horovod` could not build it for this user (scripts/horovod: 3)
+                item.add_marker(pytest.mark.skip(reason=f"Horovod {HOROVOD_MISSING}"))
 
 
 ONE_WORKER_COUNT_DLAAS = ("dlaas-scaling/efficiency-vs-host-ceiling-at-2-workers", "dlaas-scaling/two-workers-faster")

@@ -14,6 +14,7 @@ inputs (`attempt`, `resume_checkpoint`)."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import time
 from dataclasses import asdict, replace
@@ -45,9 +46,9 @@ RESUMABLE_WORKLOADS = {"ps"}  # workloads that resume from their own checkpoint/
 
 
 def unmet_requirement(point: Point, launcher: str = "local", in_image: bool = False) -> str | None:
-    """Why this machine cannot run `point`, or None: NCCL needs CUDA; a point whose params name `testbed_hosts`
-    (it runs across that many testbed hosts) needs the local launcher, which makes them, its ranks on the hosts
-    themselves (not in the training image), and root for network namespaces."""
+    """Why this machine cannot run `point`, or None: NCCL needs CUDA; a point on testbed hosts needs the local
+    launcher, which makes them, its ranks on the hosts themselves (not in the training image), and root for
+    network namespaces; a Horovod point needs the project's Horovod build in this environment."""
     launch = launch_of(point)
     if launch.testbed:
         if launcher != "local":
@@ -60,9 +61,25 @@ def unmet_requirement(point: Point, launcher: str = "local", in_image: bool = Fa
     reason = data_source_unavailable_reason(point, launcher)
     if reason:
         return f"skipped: {reason}"
+    if launch.horovod_build and not in_image and not horovod_importable():
+        return f"skipped: {HOROVOD_MISSING}"
     if launch.nccl:
         return nccl_unmet_requirement(point, launcher)
     return None
+
+
+HOROVOD_MISSING = (
+    "needs the project's Horovod build, not installed here (`make horovod`; scripts/horovod builds it where cmake,"
+    " g++ and Open MPI are installed, or as root)"
+)
+
+
+def horovod_importable() -> bool:
+    """Whether this environment has Horovod (its ranks run this `python`): found, without importing it (seconds)."""
+    try:
+        return importlib.util.find_spec("horovod") is not None
+    except ModuleNotFoundError:  # a finder that refuses it
+        return False
 
 
 def nccl_unmet_requirement(point: Point, launcher: str) -> str | None:
