@@ -17,6 +17,6 @@ rule horovod:
     shell:
         # Into the environment of the `python` every job runs (the workflow checks it imports this ddlrepro).
         'code=0; {input.script} install "$(command -v python)" > {log} 2>&1 || code=$?;'
-        " if [ $code -eq 3 ]; then echo \"unavailable: $(tail -n 1 {log} | sed s/^horovod:.//)\" > {output};"
+        ' if [ $code -eq 3 ]; then echo "unavailable: $(tail -n 1 {log} | sed s/^horovod:.//)" > {output};'
         " elif [ $code -eq 0 ]; then python -c 'import horovod; print(horovod.__version__)' > {output};"
         " else exit $code; fi"
