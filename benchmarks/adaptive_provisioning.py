@@ -1,5 +1,5 @@
 """Adaptive provisioning (KungFu Fig 6) on the in-place elastic runtime, this machine, the smoke encoder
-(config/config.yaml's kungfu-fig6 section), every joiner from the warm standby pool (targets: targets.yaml,
+(kungfu-fig6's smoke.yaml), every joiner from the warm standby pool (targets: targets.yaml,
 `adaptive_policies`, ids `provisioning-*`):
 
 - the time from the policy's decision (rank 0, right after the all-reduce that every rank decides on) to the first

@@ -1,5 +1,5 @@
 """Adaptive strategy (part `strategy` of adaptive_policies): how soon KungFu's policy moves STAR's root once the
-traffic is on, and that it never moves it without traffic. kungfu-fig5's smoke setting (config/config.yaml): its
+traffic is on, and that it never moves it without traffic. kungfu-fig5's smoke setting (its folder's smoke.yaml): its
 adaptive point `--adaptive-runs` times and its quiet point `--quiet-runs` times, each on its own testbed through
 the local launcher. Figures: the slowest switch after the first step run fully under interference, in steps and
 seconds (targets: ≤ 3 steps and ≤ 2 s), and the switches of all quiet runs together (target 0). As root (network

@@ -1,4 +1,4 @@
-"""What elasticity each runtime survives, on this machine at smoke scale (config/config.yaml's biggan-elasticity
+"""What elasticity each runtime survives, on this machine at smoke scale (biggan-elasticity's smoke.yaml
 section): every cell (ddp, torchrun, in place × late-start, killed, joins) run once, in one run
 (targets: targets.yaml):
 

@@ -1,4 +1,4 @@
-"""EasyScale overheads on this machine, smoke model (config/config.yaml's sections, longer runs):
+"""EasyScale overheads on this machine, smoke model (the figures' smoke sections, longer runs):
 
 - D1 step time ÷ plain DDP on the same processes at the same global batch (target ≤ 1.10); D0 for comparison.
   The three runs alternate for `--rounds` rounds; each round's ratio uses that round's runs.

@@ -1,5 +1,5 @@
 """Resize latency of the in-place elastic runtime vs torchrun's restart, on this machine, smoke model
-(config/config.yaml's kungfu-fig7 section), every mode on the same schedule in one run (targets: targets.yaml):
+(kungfu-fig7's smoke.yaml), every mode on the same schedule in one run (targets: targets.yaml):
 
 - grow 1→2 from a warm standby (target ≤ 1 s); grow with a cold joiner, no standby (targets ≤ 5 s and ≤ 0.5 s: it
   is forked from the job's fork server); shrink 2→1 (target ≤ 30 ms);
