@@ -60,9 +60,9 @@ from ddlrepro.host.replay import (
 from ddlrepro.host.run import run_point
 from ddlrepro.host.simulator.cluster import ARTIFACT_CLUSTER, Cluster, Placement, Share
 from ddlrepro.host.simulator.engine import Simulation, simulate
-from ddlrepro.host.simulator.policies import POLICIES
-from ddlrepro.host.simulator.profiles import Profiles, from_table
+from ddlrepro.host.simulator.schedulers import POLICIES
 from ddlrepro.host.simulator.stages import plan, steps_job
+from ddlrepro.host.simulator.step_profiles import Profiles, from_table
 from ddlrepro.host.simulator.traces import ARTIFACT_APPLICATION_COUNTS, generate_trace
 from ddlrepro.host.tables import tidy_table
 from ddlrepro.host.testing import local_launcher

@@ -18,7 +18,7 @@ from conftest import REPO, snakemake, spawn_gloo
 from ddlrepro.host.config import ConfigError, load_config, validate_config
 from ddlrepro.host.figures import figure_points, waiting_for_data
 from ddlrepro.rank import datasets
-from ddlrepro.rank.policies.batch import AdaptiveBatchPolicy, learning_rate, starting_rate
+from ddlrepro.rank.adaptation.batch import AdaptiveBatchPolicy, learning_rate, starting_rate
 
 TINY = ["--configfile", "tests/configs/tiny.yaml"]
 RUNS = ["small", "large", "adaptive"]

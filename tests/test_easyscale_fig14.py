@@ -26,7 +26,7 @@ from ddlrepro.host.figures.easyscale_fig14 import (
     simulation_table,
     summarize,
 )
-from ddlrepro.host.simulator.profiles import TIDY_COLUMNS, ProfileError, from_table
+from ddlrepro.host.simulator.step_profiles import TIDY_COLUMNS, ProfileError, from_table
 from ddlrepro.host.simulator.traces import ARTIFACT_COLUMNS
 from ddlrepro.host.tables import read_table
 

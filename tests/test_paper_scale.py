@@ -17,7 +17,7 @@ from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers import check_points, configured_launcher
 from ddlrepro.host.paper_settings import settings_page
 from ddlrepro.rank import datasets
-from ddlrepro.rank.policies.batch import starting_rate
+from ddlrepro.rank.adaptation.batch import starting_rate
 
 SMOKE = REPO / "config" / "config.yaml"
 PAPER = REPO / "config" / "paper.yaml"

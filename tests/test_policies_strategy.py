@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddlrepro.rank.policies.strategy import StrategyPolicy
+from ddlrepro.rank.adaptation.strategy import StrategyPolicy
 
 
 def run_votes(

@@ -23,7 +23,7 @@ from ddlrepro.host.run import run_point
 from ddlrepro.host.tables import run_rows
 from ddlrepro.host.testing import live_records, local_launcher
 from ddlrepro.points import Point
-from ddlrepro.rank.policies.provisioning import ProvisioningPolicy, throughput_source
+from ddlrepro.rank.adaptation.provisioning import ProvisioningPolicy, throughput_source
 
 CONFIG = Path(__file__).parents[1] / "config" / "config.yaml"
 

@@ -25,8 +25,8 @@ from ddlrepro.host.replay import (
 from ddlrepro.host.run import run_point
 from ddlrepro.host.simulator.cluster import Cluster, Placement, Share
 from ddlrepro.host.simulator.engine import CHANGE_COLUMNS, simulate
-from ddlrepro.host.simulator.profiles import Profiles, from_table
 from ddlrepro.host.simulator.stages import ReplayError, Stage, plan, steps_job
+from ddlrepro.host.simulator.step_profiles import Profiles, from_table
 from ddlrepro.host.simulator.traces import Job
 from ddlrepro.host.tables import tidy_table
 from ddlrepro.host.testing import local_launcher

@@ -24,8 +24,8 @@ from ddlrepro.host.simulator.cli import parse_cluster
 from ddlrepro.host.simulator.cluster import ARTIFACT_CLUSTER, Cluster, OverAllocation, Placement, Share
 from ddlrepro.host.simulator.engine import Simulation, SimulationError, simulate, write_tables
 from ddlrepro.host.simulator.placements import preferred_only
-from ddlrepro.host.simulator.policies import POLICIES, Policy
-from ddlrepro.host.simulator.profiles import (
+from ddlrepro.host.simulator.schedulers import POLICIES, Policy
+from ddlrepro.host.simulator.step_profiles import (
     ProfileError,
     ProfileLookupError,
     Profiles,

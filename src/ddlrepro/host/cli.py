@@ -199,7 +199,7 @@ def parse_environment(text: str) -> tuple[str, Path]:
 
 
 def cmd_install_profile(args: argparse.Namespace) -> None:
-    from ddlrepro.host.profiles import install_profile
+    from ddlrepro.host.snakemake_profiles import install_profile
 
     print(install_profile(Path(args.profile)))
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.simulator.cluster import ARTIFACT_CLUSTER, Cluster
-from ddlrepro.host.simulator.policies import POLICIES
-from ddlrepro.host.simulator.profiles import read_profiles
 from ddlrepro.host.simulator.rules import ARTIFACT_START_S, MAX_SIM_TIME_S, ROUND_S
+from ddlrepro.host.simulator.schedulers import POLICIES
+from ddlrepro.host.simulator.step_profiles import read_profiles
 from ddlrepro.host.simulator.traces import (
     ARTIFACT_APPLICATION_COUNTS,
     generate_trace,

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from ddlrepro.host.simulator.cluster import Cluster, Placement
 from ddlrepro.host.simulator.placements import best_ests, smallest, throughput, waste
-from ddlrepro.host.simulator.profiles import Profiles
 from ddlrepro.host.simulator.rules import MAX_GROWTH, MAX_WASTE
+from ddlrepro.host.simulator.step_profiles import Profiles
 from ddlrepro.host.simulator.traces import Job
 
 AllowedTypes = Callable[[Job, Cluster], Sequence[str]]

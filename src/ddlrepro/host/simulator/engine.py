@@ -26,9 +26,9 @@ from ddlrepro.host.errors import UserError
 from ddlrepro.host.simulator.cluster import Cluster, Placement
 from ddlrepro.host.simulator.parsing import parse_number
 from ddlrepro.host.simulator.placements import smallest, throughput
-from ddlrepro.host.simulator.policies import POLICIES, Policy
-from ddlrepro.host.simulator.profiles import Profiles
 from ddlrepro.host.simulator.rules import ARTIFACT_START_S, MAX_ROUNDS, MAX_SIM_TIME_S, ROUND_S
+from ddlrepro.host.simulator.schedulers import POLICIES, Policy
+from ddlrepro.host.simulator.step_profiles import Profiles
 from ddlrepro.host.simulator.traces import Job, TraceError
 
 JOB_COLUMNS = [

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ddlrepro.host.simulator.cluster import Cluster, Placement, Share, placement
-from ddlrepro.host.simulator.profiles import Profiles
+from ddlrepro.host.simulator.step_profiles import Profiles
 from ddlrepro.host.simulator.traces import Job
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.simulator.cluster import Cluster
 from ddlrepro.host.simulator.parsing import parse_number
-from ddlrepro.host.simulator.profiles import Profiles
+from ddlrepro.host.simulator.step_profiles import Profiles
 
 ARTIFACT_COLUMNS = [
     "name",

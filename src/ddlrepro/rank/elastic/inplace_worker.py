@@ -22,18 +22,18 @@ import torch
 import torch.distributed as dist
 
 from ddlrepro.points import Point
+from ddlrepro.rank.adaptation.provisioning import (
+    ThroughputSource,
+    measured_throughput,
+    provisioning_policy,
+    throughput_source,
+)
 from ddlrepro.rank.elastic import membership
 from ddlrepro.rank.elastic.client import ConfigClient
 from ddlrepro.rank.elastic.cluster import Cluster, publish_agreed, ready_key
 from ddlrepro.rank.elastic.events import IN_PLACE_PHASES, ResizeEvent
 from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import announce, build_trainer, emit_step
-from ddlrepro.rank.policies.provisioning import (
-    ThroughputSource,
-    measured_throughput,
-    provisioning_policy,
-    throughput_source,
-)
 from ddlrepro.records import emit
 from ddlrepro.shutdown import skip_final_collection
 

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ddlrepro.rank import datasets
+from ddlrepro.rank.adaptation.batch import AdaptiveBatchPolicy, learning_rate, starting_rate
 from ddlrepro.rank.models import build_model
 from ddlrepro.rank.monitors import GradientMonitor
-from ddlrepro.rank.policies.batch import AdaptiveBatchPolicy, learning_rate, starting_rate
 from ddlrepro.rank.runtime import RankContext
 from ddlrepro.rank.workloads.throughput import data_parallel
 from ddlrepro.records import emit

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddlrepro.rank.adaptation.strategy import StrategyPolicy
 from ddlrepro.rank.interfaces import NodeInterfaceCounter
 from ddlrepro.rank.models import build_model
-from ddlrepro.rank.policies.strategy import StrategyPolicy
 from ddlrepro.rank.runtime import RankContext
 from ddlrepro.rank.strategies import hooked
 from ddlrepro.rank.workloads.throughput import (

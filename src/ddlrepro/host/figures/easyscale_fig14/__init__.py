@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 from ddlrepro.host.figures import device_types
 from ddlrepro.host.figures.common import require
-from ddlrepro.host.simulator.profiles import ARTIFACT_HOST, ARTIFACT_TYPES
+from ddlrepro.host.simulator.step_profiles import ARTIFACT_HOST, ARTIFACT_TYPES
 from ddlrepro.points import Point
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-    from ddlrepro.host.simulator.profiles import Profiles
+    from ddlrepro.host.simulator.step_profiles import Profiles
     from ddlrepro.host.simulator.traces import Job
 
 ID = "easyscale-fig14"
@@ -167,7 +167,7 @@ def profile_values(table: pd.DataFrame) -> pd.DataFrame:
 def profile_table(table: pd.DataFrame, host: str) -> pd.DataFrame:
     """The simulator's profile table (simulator.profiles.TIDY_COLUMNS) from the profile runs' tidy table, with each
     run's checkpoint + restore seconds and host load."""
-    from ddlrepro.host.simulator.profiles import TIDY_COLUMNS
+    from ddlrepro.host.simulator.step_profiles import TIDY_COLUMNS
     from ddlrepro.host.tables import HOST_LOAD_COLUMNS
 
     values = profile_values(table).rename(
@@ -184,7 +184,7 @@ def artifact_profile_rows(profiles: Profiles) -> pd.DataFrame:
     """The rows of profiles read from the artifact's logs.json, as a tidy profile table."""
     import pandas as pd
 
-    from ddlrepro.host.simulator.profiles import TIDY_COLUMNS
+    from ddlrepro.host.simulator.step_profiles import TIDY_COLUMNS
 
     rows = [
         (application, device_type, batch, ests, seconds, profiles.hosts[0])
@@ -197,7 +197,7 @@ def artifact_profile_rows(profiles: Profiles) -> pd.DataFrame:
 
 def simulate_table(table: pd.DataFrame, section: dict[str, Any], machine: str) -> pd.DataFrame:
     """The simulation's tidy table from the profile runs' table (or the artifact's profiles in `profiles_dir`)."""
-    from ddlrepro.host.simulator.profiles import from_table, read_artifact_dir
+    from ddlrepro.host.simulator.step_profiles import from_table, read_artifact_dir
 
     if section["profiles_dir"]:
         profiles = read_artifact_dir(Path(section["profiles_dir"]))

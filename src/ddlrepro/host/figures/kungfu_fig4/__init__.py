@@ -2,7 +2,7 @@
 2020, Fig 4; artifact lsds/KungFu, the adaptive-batch fork).
 
 Points: three real-data runs of the same model on the same workers: a fixed small per-worker batch, a fixed large
-one (the cap), and the adaptive batch starting small (rank/policies/batch.py, fed the noise-scale monitor). Plot:
+one (the cap), and the adaptive batch starting small (rank/adaptation/batch.py, fed the noise-scale monitor). Plot:
 test accuracy vs training time (the paper's plot) with the threshold (best small-batch accuracy − 1 point); the
 per-worker batch over epochs; the policy's input, the noise scale per sample, over steps. Summary per run: time
 per epoch, best and final accuracy, time to the threshold, the batch's largest value and its decreases.

@@ -128,7 +128,7 @@ def mode_summary(table: pd.DataFrame) -> pd.DataFrame:
 def with_settled_comparison(summary: pd.DataFrame, alpha: float, max_workers: int) -> pd.DataFrame:
     """The adaptive row's settled size, the best fixed size and its throughput, the settled size's share of it, and
     what the policy promises: the next worker's gain measured by the fixed-size runs, T(s+1) ÷ T(s) − 1, as a
-    share of the α/(s+1) it had to bring (below 1: rightly given back; rank/policies/provisioning.py's rule)."""
+    share of the α/(s+1) it had to bring (below 1: rightly given back; rank/adaptation/provisioning.py's rule)."""
     summary = summary.assign(
         settled_size=math.nan,
         best_fixed_size=math.nan,

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from ddlrepro.host.simulator.cluster import Cluster, Placement
 from ddlrepro.host.simulator.elastic import AllowedTypes
 from ddlrepro.host.simulator.placements import preferred_only
-from ddlrepro.host.simulator.policies import easyscale_heter, easyscale_homo, fifo_gang, yarn_cs
-from ddlrepro.host.simulator.profiles import Profiles
+from ddlrepro.host.simulator.schedulers import easyscale_heter, easyscale_homo, fifo_gang, yarn_cs
+from ddlrepro.host.simulator.step_profiles import Profiles
 from ddlrepro.host.simulator.traces import Job
 
 Decide = Callable[[float, Cluster, Sequence[Job], Mapping[str, Placement], Profiles], dict[str, Placement]]

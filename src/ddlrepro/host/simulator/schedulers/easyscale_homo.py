@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from ddlrepro.host.simulator import elastic
 from ddlrepro.host.simulator.cluster import Cluster, Placement
 from ddlrepro.host.simulator.placements import preferred_only
-from ddlrepro.host.simulator.profiles import Profiles
+from ddlrepro.host.simulator.step_profiles import Profiles
 from ddlrepro.host.simulator.traces import Job
 
 

@@ -11,7 +11,7 @@ from conftest import NO_SLURM_CLUSTER, REPO, snakemake, tiny_point
 from ddlrepro.host.config import ConfigError, validate_config
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.launchers import configured_launcher, resolved_launcher_name, snakemake_executor
-from ddlrepro.host.profiles import install_profile
+from ddlrepro.host.snakemake_profiles import install_profile
 
 GENERIC = REPO / "profiles" / "slurm"
 
