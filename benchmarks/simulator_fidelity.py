@@ -59,7 +59,7 @@ from ddlrepro.host.replay import (
 )
 from ddlrepro.host.run import run_point
 from ddlrepro.host.simulator.cluster import ARTIFACT_CLUSTER, Cluster, Placement, Share
-from ddlrepro.host.simulator.engine import Simulation, simulate
+from ddlrepro.host.simulator.engine import Simulation, Timing, simulate
 from ddlrepro.host.simulator.schedulers import POLICIES
 from ddlrepro.host.simulator.stages import plan, steps_job
 from ddlrepro.host.simulator.step_profiles import Profiles, from_table
@@ -250,7 +250,7 @@ def replay(
         for row, (name, submit, ests, seconds, on, preferred) in enumerate(REPLAY_JOBS, start=1)
     ]
     cluster = Cluster.of(SLOTS)
-    simulation = simulate(jobs, cluster, profiles, REPLAY_POLICY, REPLAY_ROUND_S, "measured", startup_s)
+    simulation = simulate(jobs, cluster, profiles, REPLAY_POLICY, Timing(REPLAY_ROUND_S, "measured", startup_s))
     stages = plan(simulation.changes, simulation.jobs.set_index("id")["finish_s"], jobs, cluster)
     runs = execute(stages, stage_points(stages, jobs, launcher, settings), folder, local_launcher(900))
     print(runs.to_string(index=False, float_format="%.2f"))

@@ -24,7 +24,7 @@ from ddlrepro.host.replay import (
 )
 from ddlrepro.host.run import run_point
 from ddlrepro.host.simulator.cluster import Cluster, Placement, Share
-from ddlrepro.host.simulator.engine import CHANGE_COLUMNS, simulate
+from ddlrepro.host.simulator.engine import CHANGE_COLUMNS, Timing, simulate
 from ddlrepro.host.simulator.stages import ReplayError, Stage, plan, steps_job
 from ddlrepro.host.simulator.step_profiles import Profiles, from_table
 from ddlrepro.host.simulator.traces import Job
@@ -142,9 +142,8 @@ def resnet20_profiles(batch: int) -> Profiles:
 def test_simulation_changes_give_the_plan_every_step() -> None:
     """The engine's own changes: every job's stages sum to its steps, and a job moved by the policy gets two."""
     jobs = [job("a", 0, 2, 150, batch=8), job("b", 3, 1, 100, batch=8), job("c", 6, 1, 40, batch=8, preferred="slow")]
-    simulation = simulate(
-        jobs, SLOTS, resnet20_profiles(8), "easyscale-heter", round_s=5, restart="measured", restart_s=3
-    )
+    timing = Timing(round_s=5, restart="measured", restart_s=3)
+    simulation = simulate(jobs, SLOTS, resnet20_profiles(8), "easyscale-heter", timing)
     stages = plan(simulation.changes, simulation.jobs.set_index("id")["finish_s"], jobs, SLOTS)
     for spec in jobs:
         own = [stage for stage in stages if stage.job == spec.id]

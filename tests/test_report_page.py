@@ -21,7 +21,7 @@ from ddlrepro.host.catalog import figure_file
 from ddlrepro.host.checks import check_figure, figure_references
 from ddlrepro.host.figures import FIGURES as ALL_FIGURES
 from ddlrepro.host.figures import draw_figure
-from ddlrepro.host.report import INPUTS_MARK, caption_html, recorded_inputs, render_report, write_report
+from ddlrepro.host.report import INPUTS_MARK, ReportRequest, caption_html, recorded_inputs, render_report, write_report
 from ddlrepro.host.tables import read_table
 
 # kungfu-fig7 first: its summary is the widest table, and it lands in the screenshot's first 2000 pixels.
@@ -54,7 +54,7 @@ def report(tmp_path_factory) -> Path:
     pd.concat(checks).to_csv(results / "checks.tsv", sep="\t", index=False)
     out = results / "report.html"
     captions = [figure_file(figure, "caption.rst") for figure in FIGURES]
-    write_report(out, FIGURES, "smoke", "local", captions, results, repository=REPO)
+    write_report(out, ReportRequest(FIGURES, "smoke", "local", captions, results, repository=REPO))
     return out
 
 

@@ -22,7 +22,7 @@ from ddlrepro.host.errors import UserError
 from ddlrepro.host.simulator import elastic
 from ddlrepro.host.simulator.cli import parse_cluster
 from ddlrepro.host.simulator.cluster import ARTIFACT_CLUSTER, Cluster, OverAllocation, Placement, Share
-from ddlrepro.host.simulator.engine import Simulation, SimulationError, simulate, write_tables
+from ddlrepro.host.simulator.engine import Simulation, SimulationError, Timing, simulate, write_tables
 from ddlrepro.host.simulator.placements import preferred_only
 from ddlrepro.host.simulator.schedulers import POLICIES, Policy
 from ddlrepro.host.simulator.step_profiles import (
@@ -92,7 +92,7 @@ def job(
 def finishes(
     jobs: list[Job], policy: str, cluster: Cluster = SMALL, profiles: Profiles | None = None, **options
 ) -> dict[str, float]:
-    result = simulate(jobs, cluster, profiles or small_profiles(), policy, **options)
+    result = simulate(jobs, cluster, profiles or small_profiles(), policy, Timing(**options))
     return dict(zip(result.jobs["id"], result.jobs["finish_s"], strict=True))
 
 
@@ -386,7 +386,7 @@ def test_interpolates_linearly_inside_the_range() -> None:
 
 def test_jobs_left_at_max_sim_time_are_listed() -> None:
     with pytest.raises(SimulationError, match=r"max_sim_time_s=100.*\n  b \(row 1, submitted at 30 s, waiting, 0% "):
-        simulate(TRACE_1, SMALL, small_profiles(), "yarn-cs", max_sim_time_s=100)
+        simulate(TRACE_1, SMALL, small_profiles(), "yarn-cs", Timing(max_sim_time_s=100))
 
 
 def test_command_line_writes_both_tables(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -412,9 +412,8 @@ def test_command_line_writes_both_tables(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_round_k_starts_at_k_times_round_s() -> None:
     """A gang at 12/s, 18 samples, no start cost, 0.1 s rounds: 15 rounds. Adding 0.1 ten times gives 0.9999…"""
-    result = simulate(
-        [job("a", work=18)], SMALL, small_profiles(), "yarn-cs", round_s=0.1, restart_s=0, max_sim_time_s=100
-    )
+    timing = Timing(round_s=0.1, restart_s=0, max_sim_time_s=100)
+    result = simulate([job("a", work=18)], SMALL, small_profiles(), "yarn-cs", timing)
     times = result.allocations["time_s"].drop_duplicates().tolist()
     assert len(times) >= 11 and times == [k * 0.1 for k in range(len(times))]
     assert result.jobs["finish_s"].tolist() == pytest.approx([1.5])
@@ -441,7 +440,7 @@ def test_the_artifacts_makespan_rounds_before_its_ceiling() -> None:
 )
 def test_settings_that_could_never_end_are_errors(settings: dict[str, float], message: str) -> None:
     with pytest.raises(SimulationError, match=re.escape(message)):
-        simulate(TRACE_1, SMALL, small_profiles(), "easyscale-homo", **settings)
+        simulate(TRACE_1, SMALL, small_profiles(), "easyscale-homo", Timing(**settings))
 
 
 @pytest.mark.parametrize(

@@ -130,18 +130,18 @@ def cmd_new_figure(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from ddlrepro.host.report import write_report
+    from ddlrepro.host.report import ReportRequest, write_report
 
-    write_report(
-        Path(args.out),
-        args.figures,
-        args.scale,
-        args.launcher,
-        [Path(path) for path in args.captions],
-        Path(args.results),
-        args.rerun_options,
-        Path(args.repository),
+    request = ReportRequest(
+        figures=args.figures,
+        scale=args.scale,
+        launcher=args.launcher,
+        captions=[Path(path) for path in args.captions],
+        results=Path(args.results),
+        rerun_options=args.rerun_options,
+        repository=Path(args.repository),
     )
+    write_report(Path(args.out), request)
 
 
 def cmd_bundle(args: argparse.Namespace) -> None:

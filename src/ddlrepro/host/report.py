@@ -8,6 +8,7 @@ import json
 import math
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -240,17 +241,21 @@ def render_report(inputs: dict[str, Any], captions: list[Path], results: Path) -
     return redact(f"{html.rstrip()}\n<!-- {INPUTS_MARK} {stamp} -->\n")
 
 
-def write_report(
-    out: Path,
-    figures: list[str],
-    scale: str,
-    launcher: str,
-    captions: list[Path],
-    results: Path = Path("results"),
-    rerun_options: str = "",
-    repository: Path = Path("."),
-) -> None:
-    """The report of `figures` built under `results`, each captioned by its own file of `captions`
-    (catalog.caption_figure), code version from the checkout `repository`."""
-    inputs = report_inputs(figures, scale, launcher, rerun_options, repository)
-    out.write_text(render_report(inputs, captions, results))
+@dataclass(frozen=True)
+class ReportRequest:
+    """What a report is of: `figures` built under `results` at `scale` by `launcher`, each captioned by its own
+    file of `captions` (catalog.caption_figure), the code version from the checkout `repository`, and the
+    Snakemake options its rerun command repeats."""
+
+    figures: list[str]
+    scale: str
+    launcher: str
+    captions: list[Path]
+    results: Path = Path("results")
+    rerun_options: str = ""
+    repository: Path = Path(".")
+
+
+def write_report(out: Path, request: ReportRequest) -> None:
+    inputs = report_inputs(request.figures, request.scale, request.launcher, request.rerun_options, request.repository)
+    out.write_text(render_report(inputs, request.captions, request.results))

@@ -66,7 +66,7 @@ def parse_cluster(text: str) -> Cluster:
 
 
 def run(args: argparse.Namespace) -> None:
-    from ddlrepro.host.simulator.engine import simulate, write_tables  # pandas: only when simulating
+    from ddlrepro.host.simulator.engine import Timing, simulate, write_tables  # pandas: only when simulating
 
     cluster = parse_cluster(args.cluster)
     profiles = read_profiles(args.profiles)
@@ -86,10 +86,8 @@ def run(args: argparse.Namespace) -> None:
         jobs = generate_trace(args.generate_seed, profiles, cluster, mapping)
     if mapping:
         print("applications mapped:", ", ".join(f"{a} → {b}" for a, b in mapping.items()))
-    simulations = [
-        simulate(jobs, cluster, profiles, policy, args.round_s, args.restart, args.restart_s, args.max_sim_time_s)
-        for policy in args.policy
-    ]
+    timing = Timing(args.round_s, args.restart, args.restart_s, args.max_sim_time_s)
+    simulations = [simulate(jobs, cluster, profiles, policy, timing) for policy in args.policy]
     args.out.mkdir(parents=True, exist_ok=True)
     write_trace(jobs, args.out / "trace.csv")
     written = write_tables(simulations, args.out)

@@ -100,19 +100,24 @@ def write_tables(simulations: Sequence[Simulation], folder: Path) -> tuple[Path,
     return written[0], written[1]
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How simulated time runs: a round every `round_s`; what a start or reallocation costs (`restart`: the
+    artifact's whole rounds, or `restart_s` measured seconds); the simulation given up past `max_sim_time_s`."""
+
+    round_s: float = ROUND_S
+    restart: Literal["artifact", "measured"] = "artifact"
+    restart_s: float = ARTIFACT_START_S
+    max_sim_time_s: float = MAX_SIM_TIME_S
+
+
 def simulate(
-    jobs: Sequence[Job],
-    cluster: Cluster,
-    profiles: Profiles,
-    policy: str,
-    round_s: float = ROUND_S,
-    restart: Literal["artifact", "measured"] = "artifact",
-    restart_s: float = ARTIFACT_START_S,
-    max_sim_time_s: float = MAX_SIM_TIME_S,
+    jobs: Sequence[Job], cluster: Cluster, profiles: Profiles, policy: str, timing: Timing = Timing()
 ) -> Simulation:
-    """Run `policy` over the jobs until all have finished (or raise past `max_sim_time_s`)."""
+    """Run `policy` over the jobs until all have finished (or raise past `timing.max_sim_time_s`)."""
+    round_s, restart, restart_s = timing.round_s, timing.restart, timing.restart_s
     scheduler = _policy(policy)
-    last_round = _last_round(round_s, restart, restart_s, max_sim_time_s)
+    last_round = _last_round(round_s, restart, restart_s, timing.max_sim_time_s)
     validate(jobs, cluster, profiles, scheduler)
     states = [JobState(job) for job in jobs]
     rows: list[tuple[float, str, str, int]] = []
@@ -134,7 +139,7 @@ def simulate(
         for state in active:
             _advance(state, now, round_s, profiles)
     if any(state.finish_s is None for state in states):
-        raise SimulationError(_unfinished(states, (last_round + 1) * round_s, max_sim_time_s))
+        raise SimulationError(_unfinished(states, (last_round + 1) * round_s, timing.max_sim_time_s))
     return Simulation(
         policy,
         round_s,

@@ -228,25 +228,14 @@ def simulation_table(profile_rows: pd.DataFrame, profiles: Profiles, section: di
     import pandas as pd
 
     from ddlrepro.host.simulator.cluster import Cluster
-    from ddlrepro.host.simulator.engine import simulate
+    from ddlrepro.host.simulator.engine import Timing, simulate
 
     settings = section["simulation"]
     cluster = Cluster.of(settings["cluster"])
     jobs, trace = trace_jobs(settings, profiles, cluster, artifact=bool(section["profiles_dir"]))
     restart_s, restart = restart_cost(settings, profile_rows)
-    simulations = [
-        simulate(
-            jobs,
-            cluster,
-            profiles,
-            policy,
-            settings["round_s"],
-            settings["restart"],
-            restart_s,
-            settings["max_sim_time_s"],
-        )
-        for policy in POLICIES
-    ]
+    timing = Timing(settings["round_s"], settings["restart"], restart_s, settings["max_sim_time_s"])
+    simulations = [simulate(jobs, cluster, profiles, policy, timing) for policy in POLICIES]
     mapped = sorted(
         {(job.trace_application, job.application) for job in jobs if job.trace_application != job.application}
     )
