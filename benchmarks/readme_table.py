@@ -3,7 +3,8 @@
 
 Rewrites the page between `<!-- benchmarks:begin -->` and `<!-- benchmarks:end -->`: one row per figure measured,
 with its target and verdict from benchmarks/targets.yaml (the same checks as results/benchmarks.tsv), the host load
-it was measured under, the date and commit of its run and the command that ran it; below it, the machines.
+it was measured under, the date, commit and machine of its run and the command that ran it; below it, the
+machines in full.
 `--check` changes nothing and fails when the page's table differs from the one the JSON files give.
 
     python benchmarks/readme_table.py [--results results/benchmarks] [--readme docs/performance.md] [--check]
@@ -49,9 +50,11 @@ def verdicts(document: dict[str, Any], targets: list[dict[str, Any]]) -> dict[st
 
 
 def run_cell(document: dict[str, Any]) -> str:
+    """When, at which commit and on which machine (in short: the lines below the table say more) the run was."""
     sha = (document["git"].get("sha") or "unknown")[:10]
     dirty = " + changes" if document["git"].get("dirty") else ""
-    return f"{document['date'][:10]} `{sha}`{dirty}"
+    host = document["host"]
+    return f"{document['date'][:10]} `{sha}`{dirty}, {host['cpu_model']} × {host['cpu_count']}"
 
 
 def benchmark_rows(document: dict[str, Any], targets: list[dict[str, Any]]) -> list[str]:

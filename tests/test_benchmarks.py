@@ -161,6 +161,7 @@ def test_the_readme_table_shows_every_figure_with_its_verdict_and_run() -> None:
     harness = recorded("harness_fidelity", quiet=False)
     first = next(row for row in rows if row.startswith("| bare loop"))
     assert f"`{harness['git']['sha'][:10]}`" in first and "`python benchmarks/harness_fidelity.py --rounds 2" in first
+    assert f"{harness['host']['cpu_model']} × {harness['host']['cpu_count']}" in first
     assert "Measured on " in text
 
 
