@@ -23,9 +23,10 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _common import BenchmarkRecord
+from _common import REPO, BenchmarkRecord
 from torch.nn.parallel import DistributedDataParallel
 
+from ddlrepro.host.config import load_config
 from ddlrepro.host.figures.kungfu_fig8 import parse_setting
 from ddlrepro.host.hostload import ForeignLoadMeter, HostLoad
 from ddlrepro.host.launchers.local import free_loopback_port
@@ -35,6 +36,7 @@ from ddlrepro.rank.workloads.throughput import make_train_step, synthetic_batch
 
 SETTINGS = ["none", "noise-scale@1", "noise-scale@8", "variance@1", "variance@8"]
 WORLD = 2
+ALPHA = load_config(REPO / "config" / "config.yaml")["figures"]["kungfu-fig8"]["noise_scale_alpha"]  # the figure's
 
 
 def trainer(model: torch.nn.Module, setting: str, batch: tuple[torch.Tensor, torch.Tensor], size: int):
@@ -44,7 +46,7 @@ def trainer(model: torch.nn.Module, setting: str, batch: tuple[torch.Tensor, tor
     parsed = parse_setting(figure_setting)
     if parsed["monitor"] != "none":
         options = {"micro_batches": int(micro_batches)} if micro_batches else {}
-        monitor = GradientMonitor(parsed["monitor"], parsed["monitor_interval"], size, WORLD, **options)
+        monitor = GradientMonitor(parsed["monitor"], parsed["monitor_interval"], size, WORLD, ALPHA, **options)
         monitor.attach(ddp)
     step = make_train_step(ddp, *batch)
 

@@ -31,7 +31,7 @@ def noise_scale_run(rank: int) -> dict:
     model = DistributedDataParallel(nn.Linear(DIM, 1, bias=False))
     with torch.no_grad():
         model.module.weight.copy_(delta)  # w* = 0, so w − w* = δ
-    monitor = GradientMonitor("noise-scale", 1, BATCH, WORLD)
+    monitor = GradientMonitor("noise-scale", 1, BATCH, WORLD, alpha=0.6)
     monitor.attach(model)
     gradient_ema, trace_ema = [], []
     for _ in range(STEPS):
@@ -153,7 +153,7 @@ def variance_run(rank: int) -> dict:
     reference = small_network()
     model = DistributedDataParallel(small_network(), bucket_cap_mb=0.0001)  # several buckets
     model.module.load_state_dict(reference.state_dict())
-    monitor = GradientMonitor("variance", 1, 8, WORLD)
+    monitor = GradientMonitor("variance", 1, 8, WORLD, alpha=0.6)
     monitor.attach(model)
     measured, expected = [], []
     for step in range(3):
@@ -187,7 +187,7 @@ def first_estimates_run(rank: int, micro_batches: int) -> dict:
     reference = small_network()
     model = DistributedDataParallel(small_network(), bucket_cap_mb=0.0001)  # several buckets
     model.module.load_state_dict(reference.state_dict())
-    monitor = GradientMonitor("noise-scale", 1, 8, WORLD, micro_batches=micro_batches)
+    monitor = GradientMonitor("noise-scale", 1, 8, WORLD, alpha=0.6, micro_batches=micro_batches)
     monitor.attach(model)
     x, y = batch(rank, 0)
     F.cross_entropy(model(x), y).backward()
@@ -216,7 +216,7 @@ def training_run(rank: int, kind: str, interval: int, world: int, micro_batches:
     torch.manual_seed(0)
     model = DistributedDataParallel(small_network(), bucket_cap_mb=0.0001)
     if kind != "none":
-        monitor = GradientMonitor(kind, interval, 8, world, micro_batches=micro_batches)
+        monitor = GradientMonitor(kind, interval, 8, world, alpha=0.6, micro_batches=micro_batches)
         monitor.attach(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     for step in range(6):
@@ -263,13 +263,13 @@ def test_noise_scale_formulas_and_ema() -> None:
 
 def test_monitor_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match="valid monitors: none, noise-scale, variance"):
-        GradientMonitor("curvature", 1, 8, 2)
+        GradientMonitor("curvature", 1, 8, 2, alpha=0.6)
     with pytest.raises(ValueError, match="interval must be >= 1"):
-        GradientMonitor("variance", 0, 8, 2)
+        GradientMonitor("variance", 0, 8, 2, alpha=0.6)
     with pytest.raises(ValueError, match="at least 2 workers"):
-        GradientMonitor("noise-scale", 1, 8, 1)
+        GradientMonitor("noise-scale", 1, 8, 1, alpha=0.6)
     with pytest.raises(ValueError, match="divide the batch of 8, got 3"):
-        GradientMonitor("noise-scale", 1, 8, 2, micro_batches=3)
+        GradientMonitor("noise-scale", 1, 8, 2, alpha=0.6, micro_batches=3)
 
 
 def aggregated_run(rank: int, world: int) -> dict:

@@ -51,7 +51,7 @@ class NoiseScaleEstimator:
 
     batch_small: int
     batch_big: int
-    alpha: float = 0.6
+    alpha: float  # the EMAs' weight: the point's noise_scale_alpha (the schema's default is KungFu's)
     gradient_ema: Ema = field(init=False)
     trace_ema: Ema = field(init=False)
 
@@ -84,7 +84,7 @@ class GradientMonitor:
         interval: int,
         batch_size: int,
         world_size: int,
-        alpha: float = 0.6,
+        alpha: float,
         micro_batches: int = 1,
         aggregation: str = "pooled",
     ) -> None:

@@ -33,6 +33,9 @@ from ddlrepro.rank.workloads.throughput import synthetic_batch
 from ddlrepro.records import emit
 
 MOMENTUM = 0.9
+# Ours: the elastic figures (kungfu-fig6, kungfu-fig7, biggan-elasticity's classifier) measure resizing and
+# throughput, not accuracy, and configure no rate; one SGD rate for all, as the throughput protocol's.
+LEARNING_RATE = 0.01
 FINAL_STATE = "final_state.pt"
 
 
@@ -181,7 +184,7 @@ class ClassifierTrainer(ElasticTrainer):
         self.samples, self.batch_size = params["dataset_size"], params["batch_size"]
         self.model = self.modules["model"] = build_model(params["model"])
         self.optimizer = self.optimizers["model"] = torch.optim.SGD(
-            self.model.parameters(), lr=params.get("learning_rate", 0.01), momentum=MOMENTUM
+            self.model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM
         )
         # created now, not at the first step: a joiner receives them before it has stepped
         for parameter in self.model.parameters():
