@@ -19,6 +19,7 @@ Open MPI's ring all-reduce (OPEN_MPI_RING below).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -27,13 +28,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from _common import REPO, BenchmarkRecord, allreduce_times
 
 from ddlrepro.host.config import validate_config
 from ddlrepro.host.figures import kungfu_allreduce
-from ddlrepro.host.hostload import ForeignLoadMeter
+from ddlrepro.host.hostload import ForeignLoadMeter, WatchedProcesses, process_tree_cpu
 from ddlrepro.host.testbed import Testbed, limits
 from ddlrepro.host.testbed.slurm import OWNER
 from ddlrepro.points import Point
@@ -45,6 +47,7 @@ JOB_TIMEOUT_S = 600
 # Open MPI 4.1's fixed rules pick, for 4 ranks at 16-64 MiB, an all-reduce that moves about twice the ring's bytes
 # over the links (measured: 0.48 of the rate); the ring (algorithm 4) moves what gloo's does (the segmented ring,
 # 5, measured no better).
+SLURM_DAEMONS = {"slurmctld", "slurmd", "slurmstepd"}  # and the ranks they start
 OPEN_MPI_RING = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}
 
 
@@ -89,6 +92,15 @@ def run_point(point: Point, config: dict, run_dir: Path) -> None:
         sys.exit(f"{point.params['backend']} all-reduce on {point.workers} hosts failed:\n{tail}")
 
 
+@contextlib.contextmanager
+def cluster_meter() -> Iterator[ForeignLoadMeter]:
+    """Foreign load while a point runs on the cluster: its ranks are started by the nodes' slurmd (srun steps), not
+    by this process, so the cluster's daemons and the steps they start count as the run's own CPU."""
+    cluster = WatchedProcesses(SLURM_DAEMONS)
+    with cluster, ForeignLoadMeter(lambda: process_tree_cpu() + cluster()) as meter:
+        yield meter
+
+
 def busbw_ratios(run_dir: Path, hosts: int, rate_bps: int) -> dict[int, float]:
     """{size in bytes: busbw ÷ link rate}, from the median time per operation over ranks and repetitions."""
     times = allreduce_times(run_dir)
@@ -125,7 +137,7 @@ def main() -> None:
                     for point in allreduce_points(hosts, args.backends, config["launcher"]):
                         backend = point.params["backend"]
                         run_dir = Path(scratch) / f"{backend}-{hosts}-{rate}"
-                        with ForeignLoadMeter() as meter:
+                        with cluster_meter() as meter:
                             run_point(point, config, run_dir)
                         ratios = busbw_ratios(run_dir, hosts, bits)
                         sizes = ", ".join(f"{size // MIB} MiB {ratio:.3f}" for size, ratio in ratios.items())

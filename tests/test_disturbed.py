@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -19,6 +21,7 @@ from ddlrepro.host.checks import check_figure, checks_settings, figure_reference
 from ddlrepro.host.config import load_config
 from ddlrepro.host.cpuquota import CpuQuotas
 from ddlrepro.host.figures import figure_module
+from ddlrepro.host.hostload import ForeignLoadMeter, WatchedProcesses
 from ddlrepro.host.tables import host_load_columns, tidy_table
 from ddlrepro.points import Point
 
@@ -191,3 +194,20 @@ def index_in_process(quotas: CpuQuotas | None) -> float:
     """machine_speed() in a fresh process (in rank 0's group of `quotas`, if given): 3 rounds of ~60 ms each."""
     script = "from ddlrepro.host.hostload import machine_speed\nprint(machine_speed(iterations=1_000_000))"
     return float(output_of_throttled(script, quotas))
+
+
+@pytest.mark.serial  # a busy process on one core
+def test_processes_started_elsewhere_count_as_own_cpu_when_watched(tmp_path: Path) -> None:
+    """A daemonised busy process (as Slurm's steps are: nobody here waits for it) is foreign load to a plain meter
+    and the run's own to one that watches it by name (hostload.WatchedProcesses, benchmarks/link_bandwidth.py)."""
+    burn = tmp_path / "ddlrepro-burn"  # the process's name is the name it is started by
+    burn.symlink_to(Path(sys.executable).resolve())
+    loop = "import time\nend = time.monotonic() + 2\nwhile time.monotonic() < end:\n    pass"
+    script = f"setsid {burn} -c {shlex.quote(loop)} &"
+    watched = WatchedProcesses({"ddlrepro-burn"}, period_s=0.05)
+    with watched, ForeignLoadMeter(lambda: watched()) as own, ForeignLoadMeter(lambda: 0.0) as plain:
+        subprocess.run(["sh", "-c", script], check=True)  # returns at once: the burner is nobody's child here
+        time.sleep(2.5)
+    assert own.load is not None and plain.load is not None
+    assert own.load.own_s > 1.5 and plain.load.foreign_s > 1.5
+    assert own.load.foreign_s < plain.load.foreign_s - 1.5

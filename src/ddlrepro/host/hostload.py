@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -60,6 +61,64 @@ def process_tree_cpu(pid: int | None = None) -> float:
             continue
         total += child_times.user + child_times.system
     return total
+
+
+class WatchedProcesses:
+    """CPU seconds spent, while watched, by every process named one of `names` and its descendants: a reader of
+    own CPU for ForeignLoadMeter where the measured work runs in processes this one did not start and cannot wait
+    for (a local Slurm cluster's slurmd, slurmstepd and the ranks they start: daemonised, reaped by init).
+
+    A thread samples them every `period_s`; a process counts from its CPU when first seen (0 if it started while
+    watched) to its last sample, so at most `period_s` of each process's last moments is missed."""
+
+    def __init__(self, names: set[str], period_s: float = 0.2) -> None:
+        self.names, self.period_s = names, period_s
+        self.first: dict[tuple[int, float], float] = {}
+        self.last: dict[tuple[int, float], float] = {}
+        self.started = 0.0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._watch, name="watched-processes", daemon=True)
+
+    def __enter__(self) -> WatchedProcesses:
+        self.started = time.time()
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __call__(self) -> float:
+        self._sample()
+        with self._lock:
+            return sum(self.last[key] - self.first[key] for key in self.last)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._sample()
+
+    def _sample(self) -> None:
+        for process in self._watched():
+            try:
+                times, created = process.cpu_times(), process.create_time()
+            except psutil.Error:
+                continue
+            key, cpu = (process.pid, created), times.user + times.system
+            with self._lock:
+                self.first.setdefault(key, cpu if created < self.started else 0.0)
+                self.last[key] = cpu
+
+    def _watched(self) -> list[psutil.Process]:
+        roots = [process for process in psutil.process_iter(["name"]) if process.info["name"] in self.names]
+        found = {process.pid: process for process in roots}
+        for root in roots:
+            try:
+                found |= {child.pid: child for child in root.children(recursive=True)}
+            except psutil.Error:
+                continue
+        return list(found.values())
 
 
 @dataclass(frozen=True)
