@@ -13,6 +13,13 @@ rank per host each host's link carries 2(n−1)/n × size per operation in each 
 link rate; the rate counts Ethernet frames, of which TCP's payload is at most 0.956. MPI runs
 Open MPI's ring all-reduce (OPEN_MPI_RING below).
 
+Why MPI stays below the target here (measured with /proc/stat each second, 4 hosts at 1 Gbit/s on this 2-core
+machine): while Open MPI's all-reduce runs, both cores are busy all the time, about three quarters of it in the
+kernel (its TCP progress engine polls its non-blocking sockets), with the links' shaping and TCP's softirq work
+competing for the same cores; gloo's ranks block in their receives, and during its all-reduce the cores are about
+a third busy. mpi_yield_when_idle does not help: a yield returns at once when nothing else is runnable. The limit is
+the host's cores, not the links: four polling ranks need more than two cores.
+
     python benchmarks/link_bandwidth.py [--hosts 2 4] [--rates 200mbit 1gbit] [--backends gloo mpi]
 """
 
