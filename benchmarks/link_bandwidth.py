@@ -18,7 +18,7 @@ machine): while Open MPI's all-reduce runs, both cores are busy all the time, ab
 kernel (its TCP progress engine polls its non-blocking sockets), with the links' shaping and TCP's softirq work
 competing for the same cores; gloo's ranks block in their receives, and during its all-reduce the cores are about
 a third busy. mpi_yield_when_idle does not help: a yield returns at once when nothing else is runnable. The limit is
-the host's cores, not the links: four polling ranks need more than two cores.
+the host's cores, not the links (on a machine with a core per polling rank it would not apply: not measured here).
 
     python benchmarks/link_bandwidth.py [--hosts 2 4] [--rates 200mbit 1gbit] [--backends gloo mpi]
 """
