@@ -80,6 +80,7 @@ lint: env
 	$(BIN)/ruff check src tests benchmarks docs/conf.py scripts/lock-requirements
 	$(BIN)/ruff format --check src tests benchmarks docs/conf.py scripts/lock-requirements
 	$(BIN)/snakefmt --check Snakefile workflow/rules
+	$(BIN)/mypy
 	$(WITH_ENV) $(BIN)/snakemake --lint
 	$(BIN)/lint-imports
 

@@ -209,5 +209,6 @@ def test_processes_started_elsewhere_count_as_own_cpu_when_watched(tmp_path: Pat
         subprocess.run(["sh", "-c", script], check=True)  # returns at once: the burner is nobody's child here
         time.sleep(2.5)
     assert own.load is not None and plain.load is not None
-    assert own.load.own_s > 1.5 and plain.load.foreign_s > 1.5
-    assert own.load.foreign_s < plain.load.foreign_s - 1.5
+    burned = own.load.own_s  # about 2 s of one core when the host is quiet
+    assert burned > 0.8 and plain.load.foreign_s > burned * 0.9
+    assert own.load.foreign_s < plain.load.foreign_s - burned * 0.9

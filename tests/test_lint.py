@@ -39,3 +39,18 @@ def test_import_contracts_hold() -> None:
     done = run(str(BIN / "lint-imports"))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Contracts: 2 kept, 0 broken." in done.stdout
+
+
+def test_the_package_type_checks() -> None:
+    """mypy over the package (pyproject.toml's [tool.mypy]: every host function typed, untyped bodies checked)."""
+    done = run(str(BIN / "mypy"), "--no-incremental")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("Success: no issues found")
+
+
+def test_the_type_checker_catches_a_wrong_type(tmp_path: Path) -> None:
+    """The configuration checks what it says: a host function returning the wrong type is an error."""
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text("def size() -> int:\n    return 'two'\n")
+    done = run(str(BIN / "mypy"), "--no-incremental", str(wrong))
+    assert done.returncode == 1 and 'Incompatible return value type (got "str", expected "int")' in done.stdout

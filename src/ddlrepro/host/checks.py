@@ -89,7 +89,7 @@ def load_references(path: Path, schema: Path = REFERENCES_SCHEMA) -> dict[str, l
 def figure_references() -> dict[str, list[dict[str, Any]]]:
     """Every figure's own references (its folder's references.yaml), each file validated on its own so that a
     problem names it."""
-    references = {}
+    references: dict[str, list[dict[str, Any]]] = {}
     for figure in figure_ids():
         path = figure_file(figure, "references.yaml")
         own = {figure: read_yaml_file(path) or []}

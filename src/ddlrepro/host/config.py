@@ -225,7 +225,7 @@ def sibling_schemas(folder: Path) -> referencing.Registry:
         contents = read_yaml((folder / name).read_text())
         return referencing.Resource.from_contents(contents, referencing.jsonschema.DRAFT202012)
 
-    return referencing.Registry(retrieve=retrieve)
+    return referencing.Registry(retrieve=retrieve)  # type: ignore[call-arg]  # referencing's attrs-made __init__
 
 
 def sibling_definitions(schema: Any, registry: referencing.Registry) -> dict[str, Any]:

@@ -158,7 +158,7 @@ class ConfigServer:
     @property
     def address(self) -> str:
         host, port = self.http.server_address[:2]
-        return f"{host}:{port}"
+        return f"{host!s}:{port}"
 
     def __enter__(self) -> ConfigServer:
         self.thread.start()

@@ -78,8 +78,9 @@ class CpuQuotas:
             self.remove()
         return self
 
-    def join(self, rank: int, pid: int) -> None:
-        """Move the process `pid` (all its threads) into `rank`'s group, if it has one."""
+    def join(self, rank: int | None, pid: int) -> None:
+        """Move the process `pid` (all its threads) into `rank`'s group, if it has one (None: the process of no
+        rank, e.g. mpirun, has none)."""
         if rank in self.groups:
             (self.groups[rank] / "cgroup.procs").write_text(str(pid))
 

@@ -23,7 +23,7 @@ def owned_name(kind: str, rest: str = "") -> str:
 def dead_owner(name: str, pattern: re.Pattern[str] = OWNED) -> bool:
     """Whether `name` is an owned name (`pattern`, its owner's pid in the group `pid`) whose owner process is gone."""
     match = pattern.match(name)
-    return bool(match) and not psutil.pid_exists(int(match.group("pid")))
+    return match is not None and not psutil.pid_exists(int(match.group("pid")))
 
 
 def container_labels() -> list[str]:

@@ -15,11 +15,12 @@ from string import ascii_lowercase
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib import ticker
 from matplotlib.container import BarContainer
 
 from ddlrepro.host.tables import as_flags
 
-REFERENCE_STYLE = {"color": "black", "marker": "*", "markersize": 11, "linestyle": "none", "zorder": 5}
+REFERENCE_STYLE: dict[str, Any] = {"color": "black", "marker": "*", "markersize": 11, "linestyle": "none", "zorder": 5}
 # matplotlib's own copies of seaborn's whitegrid theme, notebook context and colour-blind-safe palette (Okabe–Ito-like):
 # seaborn's look without importing seaborn, whose scipy.stats cost every plot job 0.9 s here.
 STYLE = ["seaborn-v0_8-whitegrid", "seaborn-v0_8-notebook", "seaborn-v0_8-colorblind"]
@@ -29,7 +30,7 @@ NOTE_WIDTH = 40  # characters per line of a skipped-points note
 # Disturbed values (runs that shared the host with foreign CPU load): hatched bars, ringed points; by shape, not
 # colour, so that they read in grey and to colour-blind readers.
 DISTURBED_HATCH = "xx"
-DISTURBED_RING = {"s": 160, "facecolors": "none", "edgecolors": "black", "linewidths": 1.2, "zorder": 6}
+DISTURBED_RING: dict[str, Any] = {"s": 160, "facecolors": "none", "edgecolors": "black", "linewidths": 1.2, "zorder": 6}
 
 
 def drawn_references(references: list[dict[str, Any]], column: str, key: str, scale: str) -> pd.DataFrame:
@@ -58,7 +59,8 @@ def new_figure(
         top = [str(index) for index in range(panels - 1)]
         size = (width * len(top), height * 1.6)
         mosaic = [top, ["table"] * len(top)]
-        figure, named = plt.subplot_mosaic(mosaic, figsize=size, height_ratios=[1, 0.6], layout="constrained")
+        layout: Any = mosaic  # a list of rows of names, which subplot_mosaic's stubs type more narrowly
+        figure, named = plt.subplot_mosaic(layout, figsize=size, height_ratios=[1, 0.6], layout="constrained")
         axes = [named[name] for name in [*top, "table"]]
     else:
         figure, grid = plt.subplots(1, panels, figsize=(width * panels, height), squeeze=False, layout="constrained")
@@ -102,6 +104,14 @@ def machine_summary(provenances: list[dict[str, Any]]) -> str:
     torch = sorted({p["torch"]["version"] for p in provenances if p.get("torch", {}).get("version")})
     parts = [f"{hosts} host{'s' if hosts > 1 else ''}", " / ".join(cpus), ", ".join(gpus) if gpus else "no GPU"]
     return "; ".join([*parts, *([f"torch {' / '.join(torch)}"] if torch else [])])
+
+
+def integer_ticks(axis: Any) -> None:
+    """Ticks at integers only, on an axis (`axes.xaxis`) whose locator is matplotlib's linear one (AutoLocator)."""
+    locator = axis.get_major_locator()
+    if not isinstance(locator, ticker.MaxNLocator):
+        raise TypeError(f"integer ticks need a linear axis's locator, not {type(locator).__name__}")
+    locator.set_params(integer=True)
 
 
 def workers_axis(axis: plt.Axes, workers: Iterable[int], label: str = "number of workers") -> None:
@@ -183,8 +193,11 @@ def note_disturbed(axis: plt.Axes, summary: pd.DataFrame, label: list[str]) -> N
     if rows.empty:
         return
     values = "; ".join(", ".join(f"{key}={row[key]}" for key in label) for _, row in rows.iterrows())
+    figure = axis.get_figure(root=True)
+    if figure is None:
+        return
     add_footer(
-        axis.figure,
+        figure,
         f"Disturbed by foreign CPU load up to {rows['foreign_share'].max():.2f} (hatched bars, ringed points;"
         f" rerun on a quiet machine): {values}",
     )

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ddlrepro.host.redaction import redact, redact_object, registrations, secret_values
 from ddlrepro.points import Point
@@ -74,18 +74,18 @@ class OutputCollector:
         self.run_dir = run_dir
         self.log = (run_dir / "log.txt").open("w")
         self.metrics = (run_dir / METRICS).open("w")
-        self.ledger = None
+        self.ledger: TextIO | None = None
         self.ledger_records: list[dict[str, Any]] = []
         self.workers: dict[int, dict[str, Any]] = {}
         self.result: dict[str, Any] | None = None
-        self._stderr: dict[int, deque[str]] = {}
+        self._stderr: dict[int | None, deque[str]] = {}  # None: a line of no rank (mpirun's own)
         self._lock = threading.Lock()
         self._secrets, self._registrations = secret_values(), registrations()
         # Called with every record filed (under the collector's lock: they must not call back into it), e.g. by a
         # host that acts when the ranks reach a step (launchers/situations.py).
         self.watchers: list[Callable[[str, dict[str, Any]], None]] = []
 
-    def add_line(self, rank: int, stream: str, line: str) -> None:
+    def add_line(self, rank: int | None, stream: str, line: str) -> None:
         """File one line a rank printed, secrets redacted in every form (a rank may print a dict or JSON). Secrets
         are looked up again only when one was registered since (the launcher registers its token after the collector
         is made), not for every line: this runs for every line every rank prints."""
@@ -104,7 +104,7 @@ class OutputCollector:
         with self._lock:
             self._file_record(dict(record))
 
-    def _file_record_line(self, rank: int, text: str) -> None:
+    def _file_record_line(self, rank: int | None, text: str) -> None:
         """A record; one that cannot be read (a line cut in two on its way, or not a record at all) is named in the
         rank's stderr tail, so that a run missing its result says why, and the rest of the output is still filed."""
         try:
@@ -133,7 +133,7 @@ class OutputCollector:
             self.ledger.write(json.dumps(record) + "\n")
             self.ledger_records.append(record)
 
-    def stderr_tail(self, rank: int) -> list[str]:
+    def stderr_tail(self, rank: int | None) -> list[str]:
         with self._lock:
             return list(self._stderr.get(rank, []))
 

@@ -51,12 +51,12 @@ def wake_remote_executors_at_shutdown() -> None:
         with self.lock:
             self.wait = False
         loop, task = getattr(self, "status_checks", (None, None))
-        if loop is not None:
+        if loop is not None and task is not None:
             with contextlib.suppress(RuntimeError):  # the loop has ended already
                 loop.call_soon_threadsafe(task.cancel)
         shutdown(self)
 
-    waking_shutdown.wakes_status_checks = True
+    waking_shutdown.wakes_status_checks = True  # type: ignore[attr-defined]  # the mark that it is installed
     RemoteExecutor._wait_for_jobs = wakeable_wait_for_jobs
     RemoteExecutor.shutdown = waking_shutdown
 
@@ -83,7 +83,7 @@ def shape_problem(remote_executor: type) -> str | None:
     if not inspect.isfunction(shutdown) or list(inspect.signature(shutdown).parameters) != ["self"]:
         return "has no method `shutdown(self)` any more"
     try:
-        source = inspect.getsource(remote_executor.__init__)
+        source = inspect.getsource(remote_executor.__init__)  # type: ignore[misc]  # the class's own, read only
     except (OSError, TypeError):  # no source of its own (object's __init__, or a compiled one)
         source = ""
     unset = [name for name in ("lock", "wait") if f"self.{name} = " not in source]

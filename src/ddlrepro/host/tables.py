@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import IO
 
 import pandas as pd
 
@@ -139,7 +140,7 @@ def tidy_table(
     return table.sort_values(["point_id", "metric", "rank", "time"], kind="stable", ignore_index=True)
 
 
-def read_table(path: Path) -> pd.DataFrame:
+def read_table(path: Path | IO[bytes]) -> pd.DataFrame:
     return pd.read_csv(path, dtype=dict.fromkeys(INTEGER_COLUMNS, "Int64"))
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -51,7 +52,14 @@ def ring_sum(contributions: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def bucket_layout(parameters: list[torch.Tensor], ready_order: list[int] | None) -> list[list[int]]:
+def gradient_of(parameter: torch.Tensor) -> torch.Tensor:
+    """A parameter's gradient after a backward pass (every parameter of these models takes part in the loss)."""
+    if parameter.grad is None:
+        raise RuntimeError(f"a parameter of shape {tuple(parameter.shape)} has no gradient after the backward pass")
+    return parameter.grad
+
+
+def bucket_layout(parameters: Sequence[torch.Tensor], ready_order: list[int] | None) -> list[list[int]]:
     """DDP's buckets as lists of parameter indices, each in its bucket's order: all parameters in one bucket
     before the first rebuild (`ready_order` None), else the rebuilt buckets in ready order."""
     if ready_order is None:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ddlrepro.rank.ddp_arithmetic import bucket_layout, ddp_average
+from ddlrepro.rank.ddp_arithmetic import bucket_layout, ddp_average, gradient_of
 from ddlrepro.rank.models import MODELS, build_model
 
 MODES = ("D0", "D1", "ddp")
@@ -79,7 +79,10 @@ class SyntheticTokens(SampleStream):
     token (mod the sequence length) and is as long as its second (mod 16), a rule the model can learn."""
 
     def __init__(self, model: str, size: int, seed: int = 0) -> None:
-        self.shape, self.size, self.seed = MODELS[model].tokens, size, seed
+        tokens = MODELS[model].tokens
+        if tokens is None:
+            raise ValueError(f"model {model!r} takes images, not token sequences")
+        self.shape, self.size, self.seed = tokens, size, seed
 
     def sample(self, index: int) -> tuple[torch.Tensor, tuple[int, int]]:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
@@ -231,7 +234,7 @@ class ConsistentTrainer:
             loss.backward()
             self.laps.lap(est.index, "forward_backward")
             if self.params["mode"] != "ddp":
-                local_gradients.append(torch.cat([p.grad.reshape(-1) for p in self.model.parameters()]))
+                local_gradients.append(torch.cat([gradient_of(p).reshape(-1) for p in self.model.parameters()]))
                 self.laps.lap(est.index, "gradient_copy")
             self.switch_out(est)
             self.laps.lap(est.index, "switch")
@@ -294,7 +297,7 @@ class ConsistentTrainer:
             dist.gather_object(states, gathered, dst=0)
         elif gathered is not None:
             gathered[0] = states
-        if self.rank != 0:
+        if gathered is None:  # not rank 0
             return None
         return {
             "step": self.step,

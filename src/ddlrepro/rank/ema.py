@@ -14,6 +14,12 @@ class Ema:
     clip: float | None = None
     value: float | None = None
 
+    def current(self) -> float:
+        """The average so far (ValueError before the first sample)."""
+        if self.value is None:
+            raise ValueError("the moving average has no sample yet")
+        return self.value
+
     def update(self, sample: float) -> float:
         if self.value is None:
             self.value = sample

@@ -14,6 +14,7 @@ S 1.6 times that from the workers' whole gradients, |G|² below 0). In evaluatio
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -79,7 +80,7 @@ class MicroBatchNorms:
                 shares.append((per_sample * features.flatten(2)).sum(2).reshape(k, -1, per_sample.shape[1]).sum(1))
             if layer.bias is not None:
                 shares.append(per_sample.sum(2).reshape(k, -1, per_sample.shape[1]).sum(1))
-        return sum(share.flatten(1).square().sum(1) for share in shares)
+        return cast(torch.Tensor, sum(share.flatten(1).square().sum(1) for share in shares))
 
     def take_small_squared(self) -> torch.Tensor:
         """mean_m |g_m|² of this step's micro-batches (g_m = k·c_m), then clear for the next step."""
@@ -99,6 +100,8 @@ def _couples_samples(module: nn.Module) -> bool:
 def _normalised(layer: nn.modules.batchnorm._BatchNorm, features: torch.Tensor) -> torch.Tensor:
     """x̂ as the layer computes it in evaluation mode, from its running statistics."""
     mean, variance = layer.running_mean, layer.running_var
+    if mean is None or variance is None:
+        raise ValueError("a batch norm without running statistics (track_running_stats=False) cannot be split")
     shape = [1, -1] + [1] * (features.dim() - 2)
     return (features - mean.reshape(shape)) * torch.rsqrt(variance.reshape(shape) + layer.eps)
 
@@ -110,9 +113,9 @@ def _split(features: torch.Tensor, gradient: torch.Tensor, k: int):
 def _conv2d_weight_gradient(layer: nn.Conv2d, features: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
     if layer.padding_mode != "zeros":
         features = F.pad(features, layer._reversed_padding_repeated_twice, mode=layer.padding_mode)
-        padding = 0
+        padding: Any = 0
     else:
         padding = layer.padding
-    return torch.nn.grad.conv2d_weight(
+    return torch.nn.grad.conv2d_weight(  # type: ignore[attr-defined]  # torch.nn.grad: in torch, not its stubs
         features, layer.weight.shape, gradient, layer.stride, padding, layer.dilation, layer.groups
     )

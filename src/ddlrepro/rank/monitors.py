@@ -132,6 +132,11 @@ class GradientMonitor:
         """The pooled estimator, or this rank's own (per-worker, mean-of-workers); None without the noise scale."""
         return self.estimators[self._own_index()] if self.estimators else None
 
+    def attached(self) -> DistributedDataParallel:
+        if self._model is None:
+            raise RuntimeError("the monitor measures nothing before attach(model)")
+        return self._model
+
     def _own_index(self) -> int:
         return 0 if self.aggregation == "pooled" else dist.get_rank()
 
@@ -169,7 +174,7 @@ class GradientMonitor:
         if self._micro_batches is not None:
             local_sq = self._micro_batches.take_small_squared()
         else:
-            local_sq = _squared_norm(self._model.module)
+            local_sq = _squared_norm(self.attached().module)
         self._small_sq = local_sq.detach().double().reshape(1)
         if self.aggregation == "pooled":
             self._small_sq_reduced = dist.all_reduce(self._small_sq, async_op=True)
@@ -203,18 +208,18 @@ class GradientMonitor:
         if self._small_sq_reduced is None:
             raise RuntimeError("no backward pass ran through the monitored model on this step")
         self._small_sq_reduced.wait()  # every rank gets the same sum (or list), hence the same values
-        big_sq = float(_squared_norm(self._model.module))
+        big_sq = float(_squared_norm(self.attached().module))
         if self.aggregation == "pooled":
             smalls = [float(self._small_sq) / self.world_size]
         else:
             smalls = [float(small) for small in self._small_sq_gathered]
         values = [estimator.update(small, big_sq) for estimator, small in zip(self.estimators, smalls, strict=True)]
-        own = self.noise_scale
+        own = self.estimators[self._own_index()]
         mean = sum(values) / len(values)
         return {
             "noise_scale": mean if self.aggregation == "mean-of-workers" else values[self._own_index()],
-            "noise_scale_gradient_sq": own.gradient_ema.value,
-            "noise_scale_trace": own.trace_ema.value,
+            "noise_scale_gradient_sq": own.gradient_ema.current(),
+            "noise_scale_trace": own.trace_ema.current(),
         }
 
     def end_step(self) -> tuple[str, float] | None:

@@ -132,9 +132,15 @@ def chunk_count(nbytes: int) -> int:
     return max(1, math.ceil(nbytes / CHUNK_BYTES))
 
 
+def _wait_all(works: list[dist.Work | None]) -> None:
+    """Wait for every posted send or receive (torch gives None only to a rank outside the group: none here)."""
+    for work in works:
+        if work is not None:
+            work.wait()
+
+
 def _send(tensor: torch.Tensor, destinations: list[int], tag: int) -> None:
-    for work in [dist.isend(tensor, dst=destination, tag=tag) for destination in destinations]:
-        work.wait()
+    _wait_all([dist.isend(tensor, dst=destination, tag=tag) for destination in destinations])
 
 
 def _add_inputs(tensor: torch.Tensor, inputs: list[int], tag: int) -> None:
@@ -142,8 +148,7 @@ def _add_inputs(tensor: torch.Tensor, inputs: list[int], tag: int) -> None:
     same bits whichever node adds them); all receives are posted at once."""
     rank = dist.get_rank()
     received = {source: torch.empty_like(tensor) for source in inputs}
-    for work in [dist.irecv(received[source], src=source, tag=tag) for source in inputs]:
-        work.wait()
+    _wait_all([dist.irecv(received[source], src=source, tag=tag) for source in inputs])
     parts = [tensor if source == rank else received[source] for source in sorted([rank, *inputs])]
     total = tensor if parts[0] is tensor else parts[0].clone()  # added onto in place when this rank comes first
     for part in parts[1:]:

@@ -163,9 +163,9 @@ def rederive_figure(
 
     from ddlrepro.host.checks import check_figure
     from ddlrepro.host.figures import (
-        figure_module,
         is_simulated,
         render_figure,
+        simulated_module,
         simulation_settings,
         write_simulated_table,
     )
@@ -188,7 +188,7 @@ def rederive_figure(
         if simulated:
             drawn = folder / f"{figure}.simulated.csv"
             inputs = unpack_inputs(members, f"{INPUTS}{figure}/", folder / "inputs")
-            bundled = figure_module(figure).with_inputs_in(section, inputs)
+            bundled = simulated_module(figure).with_inputs_in(section, inputs)
             write_simulated_table(figure, table, simulation_settings(figure, bundled), results, drawn)
         render_figure(figure, drawn, outputs, scale, references, results)
         derived = check_figure(figure, pd.read_csv(summary), references, scale, settings["exclude"], settings["tier"])

@@ -112,12 +112,12 @@ class BudgetedStream(io.RawIOBase):
 class GuardedTarInfo(tarfile.TarInfo):
     """tarfile's member headers, with the sizes of a GNU long name and a pax header checked before they are read."""
 
-    def _proc_gnulong(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+    def _proc_gnulong(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:
         if self.size > MAX_NAME_BYTES:
             raise BundleError(f"a member's long name declares {self.size} bytes (MAX_NAME_BYTES = {MAX_NAME_BYTES})")
-        return super()._proc_gnulong(tarfile)  # type: ignore[misc]
+        return super()._proc_gnulong(tarfile)  # type: ignore[misc]  # tarfile's private reader, not in its stubs
 
-    def _proc_pax(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+    def _proc_pax(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:
         if self.size > MAX_PAX_HEADER_BYTES:
             raise BundleError(
                 f"a member's pax header declares {self.size} bytes (MAX_PAX_HEADER_BYTES = {MAX_PAX_HEADER_BYTES})"

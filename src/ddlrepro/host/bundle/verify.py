@@ -124,7 +124,7 @@ def check_signature(members: dict[str, bytes], allowed_signers: Path) -> list[st
         signature = Path(scratch) / SIGNATURE
         signature.write_bytes(members[SIGNATURE])
         found = ssh_keygen(["-Y", "find-principals", "-s", str(signature), "-f", str(allowed_signers)])
-        principals = found.stdout.split() if found.returncode == 0 else []
+        principals = found.stdout.decode().split() if found.returncode == 0 else []
         for principal in principals:
             check = ["-Y", "verify", "-f", str(allowed_signers), "-I", principal, "-n", SIGNING_NAMESPACE]
             if ssh_keygen([*check, "-s", str(signature)], members[MANIFEST]).returncode == 0:

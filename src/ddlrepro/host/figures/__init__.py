@@ -47,6 +47,28 @@ class FigureModule(Protocol):
         """The figure, drawn from the table and its summary (and the papers' numbers it draws in)."""
 
 
+class SimulatedFigure(FigureModule, Protocol):
+    """A figure whose plot draws a simulation of its runs' table (is_simulated): its simulated step."""
+
+    SIMULATION_KEYS: tuple[str, ...]
+
+    def simulation_inputs(self, section: dict[str, Any]) -> dict[str, Path]:
+        """The files the simulation reads besides its runs, by the name a bundle keeps each under."""
+
+    def with_inputs_in(self, section: dict[str, Any], folder: Path) -> dict[str, Any]:
+        """The section reading its input files from `folder` (a bundle's copies)."""
+
+    def simulate_table(self, table: pd.DataFrame, section: dict[str, Any], machine: str) -> pd.DataFrame:
+        """The simulation of the runs' table."""
+
+
+def simulated_module(figure: str) -> SimulatedFigure:
+    if not is_simulated(figure):
+        raise KeyError(f"figure {figure!r} has no simulated step")
+    module: Any = importlib.import_module(FIGURES[figure])
+    return module
+
+
 def figure_module(figure: str) -> FigureModule:
     if figure not in FIGURES:
         raise KeyError(f"unknown figure {figure!r}; valid figures: {', '.join(FIGURES)}")
@@ -106,12 +128,12 @@ def simulated_table_name(figure: str) -> str:
 
 def simulation_settings(figure: str, section: dict[str, Any]) -> dict[str, Any]:
     """The keys of a simulated figure's section that its simulation reads (its rule's params)."""
-    return {key: section[key] for key in figure_module(figure).SIMULATION_KEYS}
+    return {key: section[key] for key in simulated_module(figure).SIMULATION_KEYS}
 
 
 def simulation_inputs(figure: str, section: dict[str, Any]) -> dict[str, Path]:
     """The files a simulated figure's simulation reads besides its runs, by the name a bundle keeps each under."""
-    return figure_module(figure).simulation_inputs(section)
+    return simulated_module(figure).simulation_inputs(section)
 
 
 def write_simulated_table(figure: str, table: Path, settings: dict[str, Any], runs: list[Path], out: Path) -> None:
@@ -129,7 +151,7 @@ def simulate_replicates(figure: str, table: pd.DataFrame, settings: dict[str, An
 
     from ddlrepro.host.tables import by_replicate
 
-    module, replicates = figure_module(figure), by_replicate(table)
+    module, replicates = simulated_module(figure), by_replicate(table)
     if len(replicates) == 1:
         return module.simulate_table(table, settings, machine)
     simulations = [

@@ -38,7 +38,7 @@ class JobSpec(Generic[Request]):
     request: Request
 
     def to_dict(self) -> dict[str, Any]:
-        return {"launcher": self.launcher, "timeout_s": self.timeout_s, **asdict(self.request)}
+        return {"launcher": self.launcher, "timeout_s": self.timeout_s, **asdict(self.request)}  # type: ignore[call-overload]  # every Request is a dataclass
 
 
 class Options(Protocol):

@@ -167,7 +167,7 @@ def execute(job: InplaceRequest, timeout_s: float, output: OutputCollector) -> N
     pool = WorkerPool(job, output, token, forks)
     config = ClusterConfig(list(range(job.initial_workers)), pool.new_workers, max_size=job.max_size)
     server_host, _, server_port = job.config_server.rpartition(":")
-    director = job.situation and Director(job.situation, lambda: grow(config), output, config.stop)
+    director = Director(job.situation, lambda: grow(config), output, config.stop) if job.situation else None
     try:
         with ConfigServer(config, token, server_host, int(server_port)):
             if director:
@@ -210,7 +210,7 @@ def host_store(address: str, timeout_s: float) -> dist.TCPStore:
     return listening_store(host, int(port), timedelta(seconds=timeout_s))
 
 
-def _await_ready(store, workers: list[int], pool: WorkerPool, timeout_s: float) -> None:
+def _await_ready(store: dist.Store, workers: list[int], pool: WorkerPool, timeout_s: float) -> None:
     """Start the job once every initial worker and warm standby has built its model."""
     deadline = time.monotonic() + timeout_s
     for worker in workers:

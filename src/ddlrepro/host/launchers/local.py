@@ -159,7 +159,8 @@ class LocalLauncher:
 
     def request(self, point: Point, run_dir: Path) -> LocalRequest:
         container, container_run = self.options.container, self.options.container_run
-        in_image = bool(container and container_run)
+        image = (container_run, container) if container and container_run else None
+        in_image = image is not None
         if in_image:
             check_image_can_run(point)
         port = free_loopback_port()
@@ -173,7 +174,12 @@ class LocalLauncher:
             "PYTHONUNBUFFERED": "1",
             "DDLREPRO_RUN_DIR": str(run_dir.resolve()),
         }
-        rendezvous = {"mode": mode, "ranks": point.workers, "master_addr": "127.0.0.1", "master_port": port}
+        rendezvous: dict[str, Any] = {
+            "mode": mode,
+            "ranks": point.workers,
+            "master_addr": "127.0.0.1",
+            "master_port": port,
+        }
         worker_command = [sys.executable, "-m", "ddlrepro.rank.workloads", point.to_json()]
         if mode == "mpirun":
             namespace = isolation.planned_name()  # Open MPI's out-of-band listener binds every interface
@@ -201,10 +207,9 @@ class LocalLauncher:
             if tensorflow_workers:
                 env["TF_CONFIG"] = taskenv.tf_config(tensorflow_workers, rank)
             command = worker_command
-            if in_image:
+            if image:
                 command = in_container(
-                    container_run,
-                    container,
+                    *image,
                     container_name(point, rank, run_dir),
                     env,
                     run_dir,
@@ -225,7 +230,7 @@ class LocalLauncher:
             horovod_port=horovod_port,
             tensorflow_workers=tensorflow_workers,
             containers=[container_name(point, rank, run_dir) for rank in range(point.workers)] if in_image else [],
-            container_engine=container_run[: container_run.index("run")] if in_image else [],
+            container_engine=image[0][: image[0].index("run")] if image else [],
             cpu_quotas=cpu_quotas(point),
             network_namespace=namespace,
             master_bound_here=not (placed or in_image or namespace),

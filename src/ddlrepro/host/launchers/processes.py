@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from ddlrepro.host.launchers.base import WorkerSpec
 
@@ -78,7 +79,7 @@ def pumped(streams: list, on_line: Callable[[str, str], None]) -> list[threading
     return readers
 
 
-def _pump(stream, name: str, on_line: Callable[[str, str], None]) -> None:
+def _pump(stream: IO[str], name: str, on_line: Callable[[str, str], None]) -> None:
     for line in stream:
         on_line(name, line.rstrip("\n"))
 

@@ -85,8 +85,8 @@ def overlay_subnet(where: TestbedPlacement) -> str | None:
 def planned_testbed(where: TestbedPlacement) -> Testbed:
     """The testbed as it will be (names, addresses), before it exists: what renders the ranks' commands."""
     overlay = overlay_subnet(where)
-    overlay_network = ipaddress.ip_network(overlay) if overlay else None
-    hosts = plan_hosts(where.owner, where.hosts, ipaddress.ip_network(SUBNET), overlay_network)
+    overlay_network = ipaddress.IPv4Network(overlay) if overlay else None
+    hosts = plan_hosts(where.owner, where.hosts, ipaddress.IPv4Network(SUBNET), overlay_network)
     return Testbed(where.owner, hosts, SUBNET, {}, 0, overlay)
 
 

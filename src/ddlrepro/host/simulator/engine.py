@@ -295,7 +295,7 @@ def _job_table(policy: str, states: Sequence[JobState]) -> pd.DataFrame:
             "submit_s": s.job.submit_s,
             "start_s": s.start_s,
             "finish_s": s.finish_s,
-            "jct_s": s.finish_s - s.job.submit_s,
+            "jct_s": s.finish_s - s.job.submit_s if s.finish_s is not None else None,
             "reallocations": s.reallocations,
         }
         for s in states

@@ -129,18 +129,18 @@ def _check(changes: pd.DataFrame, finish_s: Mapping[str, float], jobs: Mapping[s
         if job is None or record["id"] not in finish_s:
             raise ReplayError(f"{where} id: no job {record['id']!r} with a finish time")
         time_s = record["time_s"]
-        if not isinstance(time_s, numbers.Real) or not 0 <= time_s < float("inf"):
+        if not isinstance(time_s, numbers.Real) or not 0 <= float(time_s) < float("inf"):
             raise ReplayError(f"{where} time_s: {time_s!r} is not a time ≥ 0 s")
         if (time_s, job.id) in seen:
             raise ReplayError(f"{where} time_s: a second change of job {job.id} at {time_s:g} s")
-        seen.add((time_s, job.id))
+        seen.add((float(time_s), job.id))
         if record["placement"]:
             try:
                 Placement.from_label(record["placement"])
             except UserError as error:
                 raise ReplayError(f"{where} placement: {error}") from None
         progress = record["progress_samples"]
-        if not isinstance(progress, numbers.Real) or not 0 <= progress <= job.work_samples:
+        if not isinstance(progress, numbers.Real) or not 0 <= float(progress) <= job.work_samples:
             raise ReplayError(f"{where} progress_samples: {progress!r} is not within [0, {job.work_samples:g}]")
     for job in jobs.values():
         global_batch = job.batch * job.max_parallelism

@@ -21,6 +21,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping
 
 CHUNK_BYTES = 64 * 1024
 POLL_SECONDS = 0.2  # how soon a SIGTERM (traffic stopped early) ends the loops, which then still report
@@ -36,11 +37,11 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def receive(connections: int, until: float) -> dict[str, float]:
+def receive(connections: int, until: float) -> dict[str, float | None]:
     listener = socket.create_server(("0.0.0.0", 0), backlog=connections)
     listener.settimeout(POLL_SECONDS)
     print(f"ready {listener.getsockname()[1]}", flush=True)
-    totals = {"bytes": 0, "first": None, "last": None}
+    totals: dict[str, float | None] = {"bytes": 0, "first": None, "last": None}
     lock = threading.Lock()
 
     def drain(connection: socket.socket) -> None:
@@ -57,7 +58,7 @@ def receive(connections: int, until: float) -> dict[str, float]:
                     return
                 now = time.time()
                 with lock:
-                    totals["bytes"] += len(data)
+                    totals["bytes"] = (totals["bytes"] or 0) + len(data)
                     totals["first"] = totals["first"] or now
                     totals["last"] = now
 
@@ -127,6 +128,7 @@ def main(argv: list[str]) -> None:
     sender.add_argument("--max-bytes", type=int)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda number, frame: stopping.set())
+    outcome: Mapping[str, float | None]
     if args.side == "receive":
         outcome = receive(args.connections, args.until)
     else:

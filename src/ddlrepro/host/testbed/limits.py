@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ddlrepro.host.errors import UserError
 
-BENCHMARK_RANGE = ipaddress.ip_network("198.18.0.0/15")  # RFC 2544's benchmarking range: never routed anywhere
+BENCHMARK_RANGE = ipaddress.IPv4Network("198.18.0.0/15")  # RFC 2544's benchmarking range: never routed anywhere
 OWNER = re.compile(r"[a-z][a-z0-9]{0,11}")
 # A host must hold at least one CPU rank of the smoke models (torch with gloo: about 250 MB resident) beside its
 # daemons; the kernel's share of a host (namespace, veth pair, qdiscs) is well under 1 MiB and never the limit.
@@ -82,7 +82,7 @@ def check_subnet(subnet: str) -> ipaddress.IPv4Network:
         network = ipaddress.ip_network(subnet)
     except ValueError as error:
         raise TestbedError(f"subnet {subnet!r} is not a network: {error}") from None
-    if network.version != 4 or not network.subnet_of(BENCHMARK_RANGE):
+    if not isinstance(network, ipaddress.IPv4Network) or not network.subnet_of(BENCHMARK_RANGE):
         raise TestbedError(f"subnet {subnet} is outside {BENCHMARK_RANGE}, the only range the testbed uses")
     return network
 

@@ -201,11 +201,11 @@ def write_configs(state: Path, testbed: Testbed) -> None:
     (state / "nodes.conf").write_text(cluster_config(state, testbed, testbed.hosts[0].address))
     (state / "slurm.conf").write_text(cluster_config(state, testbed, "127.0.0.1"))
     for host in testbed.hosts:
-        folder = NETNS_ETC / host.namespace / "slurm"
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.copy(state / "nodes.conf", folder / "slurm.conf")
+        etc = NETNS_ETC / host.namespace / "slurm"
+        etc.mkdir(parents=True, exist_ok=True)
+        shutil.copy(state / "nodes.conf", etc / "slurm.conf")
         # The hosts share one /tmp, where Slurm's PMIx plugin makes each step's folder under the same name.
-        (folder / "mpi.conf").write_text(f"PMIxCliTmpDirBase={state}/pmix/{host.name}\n")
+        (etc / "mpi.conf").write_text(f"PMIxCliTmpDirBase={state}/pmix/{host.name}\n")
     ROOT_CONF.parent.mkdir(parents=True, exist_ok=True)
     ROOT_CONF.unlink(missing_ok=True)
     ROOT_CONF.symlink_to(state / "slurm.conf")

@@ -86,6 +86,8 @@ class Traffic:
     def _run(self, flow: Flow) -> None:
         start, stop = self.origin + flow.start_s, self.origin + flow.stop_s
         rate = limits.parse_rate(flow.rate)
+        if rate is None:
+            raise ValueError(f"flow {flow.source}→{flow.destination}: an offered rate is needed, not {flow.rate!r}")
         receive = ["receive", "--connections", str(flow.connections), "--until", str(stop + LATE_SECONDS)]
         receiver = self._spawn(flow.destination, receive)
         ready = first_line(receiver, READY_SECONDS).split()

@@ -67,12 +67,26 @@ class InPlaceWorker:
         self.throughput = throughput
 
     @property
+    def member(self) -> membership.Group:
+        """The group this worker trains in (only while it is a member)."""
+        if self.group is None:
+            raise RuntimeError(f"worker {self.worker} is in no group")
+        return self.group
+
+    @property
+    def current(self) -> Cluster:
+        """The cluster version this worker is a member of (only while it is one)."""
+        if self.cluster is None:
+            raise RuntimeError(f"worker {self.worker} is in no cluster")
+        return self.cluster
+
+    @property
     def rank(self) -> int:
-        return self.group.rank
+        return self.member.rank
 
     @property
     def size(self) -> int:
-        return self.group.size
+        return self.member.size
 
     def run(self) -> None:
         """Wait to be assigned, train until told to leave; a warm standby then waits for its next assignment."""
@@ -88,10 +102,10 @@ class InPlaceWorker:
     def train_while_member(self) -> None:
         while self.cluster is not None:
             try:
-                step_time = self.trainer.train_step(self.group)
+                step_time = self.trainer.train_step(self.member)
                 self.after_step(step_time)
                 latest = self.agree(self.propose(self.policy_target(step_time)))
-                if latest.version != self.cluster.version:
+                if latest.version != self.current.version:
                     self.change_to(latest)
             except RuntimeError as error:  # a collective or a group formation failed: a worker is gone
                 self.recover(error)
@@ -109,7 +123,7 @@ class InPlaceWorker:
         event = ResizeEvent(self.trainer.step, self.size, IN_PLACE_PHASES)
         event.mark("seen")
         if scheduled is None and size < self.size:
-            self.client.remove(self.cluster.members[-1])
+            self.client.remove(self.current.members[-1])
         else:
             self.client.resize(size)
         event.mark("config")
@@ -121,7 +135,7 @@ class InPlaceWorker:
             return None
         own = self.throughput(self.size, self.trainer.batch_size, step_time)
         measured = torch.tensor([own], dtype=torch.float64)
-        self.group.all_reduce(measured)
+        self.member.all_reduce(measured)
         per_worker = float(measured) / self.size
         window = self.policy.observe(self.size, per_worker)
         if self.rank == 0:
@@ -144,11 +158,11 @@ class InPlaceWorker:
 
     def agree(self, proposed: ResizeEvent | None) -> Cluster:
         """Rank 0 reads the latest version and broadcasts it; everyone acts on that one."""
-        latest = self.client.latest() if self.rank == 0 else self.cluster
+        latest = self.client.latest() if self.rank == 0 else self.current
         version = torch.tensor([latest.version], dtype=torch.int64)
-        self.group.broadcast(version, 0)
-        if int(version) == self.cluster.version:
-            return self.cluster
+        self.member.broadcast(version, 0)
+        if int(version) == self.current.version:
+            return self.current
         if self.rank == 0:
             self.event = proposed or ResizeEvent(
                 self.trainer.step, self.size, IN_PLACE_PHASES, marks={"seen": time.time()}
@@ -169,16 +183,19 @@ class InPlaceWorker:
         survivor = self.cluster is not None
         self.leave_group()
         self.cluster = cluster
-        self.group = membership.Group(self.store, cluster, cluster.rank_of(self.worker), self.timeout_s)
+        rank = cluster.rank_of(self.worker)
+        if rank is None:
+            raise RuntimeError(f"worker {self.worker} is not a member of cluster version {cluster.version}")
+        self.group = membership.Group(self.store, cluster, rank, self.timeout_s)
         if self.event is not None:
             self.event.mark("group")
         own_offset = self.trainer.offset if survivor else -1
         progress = torch.tensor([own_offset, joiner_ready], dtype=torch.float64)
-        self.group.all_reduce(progress, dist.ReduceOp.MAX)
+        self.member.all_reduce(progress, dist.ReduceOp.MAX)
         best_offset, joiners_ready = float(progress[0]), float(progress[1])
         candidate = torch.tensor([self.rank if own_offset == best_offset else self.size], dtype=torch.int64)
-        self.group.all_reduce(candidate, dist.ReduceOp.MIN)
-        self.trainer.broadcast_state(self.group, int(candidate))
+        self.member.all_reduce(candidate, dist.ReduceOp.MIN)
+        self.trainer.broadcast_state(self.member, int(candidate))
         if self.policy is not None:
             self.broadcast_policy(int(candidate))
         if self.rank == 0:
@@ -188,23 +205,25 @@ class InPlaceWorker:
                 self.event.mark("joiners_ready", joiners_ready)
             self.event.mark("synced")
         if self.record_state:  # after the "synced" mark: hashing the state is not part of the resize's latency
-            self.trainer.record_state(self.group, "synced")
+            self.trainer.record_state(self.member, "synced")
 
     def broadcast_policy(self, source: int) -> None:
         """Give every member `source`'s policy state (joiners have none), and start a new window at the new size."""
+        if self.policy is None:
+            return
         state = torch.tensor(self.policy.state(), dtype=torch.float64)
-        self.group.broadcast(state, source)
+        self.member.broadcast(state, source)
         self.policy.load(state.tolist())
 
     def record_resume(self) -> None:
         """Rank 0's ledger note: training resumes at the agreed offset; slices at or beyond it were in a lost step."""
-        emit("ledger", rank=0, step=None, resume=self.trainer.offset, version=self.cluster.version)
+        emit("ledger", rank=0, step=None, resume=self.trainer.offset, version=self.current.version)
 
     def leave(self, cluster: Cluster) -> None:
         """Leave the cluster (a leaver, or everyone at the stop); rank 0 reports the result at the stop."""
         rank = self.rank if self.group is not None else None
         if self.record_state and rank is not None and not cluster.members:
-            self.trainer.record_state(self.group, "final")
+            self.trainer.record_state(self.member, "final")
             if rank == 0:
                 self.trainer.save_final_state(Path(os.environ["DDLREPRO_RUN_DIR"]))
         if rank == 0 and not cluster.members:
@@ -228,10 +247,10 @@ class InPlaceWorker:
     def recover(self, error: RuntimeError) -> None:
         """A collective failed: elect the next version (without the dead) and re-form from in-memory state."""
         seen = time.time()
-        failed = self.cluster
+        failed = self.current
         emit("metric", rank=self.rank, step=self.trainer.step, metric="fault_detected", value=seen)
         print(f"worker {self.worker}: collective failed in version {failed.version}: {error}", file=sys.stderr)
-        self.group.close()
+        self.member.close()
         self.group = None
         while True:
             cluster = membership.elect_after_fault(self.client, self.store, failed, self.timeout_s * 2)

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,12 +45,20 @@ class Group:
         self.size = len(cluster.members)
         self.version = cluster.version
         prefix = dist.PrefixStore(f"group/{cluster.version}/", store)
-        self.backend = dist.ProcessGroupGloo(prefix, rank, self.size, timedelta(seconds=timeout_s))
+        self.backend: dist.ProcessGroupGloo | None = dist.ProcessGroupGloo(
+            prefix, rank, self.size, timedelta(seconds=timeout_s)
+        )
 
-    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> None:
+    def all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> None:
         options = dist.AllreduceOptions()
         options.reduceOp = op
-        self.backend.allreduce([tensor], options).wait()
+        self.open_backend().allreduce([tensor], options).wait()
+
+    def open_backend(self) -> Any:
+        """The group's gloo backend (Any: torch's stubs leave out its collectives, which its binding has)."""
+        if self.backend is None:
+            raise RuntimeError(f"the group of cluster version {self.version} is closed")
+        return self.backend
 
     def close(self) -> None:
         """Tear the group down now: gloo closes its connections only when the backend is destroyed (abort and
@@ -59,7 +68,7 @@ class Group:
     def broadcast(self, tensor: torch.Tensor, source: int) -> None:
         options = dist.BroadcastOptions()
         options.rootRank = source
-        self.backend.broadcast([tensor], options).wait()
+        self.open_backend().broadcast([tensor], options).wait()
 
 
 def retire(groups: list[Group]) -> None:

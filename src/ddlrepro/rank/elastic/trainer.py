@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from ddlrepro.rank import gan_models
 from ddlrepro.rank.checkpoints import save_checkpoint
+from ddlrepro.rank.ddp_arithmetic import gradient_of
 from ddlrepro.rank.elastic import GAN_MODEL
 from ddlrepro.rank.elastic.forkserver import FORKED_ENV
 from ddlrepro.rank.models import build_model
@@ -46,7 +47,7 @@ class Collectives(Protocol):
     size: int
     version: int  # the membership it trains in: the cluster version (in place), the step it resumed at (torchrun)
 
-    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> None: ...
+    def all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> None: ...
 
     def broadcast(self, tensor: torch.Tensor, source: int) -> None: ...
 
@@ -59,7 +60,7 @@ class DefaultGroup:
         self.size = dist.get_world_size()
         self.version = version
 
-    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp = dist.ReduceOp.SUM) -> None:
+    def all_reduce(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> None:
         dist.all_reduce(tensor, op)
 
     def broadcast(self, tensor: torch.Tensor, source: int) -> None:
@@ -268,7 +269,7 @@ def digest(tensors: list[torch.Tensor]) -> str:
     hasher = hashlib.sha256()
     for tensor in tensors:
         hasher.update(str((tensor.dtype, tuple(tensor.shape))).encode())
-        hasher.update(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy())
+        hasher.update(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # an ndarray is a buffer
     return hasher.hexdigest()
 
 
@@ -277,11 +278,12 @@ def average_gradients(module: torch.nn.Module, group: Collectives) -> None:
     if group.size == 1:
         return
     parameters = list(module.parameters())
-    flat = torch.cat([parameter.grad.reshape(-1) for parameter in parameters])
+    gradients = [gradient_of(parameter) for parameter in parameters]
+    flat = torch.cat([gradient.reshape(-1) for gradient in gradients])
     group.all_reduce(flat)
     flat.div_(group.size)
-    for parameter, part in zip(parameters, flat.split([p.numel() for p in parameters]), strict=True):
-        parameter.grad.copy_(part.view_as(parameter.grad))
+    for gradient, part in zip(gradients, flat.split([g.numel() for g in gradients]), strict=True):
+        gradient.copy_(part.view_as(gradient))
 
 
 def announce(rank: int) -> None:

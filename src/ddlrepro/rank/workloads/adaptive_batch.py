@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ddlrepro.rank import datasets
 from ddlrepro.rank.adaptation.batch import AdaptiveBatchPolicy, learning_rate, starting_rate
@@ -66,6 +67,8 @@ class AdaptiveBatchTrainer:
                 micro_batches,
                 params["noise_scale_aggregation"],
             )
+            if not isinstance(self.model, DistributedDataParallel):
+                raise ValueError("the adaptive batch needs at least 2 workers: its noise scale compares them")
             self.monitor.attach(self.model)
             self.policy = AdaptiveBatchPolicy(
                 self.batch_size,
@@ -166,12 +169,13 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
         for images, labels in trainer.epoch_batches(epoch):
             loss, noise_scale = trainer.step(images, labels)
             losses.append(loss)
-            if noise_scale is not None and ctx.rank == 0:
+            policy, monitor = trainer.policy, trainer.monitor
+            if noise_scale is not None and policy and monitor and ctx.rank == 0:
                 emit("metric", rank=0, step=step, metric="noise_scale", value=noise_scale)
                 emit("metric", rank=0, step=step, metric="ratio", value=abs(noise_scale) / trainer.batch_size)
-                emit("metric", rank=0, step=step, metric="ratio_ema", value=trainer.policy.ema.value)
+                emit("metric", rank=0, step=step, metric="ratio_ema", value=policy.ema.value)
                 for metric in ("noise_scale_gradient_sq", "noise_scale_trace"):
-                    emit("metric", rank=0, step=step, metric=metric, value=trainer.monitor.measurements[metric])
+                    emit("metric", rank=0, step=step, metric=metric, value=monitor.measurements[metric])
             step += 1
         ctx.synchronize()
         elapsed = time.perf_counter() - started

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from ddlrepro.rank.adaptation.strategy import StrategyPolicy
 from ddlrepro.rank.interfaces import NodeInterfaceCounter
@@ -54,6 +55,8 @@ def run(params: dict[str, Any], ctx: RankContext) -> None:
         params["model"], params["batch_size"], params.get("image_size"), ctx.device, seed=ctx.rank
     )
     trained = data_parallel(model, ctx)
+    if not isinstance(trained, DistributedDataParallel):
+        raise ValueError("the adaptive strategy workload needs at least 2 workers")
     hook = hooked(trained, "STAR", group_size=1)
     train_step = make_train_step(trained, images, labels)
     policy = StrategyPolicy(ctx.world_size, params["reference_step"], params["threshold"], params["patience"])

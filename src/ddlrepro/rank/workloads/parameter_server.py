@@ -393,7 +393,8 @@ class Chief:
         emit("metric", rank=0, metric="train_time_s", value=seconds)
         emit("metric", rank=0, metric="train_steps", value=steps)
         if self.params["evaluators"]:
-            np.savez(Path(os.environ["DDLREPRO_RUN_DIR"]) / WEIGHTS_FILE, **{f"w{i}": w for i, w in enumerate(weights)})
+            arrays = {f"w{i}": w for i, w in enumerate(weights)}
+            np.savez(Path(os.environ["DDLREPRO_RUN_DIR"]) / WEIGHTS_FILE, **arrays)  # type: ignore[arg-type]  # numpy's stubs read **arrays as allow_pickle
             announce("evaluate")
 
     def record_placement(self, variables: list[Any], flags: list[bool]) -> None:

@@ -31,6 +31,7 @@ from ddlrepro.rank.elastic import GAN_IMAGES, GAN_MODEL
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 ID = "biggan-elasticity"
@@ -205,7 +206,7 @@ def plot(table: pd.DataFrame, summary: pd.DataFrame, scale: str, references: lis
     return figure
 
 
-def draw_cell(axis, table: pd.DataFrame, cell: pd.Series, runtime: str, situation: str) -> None:
+def draw_cell(axis: Axes, table: pd.DataFrame, cell: pd.Series, runtime: str, situation: str) -> None:
     """The cell's timeline: cluster size at each of rank 0's steps, the event as a dashed line, the first step after
     it that counts (`next_step`) drawn larger (ringed when its run was disturbed); what happened written in the
     panel."""

@@ -115,7 +115,7 @@ def data_inputs(section: dict[str, Any]) -> dict[str, str]:
 def environment_point(
     section: dict[str, Any], environment: dict[str, Any], common: dict[str, Any], inputs: dict[str, str]
 ) -> Point:
-    placement = {key: environment[key] for key in ("container", "neighbour") if key in environment}
+    placement: dict[str, Any] = {key: environment[key] for key in ("container", "neighbour") if key in environment}
     params = {**common, "environment": environment["name"], "environment_kind": environment["kind"], **placement}
     return Point(ID, "gan", section["workers"], section["threads_per_worker"], params, inputs)
 

@@ -218,7 +218,7 @@ def draw_panel(axis: Any, differences: pd.DataFrame) -> None:
     for series, rows in differences.groupby("series", sort=True):
         axis.plot(rows["step"], rows["difference"], marker=".", label=series)
     axis.set_xlabel("mini-batch")
-    axis.xaxis.get_major_locator().set_params(integer=True)
+    plotting.integer_ticks(axis.xaxis)
     axis.set_ylabel("loss − baseline loss (nats)")
     axis.set_yscale("symlog", linthresh=1e-7)
     largest = float(differences["difference"].abs().max())

@@ -19,6 +19,7 @@ from ddlrepro.rank import datasets
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 ID = "kungfu-fig4"
@@ -208,11 +209,13 @@ RULE_LABELS = {"fork": "the fork's rule", "per-cycle": "per-cycle rule, not the 
 
 def run_label(table: pd.DataFrame, run: str) -> str:
     """A run's legend label: the adaptive run names its batch rule (tables from before the rules name none)."""
-    rules = table.loc[table["run"] == run, "batch_rule"].dropna() if "batch_rule" in table else []
+    if "batch_rule" not in table:
+        return run
+    rules = table.loc[table["run"] == run, "batch_rule"].dropna()
     return f"{run} ({RULE_LABELS[rules.iloc[0]]})" if len(rules) else run
 
 
-def draw_batches(axis, table: pd.DataFrame, summary: pd.DataFrame) -> None:
+def draw_batches(axis: Axes, table: pd.DataFrame, summary: pd.DataFrame) -> None:
     from ddlrepro.host import plotting
 
     trained = epochs(table)
@@ -227,7 +230,7 @@ def draw_batches(axis, table: pd.DataFrame, summary: pd.DataFrame) -> None:
     plotting.legend(axis)
 
 
-def draw_noise(axis, table: pd.DataFrame) -> None:
+def draw_noise(axis: Axes, table: pd.DataFrame) -> None:
     """The adaptive run's input: the monitor's smoothed noise scale B_simple ÷ B per step and the policy's clipped
     EMA of it."""
     from ddlrepro.host import plotting

@@ -22,6 +22,7 @@ from ddlrepro.points import Point
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 ID = "kungfu-fig6"
@@ -208,7 +209,7 @@ def mode_colours(summary: pd.DataFrame) -> dict[str, Any]:
     return plotting.palette(summary["mode"])
 
 
-def draw_timeline(axis, steps: pd.DataFrame, colours: dict[str, Any]) -> None:
+def draw_timeline(axis: Axes, steps: pd.DataFrame, colours: dict[str, Any]) -> None:
     """Cluster throughput over steps, adaptive and all at once (bold) and the other fixed sizes (thin), coloured as
     in (c); the adaptive run's worker count on the right axis."""
     from ddlrepro.host import plotting
@@ -230,11 +231,11 @@ def draw_timeline(axis, steps: pd.DataFrame, colours: dict[str, Any]) -> None:
     workers.step(adaptive["step"], adaptive["cluster_size"], where="post", color="grey", linestyle="--")
     workers.set_ylabel("number of workers (adaptive run, dashed)")
     workers.set_ylim(0, steps["cluster_size"].max() + 1)
-    workers.yaxis.get_major_locator().set_params(integer=True)
+    plotting.integer_ticks(workers.yaxis)
     workers.grid(False)
 
 
-def draw_fixed_sizes(axis, summary: pd.DataFrame, colours: dict[str, Any]) -> None:
+def draw_fixed_sizes(axis: Axes, summary: pd.DataFrame, colours: dict[str, Any]) -> None:
     """Each fixed size's throughput (bars), and where the adaptive run settled (its throughput, a diamond)."""
     from ddlrepro.host import plotting
 
@@ -259,7 +260,7 @@ def draw_fixed_sizes(axis, summary: pd.DataFrame, colours: dict[str, Any]) -> No
     plotting.legend(axis)
 
 
-def draw_efficiency(axis, summary: pd.DataFrame, colours: dict[str, Any]) -> None:
+def draw_efficiency(axis: Axes, summary: pd.DataFrame, colours: dict[str, Any]) -> None:
     """Samples per worker-second of every run (bars; disturbed runs hatched)."""
     from ddlrepro.host import plotting
 

@@ -19,6 +19,7 @@ from ddlrepro.rank.elastic.schedule import largest_size, parse_schedule
 
 if TYPE_CHECKING:
     import pandas as pd
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 ID = "kungfu-fig7"
@@ -119,7 +120,7 @@ def mode_colours(table: pd.DataFrame) -> dict[str, Any]:
     return plotting.palette(sorted(table["mode"].unique()))
 
 
-def draw_latency(axis, wide: pd.DataFrame, load: pd.DataFrame, colours: dict[str, Any]) -> None:
+def draw_latency(axis: Axes, wide: pd.DataFrame, load: pd.DataFrame, colours: dict[str, Any]) -> None:
     """Each kind of resize event's mean latency per mode (log scale); the bars of disturbed modes hatched."""
     from ddlrepro.host import plotting
 
@@ -165,7 +166,9 @@ def event_order(wide: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(wide.sort_values("step")["event"]))
 
 
-def draw_timeline(axis, table: pd.DataFrame, colours: dict[str, Any]) -> None:
+def draw_timeline(axis: Axes, table: pd.DataFrame, colours: dict[str, Any]) -> None:
+    from ddlrepro.host import plotting
+
     steps = table[table["metric"].isin(["img_per_sec", "cluster_size"])]
     wide = steps.pivot_table(index=["mode", "step"], columns="metric", values="value").reset_index()
     for mode, rows in wide.groupby("mode"):
@@ -178,11 +181,11 @@ def draw_timeline(axis, table: pd.DataFrame, colours: dict[str, Any]) -> None:
     size.step(first["step"], first["cluster_size"], where="post", color="grey", linestyle="--")
     size.set_ylabel("cluster size, dashed (workers)")
     size.set_ylim(0, first["cluster_size"].max() + 1)
-    size.yaxis.get_major_locator().set_params(integer=True)
+    plotting.integer_ticks(size.yaxis)
     size.grid(False)
 
 
-def draw_phases(axis, summary: pd.DataFrame) -> None:
+def draw_phases(axis: Axes, summary: pd.DataFrame) -> None:
     """Each phase's share of the median latency, per mode and kind of event, as horizontal stacked bars; the
     latency written beside each bar."""
     from ddlrepro.host import plotting

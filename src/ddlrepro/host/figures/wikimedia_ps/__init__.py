@@ -102,7 +102,8 @@ def ps_counter_bytes(rows: pd.DataFrame, phase: str, payload: bool = False) -> d
     moved: dict[int, float] = {}
     for rank, counted in counts.groupby("rank"):
         total = {unit: phase_delta(counted, phase, unit) for unit in ("bytes", "packets")}
-        moved[tasks[int(rank)]] = payload_bytes(total["bytes"], total["packets"], False) if payload else total["bytes"]
+        wire = payload_bytes(int(total["bytes"]), int(total["packets"]), False)
+        moved[tasks[int(rank)]] = wire if payload else total["bytes"]
     return moved
 
 

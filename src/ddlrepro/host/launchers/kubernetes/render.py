@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Self, TypedDict
 
 from kubernetes import client
 
@@ -16,7 +16,15 @@ from ddlrepro.points import Point
 
 RUN_LABEL = "ddlrepro/run"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
-PYTORCHJOB = {"group": "kubeflow.org", "version": "v1", "plural": "pytorchjobs"}
+
+
+class CustomResource(TypedDict):
+    group: str
+    version: str
+    plural: str
+
+
+PYTORCHJOB = CustomResource(group="kubeflow.org", version="v1", plural="pytorchjobs")
 POD_RUN_DIR = "/tmp/ddlrepro-run"
 UNPRIVILEGED_ID = 65534  # nobody/nogroup: ranks run as no user of the image
 

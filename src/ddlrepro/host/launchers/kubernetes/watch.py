@@ -106,16 +106,31 @@ def apply(apis: Apis, job: KubernetesRequest, options: KubernetesOptions) -> Non
 
 
 def create(apis: Apis, job: KubernetesRequest) -> None:
+    """Every manifest of the job, as the dict it was rendered as (the client serialises dicts as given; its type
+    hints name its model classes only, hence the ignores)."""
     namespace = job.namespace
     for manifest in job.manifests:
         if manifest["kind"] == "NetworkPolicy":
-            apis.networking.create_namespaced_network_policy(namespace, manifest)
+            apis.networking.create_namespaced_network_policy(namespace, manifest)  # type: ignore[arg-type]
         elif manifest["kind"] == "Service":
-            apis.core.create_namespaced_service(namespace, manifest)
+            apis.core.create_namespaced_service(namespace, manifest)  # type: ignore[arg-type]
         elif manifest["kind"] == "Job":
-            apis.batch.create_namespaced_job(namespace, manifest)
+            apis.batch.create_namespaced_job(namespace, manifest)  # type: ignore[arg-type]
         else:
             apis.custom.create_namespaced_custom_object(**PYTORCHJOB, namespace=namespace, body=manifest)
+
+
+def name_of(pod: client.V1Pod) -> str:
+    """A listed pod's name (the client types every field of its models optional; the API server sets this one)."""
+    return str(pod.metadata.name) if pod.metadata and pod.metadata.name else "(unnamed pod)"
+
+
+def phase_of(pod: client.V1Pod) -> str:
+    return str(pod.status.phase) if pod.status and pod.status.phase else "Unknown"
+
+
+def container_statuses(pod: client.V1Pod) -> list[client.V1ContainerStatus]:
+    return list(pod.status.container_statuses or []) if pod.status else []
 
 
 def list_pods(apis: Apis, job: KubernetesRequest) -> list[client.V1Pod]:
@@ -125,15 +140,15 @@ def list_pods(apis: Apis, job: KubernetesRequest) -> list[client.V1Pod]:
 
 def pod_rank(pod: client.V1Pod) -> int:
     """Indexed Job: the completion index; PyTorchJob: Master 0, Worker i → i + 1."""
-    annotations = pod.metadata.annotations or {}
-    labels = pod.metadata.labels or {}
+    annotations = (pod.metadata.annotations if pod.metadata else None) or {}
+    labels = (pod.metadata.labels if pod.metadata else None) or {}
     if INDEX_ANNOTATION in annotations:
         return int(annotations[INDEX_ANNOTATION])
     if labels.get(REPLICA_TYPE_LABEL, "").lower() == "master":
         return 0
     if REPLICA_INDEX_LABEL in labels:
         return int(labels[REPLICA_INDEX_LABEL]) + 1
-    raise RunFailed(None, f"cannot tell the rank of pod {pod.metadata.name}", [])
+    raise RunFailed(None, f"cannot tell the rank of pod {name_of(pod)}", [])
 
 
 def wait(apis: Apis, spec: JobSpec[KubernetesRequest], options: KubernetesOptions, deadline: float) -> Outcome:
@@ -143,12 +158,12 @@ def wait(apis: Apis, spec: JobSpec[KubernetesRequest], options: KubernetesOption
     while True:
         pods = list_pods(apis, job)
         for pod in pods:
-            first_seen.setdefault(pod.metadata.name, time.monotonic())
+            first_seen.setdefault(name_of(pod), time.monotonic())
         outcome = pods_outcome(apis, job, options, pods) or start_outcome(apis, job, options, pods, first_seen)
         if outcome is not None:
             return outcome
         if time.monotonic() > deadline:
-            phases = ", ".join(f"{pod.metadata.name} {pod.status.phase}" for pod in pods) or "no pods"
+            phases = ", ".join(f"{name_of(pod)} {phase_of(pod)}" for pod in pods) or "no pods"
             return Outcome(False, reason=f"timed out after {spec.timeout_s:g} s ({phases})")
         time.sleep(options.poll_interval_s)
 
@@ -157,15 +172,15 @@ def pods_outcome(
     apis: Apis, job: KubernetesRequest, options: KubernetesOptions, pods: list[client.V1Pod]
 ) -> Outcome | None:
     for pod in pods:
-        if pod.status.phase == "Failed":
+        if phase_of(pod) == "Failed":
             log = read_log(apis, job, pod)
-            raced = pod.metadata.name if STARTUP_RACES.search(log) else None
-            return Outcome(False, pod.metadata.name, describe_failure(pod), raced)
+            raced = name_of(pod) if STARTUP_RACES.search(log) else None
+            return Outcome(False, name_of(pod), describe_failure(pod), raced)
         waiting = image_problem(pod)
         if waiting:
             secrets = ", ".join(options.image_pull_secrets) or "none"
-            return Outcome(False, pod.metadata.name, f"cannot start: {waiting} (pull secrets: {secrets})")
-    succeeded = [pod for pod in pods if pod.status.phase == "Succeeded"]
+            return Outcome(False, name_of(pod), f"cannot start: {waiting} (pull secrets: {secrets})")
+    succeeded = [pod for pod in pods if phase_of(pod) == "Succeeded"]
     return Outcome(True) if len(succeeded) >= len(job.workers) else None
 
 
@@ -175,15 +190,15 @@ def start_outcome(
     """The first pod still Pending `pod_start_timeout_s` after it was first listed, as a failure saying why."""
     now = time.monotonic()
     for pod in pods:
-        if pod.status.phase == "Pending" and now - first_seen[pod.metadata.name] >= options.pod_start_timeout_s:
-            return Outcome(False, pod.metadata.name, start_failure(apis, job, options, pod))
+        if phase_of(pod) == "Pending" and now - first_seen[name_of(pod)] >= options.pod_start_timeout_s:
+            return Outcome(False, name_of(pod), start_failure(apis, job, options, pod))
     return None
 
 
 def start_failure(apis: Apis, job: KubernetesRequest, options: KubernetesOptions, pod: client.V1Pod) -> str:
     """Why `pod` did not start, from its events: the latest FailedMount or FailedAttachVolume with the volume and
     its claim, else the latest event."""
-    selector = f"involvedObject.kind=Pod,involvedObject.name={pod.metadata.name}"
+    selector = f"involvedObject.kind=Pod,involvedObject.name={name_of(pod)}"
     events = sorted(apis.core.list_namespaced_event(job.namespace, field_selector=selector).items, key=event_time)
     head = f"did not start: still {pending_state(pod)} after {options.pod_start_timeout_s:g} s"
     volume_events = [event for event in events if event.reason in VOLUME_PROBLEMS]
@@ -205,7 +220,7 @@ def event_time(event: client.CoreV1Event) -> float:
 
 def pending_state(pod: client.V1Pod) -> str:
     """Pending, with its container's waiting reason (ContainerCreating) when it has one."""
-    for status in pod.status.container_statuses or []:
+    for status in container_statuses(pod):
         if status.state and status.state.waiting and status.state.waiting.reason:
             return f"Pending ({status.state.waiting.reason})"
     return "Pending"
@@ -217,7 +232,7 @@ def volume_and_claim(message: str, pod: client.V1Pod) -> tuple[str, str]:
     to the pod's volumes' claims."""
     claims = {
         volume.name: volume.persistent_volume_claim.claim_name
-        for volume in (pod.spec.volumes or [])
+        for volume in ((pod.spec.volumes if pod.spec else None) or [])
         if volume.persistent_volume_claim
     }
     named = [name for found in VOLUME_IN_MESSAGE.findall(message) for name in " ".join(found).split()]
@@ -232,7 +247,7 @@ def volume_and_claim(message: str, pod: client.V1Pod) -> tuple[str, str]:
 
 def image_problem(pod: client.V1Pod) -> str | None:
     """Why a pending pod's container cannot start (image pull, bad reference, missing secret), if it cannot."""
-    for status in pod.status.container_statuses or []:
+    for status in container_statuses(pod):
         waiting = status.state.waiting if status.state else None
         if waiting and waiting.reason in IMAGE_PROBLEMS:
             return f"{waiting.reason} for image {status.image}: {waiting.message or ''}".rstrip(": ")
@@ -240,16 +255,17 @@ def image_problem(pod: client.V1Pod) -> str | None:
 
 
 def describe_failure(pod: client.V1Pod) -> str:
-    for status in pod.status.container_statuses or []:
+    for status in container_statuses(pod):
         terminated = status.state.terminated if status.state else None
         if terminated and terminated.exit_code:
             return f"exited with code {terminated.exit_code} ({terminated.reason or 'Error'})"
-    return f"failed ({pod.status.reason or 'no reason given'})"
+    reason = pod.status.reason if pod.status else None
+    return f"failed ({reason or 'no reason given'})"
 
 
 def read_log(apis: Apis, job: KubernetesRequest, pod: client.V1Pod) -> str:
     container = pod.spec.containers[0].name if pod.spec and pod.spec.containers else None
-    return apis.core.read_namespaced_pod_log(pod.metadata.name, job.namespace, container=container)
+    return apis.core.read_namespaced_pod_log(name_of(pod), job.namespace, container=container)
 
 
 def collect_logs(
@@ -261,9 +277,9 @@ def collect_logs(
     pods: dict[str, tuple[int, list[str]]] = {}
     for pod in sorted(list_pods(apis, job), key=pod_rank):
         rank, text = pod_rank(pod), redact(read_log(apis, job, pod))
-        (folder / f"{pod.metadata.name}.log").write_text(text)
+        (folder / f"{name_of(pod)}.log").write_text(text)
         lines = text.splitlines()
-        pods[pod.metadata.name] = (rank, lines)
+        pods[name_of(pod)] = (rank, lines)
         for line in lines if file_lines else []:
             output.add_line(rank, "stdout", line)
     return pods
@@ -301,7 +317,7 @@ def remaining(apis: Apis, job: KubernetesRequest) -> list[str]:
     left = [
         f"{manifest['kind']} {namespace}/{name}" for manifest in job.manifests if _exists(readers[manifest["kind"]])
     ]
-    return left + [f"Pod {namespace}/{pod.metadata.name}" for pod in list_pods(apis, job)]
+    return left + [f"Pod {namespace}/{name_of(pod)}" for pod in list_pods(apis, job)]
 
 
 def _exists(read: Any) -> bool:
