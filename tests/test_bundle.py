@@ -49,6 +49,7 @@ from ddlrepro.host.bundle import (
     verify_bundle,
     write_tarball,
 )
+from ddlrepro.host.checks import STATUSES
 from ddlrepro.host.config import load_config
 from ddlrepro.host.figures import FIGURES
 from ddlrepro.host.redaction import MARKER, redact, secret_values
@@ -411,7 +412,7 @@ def test_checks_cover_every_reference_of_every_built_figure(built: Path) -> None
     for figure in ("kungfu-fig9", "dlaas-scaling"):
         expected = [entry["id"] for entry in references[figure]]
         assert list(checks.loc[checks["figure"] == figure, "check"]) == expected
-    assert set(checks["status"]) <= {"pass", "fail", "skipped", "disturbed", "inconclusive"}
+    assert set(checks["status"]) <= set(STATUSES)
     assert (checks.loc[checks["scale"] == "paper", "status"] == "skipped").all()
     html = (built / "results" / "report.html").read_text()
     assert "Checks against the papers" in html and "efficiency-at-2-workers" in html

@@ -24,7 +24,7 @@ import operator
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -34,6 +34,11 @@ from ddlrepro.host.config import SCHEMAS, read_yaml, read_yaml_file, validate_ag
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.tables import HOST_LOAD_COLUMNS, as_flags, by_replicate
 
+Status = Literal["pass", "fail", "inconclusive", "disturbed", "skipped"]
+"""A check's verdict (docs/verdicts.md): pass and fail are decided; the rest say why not."""
+Verdict = Literal["pass", "fail", "inconclusive"]
+"""What a timing claim's interval says against its band."""
+STATUSES: tuple[Status, ...] = get_args(Status)
 REFERENCES_SCHEMA = SCHEMAS / "references.schema.yaml"
 BENCHMARK_TARGETS_SCHEMA = SCHEMAS / "benchmark-targets.schema.yaml"  # its entries: references
 COMPARE = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
@@ -307,7 +312,7 @@ def judge_timing(
     else:
         interval = Interval.of(values)
     status = band.verdict(interval)
-    judged = {"status": status, "measured": interval.mean, "low": interval.low, "high": interval.high}
+    judged: dict[str, Any] = {"status": status, "measured": interval.mean, "low": interval.low, "high": interval.high}
     judged |= {"n": interval.n, "band_lower": band.lower, "band_upper": band.upper, "reference": band.text}
     reasons = [band.undecided(interval, rerun)] if status == "inconclusive" else []
     reasons += [f"replicate(s) {list(disturbed)} left out, disturbed ({loads[0]})"] if disturbed else []
@@ -376,7 +381,7 @@ class Band:
     upper: float
     text: str
 
-    def verdict(self, interval: Interval) -> str:
+    def verdict(self, interval: Interval) -> Verdict:
         if math.isnan(interval.low):
             return "inconclusive"
         if self.lower <= interval.low and interval.high <= self.upper:
