@@ -30,10 +30,17 @@ LAUNCH_KEYS = {
     "resume_from",
     "checkpoint_interval",
     "dataset",
+    "environment",
+    "environment_kind",
+    "container",
+    "neighbour",
+    "device_types",
+    "placement",
 }
 READERS = [
     *sorted((REPO / "src" / "ddlrepro" / "host" / "launchers").rglob("*.py")),
     REPO / "src" / "ddlrepro" / "host" / "run.py",
+    REPO / "src" / "ddlrepro" / "host" / "environments.py",
     REPO / "src" / "ddlrepro" / "host" / "figures" / "__init__.py",
     *sorted((REPO / "workflow" / "rules").glob("*.smk")),
 ]
@@ -80,6 +87,12 @@ def test_every_smoke_point_of_every_figure_has_a_launch() -> None:
     assert {launch.ranks for launch in launches.values()} == {"ranks", "horovod-gloo", "mpirun"}
     assert {launch.runtime for launch in launches.values()} == {None, "inplace", "torchrun", "ddp"}
     assert any(launch.testbed for launch in launches.values())
+    environments = {launch.environment.kind for launch in launches.values() if launch.environment}
+    assert environments == {"slurm", "container"}  # biggan-profiles' runs
+    points = {(figure, point.id): point for figure, by_id in smoke.items() for point in by_id.values()}
+    assert all(len(launches[key].rank_variables) == point.workers for key, point in points.items())
+    typed = [key for key, launch in launches.items() if any(launch.rank_variables)]
+    assert typed and {figure for figure, _ in typed} <= {"easyscale-fig9", "easyscale-fig14", "easyscale-fig13"}
 
 
 def test_no_launcher_or_rule_reads_a_launch_key_from_the_params() -> None:

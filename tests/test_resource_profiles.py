@@ -101,7 +101,9 @@ def test_provenance_says_whether_the_node_was_shared(
     from ddlrepro.host.hostload import HostLoad
     from ddlrepro.points import Point
 
-    point = Point("biggan-profiles", "gan", 2, 1, {"environment": "x", "neighbour": neighbour})
+    point = Point(
+        "biggan-profiles", "gan", 2, 1, {"environment": "x", "environment_kind": "container", "neighbour": neighbour}
+    )
     load = None if busy_s is None else HostLoad(wall_s=10.0, cpus=2, host_busy_s=busy_s, own_s=10.0, steal_s=0.0)
     node = node_sharing(point, load)
     assert node["shared"] is shared and node["neighbour"] is bool(neighbour)

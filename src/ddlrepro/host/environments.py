@@ -26,6 +26,7 @@ from typing import Any
 
 from ddlrepro.host.config import schema_default
 from ddlrepro.host.hostload import HostLoad
+from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers.base import Launcher
 from ddlrepro.host.redaction import redacted_tail
 from ddlrepro.host.rundir import write_json_atomic
@@ -40,7 +41,20 @@ ENVIRONMENT_FILE = "environment.json"
 
 
 def kind_of(point: Point) -> str | None:
-    return point.params.get("environment_kind")
+    environment = launch_of(point).environment
+    return environment.kind if environment else None
+
+
+def neighbour_of(point: Point) -> dict[str, Any] | None:
+    environment = launch_of(point).environment
+    return environment.neighbour if environment else None
+
+
+def container_of(point: Point) -> dict[str, Any]:
+    environment = launch_of(point).environment
+    if environment is None or environment.container is None:
+        raise ValueError(f"point {point.id} names no container")
+    return environment.container
 
 
 @functools.cache
@@ -85,19 +99,18 @@ def unavailable_reason(point: Point, launcher: str) -> str | None:
         reason = engine_unavailable_reason()
         if reason:
             return f"skipped: {reason}"
-    if point.params.get("neighbour") and shutil.which("stress-ng") is None:
+    if neighbour_of(point) and shutil.which("stress-ng") is None:
         return "skipped: the neighbour runs stress-ng, not installed (scripts/container-tools install)"
     return None
 
 
 def container_options(point: Point) -> list[str]:
     """The `podman run` options of one rank's container: its limits, the host's network, this root file system."""
-    limits = point.params["container"]
+    limits = container_of(point)
     return [*LIMITS, "--cpus", str(limits["cpus"]), "--memory", str(limits["memory"])]
 
 
-def neighbour_command(point: Point, timeout_s: float) -> list[str]:
-    cpus = point.params["neighbour"]["cpus"]
+def neighbour_command(point: Point, cpus: float, timeout_s: float) -> list[str]:
     name = NEIGHBOUR_NAME.format(point=point.id)
     options = [*LIMITS, "--detach", "--rm", "--name", name, "--network=none", "--cpus", str(cpus), "--rootfs"]
     stress = ["stress-ng", "--cpu", str(max(1, round(cpus))), "--timeout", f"{int(timeout_s)}s", "--quiet"]
@@ -107,15 +120,16 @@ def neighbour_command(point: Point, timeout_s: float) -> list[str]:
 @contextlib.contextmanager
 def neighbour(point: Point, timeout_s: float) -> Iterator[dict[str, Any]]:
     """The point's CPU-heavy neighbour container, running for the block (removed after it, even on failure)."""
-    if not point.params.get("neighbour"):
+    wanted = neighbour_of(point)
+    if not wanted:
         yield {"neighbour": None}
         return
-    command = neighbour_command(point, timeout_s)
+    command = neighbour_command(point, wanted["cpus"], timeout_s)
     remove = [*ENGINE, "rm", "--force", "--time", "0", NEIGHBOUR_NAME.format(point=point.id)]
     subprocess.run(remove, capture_output=True, timeout=60)  # one left by a killed earlier attempt holds the name
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=60)
     try:
-        yield {"neighbour": {"command": command, "cpus": point.params["neighbour"]["cpus"]}}
+        yield {"neighbour": {"command": command, "cpus": wanted["cpus"]}}
     finally:
         subprocess.run(remove, capture_output=True, timeout=60)
 
@@ -137,15 +151,16 @@ def in_containers(point: Point, launcher: Launcher) -> Launcher:
 def placed(point: Point, launcher: Launcher, run_dir: Path) -> Iterator[Launcher]:
     """The launcher that runs `point` in its environment (its neighbour running meanwhile); what the environment
     was goes to the run's `environment.json`."""
-    kind = kind_of(point)
-    if kind is None:
+    environment = launch_of(point).environment
+    if environment is None:
         yield launcher
         return
-    record: dict[str, Any] = {"environment": point.params["environment"], "kind": kind}
+    kind = environment.kind
+    record: dict[str, Any] = {"environment": environment.name, "kind": kind}
     if kind == "container":
         launcher = in_containers(point, launcher)
         options = launcher.options  # type: ignore[attr-defined]
-        record["container"] = {"run": options.container_run, "image": options.container, **point.params["container"]}
+        record["container"] = {"run": options.container_run, "image": options.container, **container_of(point)}
     with neighbour(point, launcher.options.timeout_s) as neighbour_record:  # type: ignore[attr-defined]
         write_json_atomic(run_dir / ENVIRONMENT_FILE, record | neighbour_record)
         yield launcher
@@ -156,7 +171,7 @@ def node_sharing(point: Point, load: HostLoad | None) -> dict[str, Any]:
     outside the run above checks.max_foreign_share's default of the launcher host's CPU (measured); `shared` is
     None when there was no neighbour and nothing was measured (around containers the launcher cannot count its own
     processes' CPU)."""
-    neighbour = bool(point.params.get("neighbour"))
+    neighbour = bool(neighbour_of(point))
     foreign = load.foreign_share if load else None
     threshold = schema_default("checks", "max_foreign_share")
     shared = True if neighbour else None if foreign is None else foreign > threshold

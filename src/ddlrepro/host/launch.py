@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
 from ddlrepro.points import Point
+from ddlrepro.rank import devicetypes
 from ddlrepro.rank.elastic.schedule import largest_cluster
 
 RankStart = Literal["ranks", "horovod-gloo", "mpirun"]
@@ -48,6 +49,17 @@ class ElasticStart:
 
 
 @dataclass(frozen=True)
+class HostEnvironment:
+    """Where biggan-profiles places a run (environments.py): Slurm, or a limited container, with or without a
+    CPU-heavy neighbour container beside it."""
+
+    name: str
+    kind: str
+    container: dict[str, Any] | None  # the container's limits (cpus, memory)
+    neighbour: dict[str, Any] | None  # the neighbour's (cpus)
+
+
+@dataclass(frozen=True)
 class Launch:
     """How a point's ranks start, where, and what must exist or be allowed first."""
 
@@ -63,6 +75,9 @@ class Launch:
     cifar10: bool  # CIFAR-10's files must be in its data folder first (fetched where `download` allows)
     resumes: str | None  # the id of the point whose checkpoint it continues (run first)
     checkpoint_interval: int | None  # a workload that checkpoints resumes from its own checkpoint on a retry
+    environment: HostEnvironment | None
+    rank_variables: tuple[dict[str, str], ...]  # per rank: what its emulated device type sets ({}: untyped)
+    cpu_quotas: dict[int, float]  # the cores each throttled rank may use (emulated device types' quotas)
 
     @property
     def needs_namespaces(self) -> bool:
@@ -87,7 +102,22 @@ def launch_of(point: Point) -> Launch:
         cifar10=params.get("dataset") == "cifar10",
         resumes=params.get("resume_from"),
         checkpoint_interval=params.get("checkpoint_interval"),
+        environment=host_environment(params),
+        rank_variables=tuple(devicetypes.rank_environment(params, rank) for rank in range(point.workers)),
+        cpu_quotas=cpu_quotas(params, point.workers),
     )
+
+
+def host_environment(params: dict[str, Any]) -> HostEnvironment | None:
+    if not params.get("environment_kind"):
+        return None
+    kind = params["environment_kind"]
+    return HostEnvironment(params["environment"], kind, params.get("container"), params.get("neighbour"))
+
+
+def cpu_quotas(params: dict[str, Any], workers: int) -> dict[int, float]:
+    quotas = {rank: devicetypes.rank_quota(params, rank) for rank in range(workers)}
+    return {rank: cores for rank, cores in quotas.items() if cores is not None}
 
 
 def rank_start(params: dict[str, Any]) -> RankStart:

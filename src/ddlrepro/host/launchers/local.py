@@ -200,7 +200,7 @@ class LocalLauncher:
                 "WORLD_SIZE": str(point.workers),
                 "LOCAL_RANK": str(rank),
                 "LOCAL_WORLD_SIZE": str(point.workers),
-                **devicetypes.rank_environment(point.params, rank),
+                **launch.rank_variables[rank],
             }
             if horovod_port:
                 env.update(taskenv.local_rank_env(rank, point.workers, horovod_port))
@@ -231,7 +231,7 @@ class LocalLauncher:
             tensorflow_workers=tensorflow_workers,
             containers=[container_name(point, rank, run_dir) for rank in range(point.workers)] if in_image else [],
             container_engine=image[0][: image[0].index("run")] if image else [],
-            cpu_quotas=cpu_quotas(point),
+            cpu_quotas=launch.cpu_quotas,
             network_namespace=namespace,
             master_bound_here=not (placed or in_image or namespace),
         )
@@ -266,12 +266,6 @@ class LocalLauncher:
         if getattr(spec.request, "containers", None):
             return "unknown: the ranks run in containers, outside this process's tree", None
         return "this process and its descendants", process_tree_cpu
-
-
-def cpu_quotas(point: Point) -> dict[int, float]:
-    """The cores each throttled rank may use (emulated device types' CPU quotas)."""
-    quotas = {rank: devicetypes.rank_quota(point.params, rank) for rank in range(point.workers)}
-    return {rank: cores for rank, cores in quotas.items() if cores is not None}
 
 
 def container_name(point: Point, rank: int, run_dir: Path) -> str:
