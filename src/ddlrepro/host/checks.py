@@ -24,7 +24,7 @@ import operator
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import numpy as np
 import pandas as pd
@@ -80,7 +80,7 @@ def references_schema() -> dict[str, Any]:
     """schemas/references.schema.yaml with the figure ids the folders hold (catalog.py)."""
     schema = read_yaml(REFERENCES_SCHEMA.read_text())
     schema["propertyNames"]["enum"] = list(figure_ids())
-    return schema
+    return cast("dict[str, Any]", schema)
 
 
 def load_references(path: Path, schema: Path = REFERENCES_SCHEMA) -> dict[str, list[dict[str, Any]]]:
@@ -112,13 +112,15 @@ def references_text(references: dict[str, list[dict[str, Any]]]) -> str:
     """`references` as one references file (what rule gather_references writes and the bundle keeps)."""
     import yaml
 
-    return yaml.safe_dump(references, sort_keys=False, allow_unicode=True, width=120)
+    return cast("str", yaml.safe_dump(references, sort_keys=False, allow_unicode=True, width=120))
 
 
 def checks_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The config's `checks` section with the schema's defaults filled in, by the validator that fills the whole
     config (a config the workflow validated already has them)."""
-    return validate_config({"checks": copy.deepcopy(config.get("checks", {}))}, partial=True)["checks"]
+    return cast(
+        "dict[str, Any]", validate_config({"checks": copy.deepcopy(config.get("checks", {}))}, partial=True)["checks"]
+    )
 
 
 def check_exclude(
@@ -163,7 +165,7 @@ def select(summary: pd.DataFrame, selector: dict[str, Any], name: str) -> float:
         if (declared != "").any():  # the figure says why the value could not be measured (a run it needs is missing)
             raise DeclaredSkip(declared[declared != ""].iloc[0])
         raise ReferenceError(f"reference {name}: {column} is NaN (not measured) for {describe_where(selector)}")
-    return value * selector.get("factor", 1.0)
+    return cast("float", value * selector.get("factor", 1.0))
 
 
 def describe_where(selector: dict[str, Any]) -> str:

@@ -7,7 +7,7 @@ import functools
 import reprlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 import referencing
@@ -91,7 +91,7 @@ def holds_secrets(path: list[Any]) -> bool:
 def _redaction_problem(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
     """What is wrong under `redaction` (or a store), never echoing what was written there: it may be the secret."""
     if error.validator in ("required", "dependentRequired"):
-        return error.message  # names keys only
+        return cast("str", error.message)  # names keys only
     if error.validator == "pattern" and error.validator_value == VARIABLE_NAME:
         return "not an environment variable name (give names only, never values)"
     if error.validator == "pattern":
@@ -256,7 +256,7 @@ def _fill_defaults(validator_class: type[jsonschema.protocols.Validator]) -> typ
                     instance.setdefault(key, copy.deepcopy(subschema["default"]))
         yield from validate_properties(validator, properties, instance, schema)
 
-    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+    return cast("type[Any]", jsonschema.validators.extend(validator_class, {"properties": set_defaults}))
 
 
 DefaultFillingValidator = _fill_defaults(jsonschema.Draft202012Validator)
@@ -271,7 +271,7 @@ def config_schema() -> dict[str, Any]:
     figures["properties"] = {figure: read_yaml_file(figure_file(figure, "schema.yaml")) for figure in figure_ids()}
     figures["required"] = list(figure_ids())
     schema["$defs"]["figure_id"]["enum"] = list(figure_ids())
-    return schema
+    return cast("dict[str, Any]", schema)
 
 
 def _schema_node(keys: tuple[str, ...]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import json
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 CONTEXT_PARTS = ["containers", "envs/requirements.lock", "envs/requirements-cuda.lock", "pyproject.toml", "src"]
 IGNORED = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.pyc", "*.whl")
@@ -114,4 +114,4 @@ def read_image(path: Path) -> dict[str, Any]:
         digest, _, name = path.read_text().strip().partition("  ")
         sif = path.with_name(name.strip() or path.name.removesuffix(".sha256"))
         return {"engine": "apptainer", "reference": str(sif.resolve()), "digest": f"sha256:{digest}"}
-    return json.loads(path.read_text())
+    return cast("dict[str, Any]", json.loads(path.read_text()))

@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ddlrepro.host.owners import owned_name
 from ddlrepro.host.redaction import register_secret
@@ -93,7 +93,7 @@ def free_port_pair() -> int:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
         if port < 55000 and port_free(port) and port_free(port + 10000):
-            return port
+            return cast("int", port)
     raise RuntimeError("no free pair of ports (p, p + 10000) on 127.0.0.1")
 
 
@@ -174,7 +174,7 @@ def remove_leftover_sockets(ports: Iterable[int], folder: Path = SOCKET_FOLDER) 
                 path.unlink(missing_ok=True)
 
 
-def stop(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+def stop(process: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM, then SIGKILL after `grace_s`: SeaweedFS ignores SIGTERM for over 10 s."""
     if process.poll() is not None:
         return
@@ -186,7 +186,9 @@ def stop(process: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
         process.wait(timeout=10)
 
 
-def create_bucket(client: Any, endpoint: str, bucket: str, server: subprocess.Popen | None, deadline: float) -> None:
+def create_bucket(
+    client: Any, endpoint: str, bucket: str, server: subprocess.Popen[bytes] | None, deadline: float
+) -> None:
     """Create `bucket` (if absent) once the store answers: our own server is retried until `deadline` while it
     starts, a configured endpoint is asked once. Errors name the endpoint and bucket, never a key."""
     while True:
@@ -227,7 +229,7 @@ def upload(client: Any, bucket: str, shards: Path) -> tuple[int, int]:
 @contextlib.contextmanager
 def seaweedfs(
     folder: Path, access_key: str, secret_key: str, total_bytes: int
-) -> Iterator[tuple[str, subprocess.Popen]]:
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A SeaweedFS server in `folder` accepting only these keys; its S3 endpoint. Always stopped."""
     identity = {"name": "run", "credentials": [{"accessKey": access_key, "secretKey": secret_key}]}
     identity["actions"] = ["Admin", "Read", "Write", "List", "Tagging"]

@@ -40,7 +40,7 @@ def typed_point(
     batch: int,
     processes: Sequence[tuple[int, str]],
     launcher_config: dict[str, Any],
-    settings: Mapping,
+    settings: Mapping[str, Any],
     **params: Any,
 ) -> Point:
     """A D1 consistent-training run of `model` with `processes` [(ESTs, device type)], one process each;
@@ -53,7 +53,7 @@ def typed_point(
 
 
 def stage_points(
-    stages: Sequence[Stage], jobs: Sequence[Job], launcher_config: dict[str, Any], settings: Mapping
+    stages: Sequence[Stage], jobs: Sequence[Job], launcher_config: dict[str, Any], settings: Mapping[str, Any]
 ) -> dict[tuple[str, int], Point]:
     """Each stage's run, resuming from its job's previous stage (its run folder is a sibling of the others)."""
     by_id = {job.id: job for job in jobs}
@@ -83,7 +83,7 @@ def execute(
     if not stages:
         raise ReplayError("the plan has no stages: nothing to replay")
     origin, failed = time.monotonic(), threading.Event()
-    futures: dict[tuple[str, int], Future] = {}
+    futures: dict[tuple[str, int], Future[Any]] = {}
     # One thread per stage, not per device: a stage waiting for a late stage must not keep a ready one from starting.
     with ThreadPoolExecutor(max_workers=len(stages)) as pool:
         for stage in stages:
@@ -103,12 +103,12 @@ def execute(
 def _run_stage(
     stage: Stage,
     point: Point,
-    waits: Sequence[Future],
+    waits: Sequence[Future[Any]],
     origin: float,
     failed: threading.Event,
     folder: Path,
     launcher: Launcher,
-) -> tuple:
+) -> tuple[Any, ...]:
     start = origin + stage.start_s
     while not all(waited.done() for waited in waits) or time.monotonic() < start:
         left = start - time.monotonic()

@@ -10,7 +10,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 import pandas as pd
@@ -100,7 +100,7 @@ def interval_drawing(check: pd.Series) -> str:
 
     def x(value: float) -> float:
         clipped = min(max(value, left - pad), right + pad)
-        return round((clipped - left + pad) / (right - left + 2 * pad) * width, 1)
+        return cast("float", round((clipped - left + pad) / (right - left + 2 * pad) * width, 1))
 
     band = f'<rect x="{x(lower)}" y="0" width="{x(upper) - x(lower)}" height="{height}" fill="#d6efd9"/>'
     interval = f'<line x1="{x(low)}" x2="{x(high)}" y1="7" y2="7" stroke="#222" stroke-width="2"/>'
@@ -131,7 +131,7 @@ def caption_html(path: Path) -> str:
         parts = publish_parts(text, source_path=str(path), writer="html5", settings_overrides=CAPTION_SETTINGS)
     except SystemMessage as error:
         raise ValueError(f"{path}: caption is not valid reStructuredText: {error}") from error
-    return parts["body"]
+    return cast("str", parts["body"])
 
 
 def refuse_unsafe_targets(doctree: Any, path: Path) -> None:

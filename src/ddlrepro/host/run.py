@@ -114,7 +114,7 @@ def measured_host_load(meter: ForeignLoadMeter | None, source: str, speeds: list
     return meter.load.to_dict() | {"own_cpu": source, "speed_before": speed_before, "speed_after": speed_after}
 
 
-def skip_point(point: Point, run_dir: Path, reason: str) -> dict:
+def skip_point(point: Point, run_dir: Path, reason: str) -> dict[str, Any]:
     """Record that `point` was not run here, and why (provenance of the machine that decided it)."""
     now = time.time()
     write_json_atomic(run_dir / "provenance.json", run_provenance(asdict(point), {}, {}))
@@ -129,7 +129,7 @@ def run_point(
     launcher: Launcher | None = None,
     image: dict[str, Any] | None = None,
     attempt: int = 1,
-) -> dict:
+) -> dict[str, Any]:
     """Run `point` into `run_dir` with `launcher` (default: the local launcher as the schema configures it) and
     return its result record; raise RunFailed if any rank fails. `image`: the built image's reference and digest,
     recorded in the provenance; `attempt`: Snakemake's attempt number of this job."""
@@ -157,7 +157,7 @@ def run_point(
 
 def run_attempt(
     point: Point, run_dir: Path, launcher: Launcher, image: dict[str, Any] | None, earlier: list[dict[str, Any]]
-) -> dict:
+) -> dict[str, Any]:
     """One attempt at `point`: its result record (not yet written); raise RunFailed if any rank fails."""
     # The run's data source: a store started (and a bucket mounted) for it, stopped when it ends; the run's
     # environment (environments.py): its launcher, and a neighbour running beside it.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import cast
 
 from ddlrepro.host.errors import UserError
 
@@ -18,7 +19,7 @@ def global_profile(name: str) -> Path | None:
         candidate = Path(folder) / name
         found = get_profile_dir(str(candidate)) if candidate.exists() else None
         if found:
-            return found[1]
+            return cast("Path | None", found[1])
     return None
 
 

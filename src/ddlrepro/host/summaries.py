@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ddlrepro.host.tables import HOST_LOAD_COLUMNS, as_flags
+from ddlrepro.host.tables import HOST_LOAD_COLUMNS as HOST_LOAD_COLUMNS  # the figures read it here
+from ddlrepro.host.tables import as_flags
 
 CONFIDENCE_Z = 1.96
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pandas as pd
 
@@ -50,7 +50,7 @@ def as_flags(column: pd.Series) -> pd.Series:
 
 
 def host_load_columns(
-    result: dict, max_foreign_share: float, max_speed_drift: float | None = DEFAULT_MAX_SPEED_DRIFT
+    result: dict[str, Any], max_foreign_share: float, max_speed_drift: float | None = DEFAULT_MAX_SPEED_DRIFT
 ) -> dict[str, object]:
     """A run's foreign and steal CPU shares (NaN when unknown), its machine-speed index and drift (SPEED_COLUMNS),
     and whether it was disturbed: foreign + steal above `max_foreign_share`, or (where `max_speed_drift` is set)
@@ -105,7 +105,7 @@ def run_rows(
     return rows.assign(**constants)[[*constants, *RECORD_COLUMNS]]
 
 
-def attempt_records(attempts: list[dict]) -> list[dict]:
+def attempt_records(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A run's attempts (result.json's, host/run.py) as rows: `attempt_wall_s` and, where a rank recorded how far
     it got, `attempt_steps_done`; iteration = the attempt, detail = its outcome and its error's last line."""
     records = []

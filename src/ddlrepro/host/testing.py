@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ddlrepro.host.launchers import configured_launcher
 from ddlrepro.host.launchers.base import Launcher
@@ -28,7 +28,7 @@ def worker_pid(run_dir: Path, worker: int, after_steps: int, timeout_s: float = 
         pids = {record["rank"]: record["pid"] for record in records if record["kind"] == "worker"}
         steps = sum(1 for record in records if record.get("metric") == "cluster_size")
         if worker in pids and steps >= after_steps:
-            return pids[worker]
+            return cast("int", pids[worker])
         time.sleep(0.05)
     raise TimeoutError(f"worker {worker} did not reach step {after_steps} within {timeout_s:g} s")
 

@@ -9,7 +9,7 @@ import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -147,7 +147,7 @@ def bundled_config(data: bytes) -> dict[str, Any]:
         raise ValueError(f"config-used.yaml: not YAML ({error})") from None
     except ConfigError as error:
         raise ValueError(f"config-used.yaml: {error}") from None
-    return config
+    return cast("dict[str, Any]", config)
 
 
 def rederive_figure(

@@ -8,7 +8,7 @@ import io
 import tarfile
 import zlib
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 from ddlrepro.host.bundle.layout import BundleError
 
@@ -106,7 +106,7 @@ class BudgetedStream(io.RawIOBase):
                 f"{self.bundle}: unpacks to more than {self.budget} bytes, more than verify reads"
                 f" (MAX_BUNDLE_BYTES in {__name__})"
             )
-        return data
+        return cast("bytes", data)
 
 
 class GuardedTarInfo(tarfile.TarInfo):
@@ -115,14 +115,14 @@ class GuardedTarInfo(tarfile.TarInfo):
     def _proc_gnulong(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:
         if self.size > MAX_NAME_BYTES:
             raise BundleError(f"a member's long name declares {self.size} bytes (MAX_NAME_BYTES = {MAX_NAME_BYTES})")
-        return super()._proc_gnulong(tarfile)  # type: ignore[misc]  # tarfile's private reader, not in its stubs
+        return super()._proc_gnulong(tarfile)  # type: ignore[misc,no-any-return]  # tarfile's private reader, not in its stubs
 
     def _proc_pax(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:
         if self.size > MAX_PAX_HEADER_BYTES:
             raise BundleError(
                 f"a member's pax header declares {self.size} bytes (MAX_PAX_HEADER_BYTES = {MAX_PAX_HEADER_BYTES})"
             )
-        return super()._proc_pax(tarfile)  # type: ignore[misc]
+        return super()._proc_pax(tarfile)  # type: ignore[misc,no-any-return]
 
 
 def refused_member(info: tarfile.TarInfo, top: str) -> str | None:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Collection
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ddlrepro.host.catalog import figure_file, figure_ids, module_name
 from ddlrepro.host.errors import UserError
@@ -66,14 +66,14 @@ def simulated_module(figure: str) -> SimulatedFigure:
     if not is_simulated(figure):
         raise KeyError(f"figure {figure!r} has no simulated step")
     module: Any = importlib.import_module(FIGURES[figure])
-    return module
+    return cast("SimulatedFigure", module)
 
 
 def figure_module(figure: str) -> FigureModule:
     if figure not in FIGURES:
         raise KeyError(f"unknown figure {figure!r}; valid figures: {', '.join(FIGURES)}")
     module: Any = importlib.import_module(FIGURES[figure])
-    return module
+    return cast("FigureModule", module)
 
 
 def enabled_figures(config: dict[str, Any]) -> list[str]:

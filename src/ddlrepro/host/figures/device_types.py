@@ -9,7 +9,7 @@ threads, no quota), so an untyped run stays the same point whatever way it was w
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ddlrepro.host.figures.common import consistent_point, require
 from ddlrepro.rank.devicetypes import DEFAULT_TYPE, ISA_ENVIRONMENT
@@ -47,13 +47,13 @@ def parse_placement(placement: list[Any], types: dict[str, Any], figure: str, ke
 
 
 def is_default(resolved: dict[str, Any], threads: int) -> bool:
-    return resolved["isa"] == "native" and resolved["threads"] == threads and resolved["cpu_quota"] >= 1
+    return cast("bool", resolved["isa"] == "native" and resolved["threads"] == threads and resolved["cpu_quota"] >= 1)
 
 
 def most_basic(names: list[str], types: dict[str, Any], threads: int) -> str:
     """The type with the lowest ISA, then the fewest threads (D2's default reference)."""
     resolved = [resolve(name, types, threads) for name in names]
-    return min(resolved, key=lambda spec: (ISA_ORDER.index(spec["isa"]), spec["threads"]))["name"]
+    return cast("str", min(resolved, key=lambda spec: (ISA_ORDER.index(spec["isa"]), spec["threads"]))["name"])
 
 
 def typed_params(names: list[str], types: dict[str, Any], threads: int, kernels: str | None) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def typed_params(names: list[str], types: dict[str, Any], threads: int, kernels:
 def point_threads(params: dict[str, Any], threads: int) -> int:
     """The most threads any process of a typed point runs (what the launcher must fit on the machine)."""
     if params.get("kernels"):
-        return params["kernels"]["threads"]
+        return cast("int", params["kernels"]["threads"])
     return max((spec["threads"] for spec in params.get("device_types", [])), default=threads)
 
 
@@ -82,7 +82,7 @@ def quota_status(table: pd.DataFrame) -> str:
     wanted = details[details != "none wanted"]
     failed = wanted[wanted != "applied"]
     if len(failed):
-        return failed.iloc[0]
+        return cast("str", failed.iloc[0])
     return "applied" if len(wanted) else "none wanted"
 
 

@@ -14,7 +14,7 @@ import importlib
 import io
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from ddlrepro.host.config import ConfigError, config_schema, validate_config
 from ddlrepro.host.launch import launch_of
@@ -36,7 +36,7 @@ def launcher_class(name: str) -> type[Launcher]:
     if name not in classes:
         raise ConfigError(f"launcher.name: {name!r} is not valid; valid values: {', '.join(sorted(classes))}")
     module, _, attribute = classes[name].partition(":")
-    return getattr(importlib.import_module(module), attribute)
+    return cast("type[Launcher]", getattr(importlib.import_module(module), attribute))
 
 
 def resolved_launcher_name(
@@ -66,7 +66,7 @@ def snakemake_arguments(argv: list[str]) -> argparse.Namespace | None:
             _, args = parse_args(argv)
     except SystemExit:
         return None
-    return args
+    return cast("argparse.Namespace | None", args)
 
 
 def snakemake_executor(argv: list[str]) -> str | None:

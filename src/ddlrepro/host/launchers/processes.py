@@ -10,10 +10,10 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from ddlrepro.host.launchers.base import WorkerSpec
 
@@ -27,7 +27,7 @@ ON_THIS_HOST = {"GLOO_SOCKET_IFNAME": "lo"}
 def free_loopback_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        return cast("int", probe.getsockname()[1])
 
 
 @dataclass
@@ -68,7 +68,7 @@ def run_to_completion(spec: WorkerSpec, on_line: Callable[[str, str], None], tim
         drain(started)
 
 
-def pumped(streams: list, on_line: Callable[[str, str], None]) -> list[threading.Thread]:
+def pumped(streams: Sequence[IO[str] | None], on_line: Callable[[str, str], None]) -> list[threading.Thread]:
     """Started threads handing every line of a process's stdout and stderr (in that order) to `on_line`."""
     readers = [
         threading.Thread(target=_pump, args=(stream, name, on_line), daemon=True)
@@ -79,8 +79,8 @@ def pumped(streams: list, on_line: Callable[[str, str], None]) -> list[threading
     return readers
 
 
-def _pump(stream: IO[str], name: str, on_line: Callable[[str, str], None]) -> None:
-    for line in stream:
+def _pump(stream: IO[str] | None, name: str, on_line: Callable[[str, str], None]) -> None:
+    for line in stream or ():  # None: a stream that was not piped
         on_line(name, line.rstrip("\n"))
 
 

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from ddlrepro.host.configserver import ClusterConfig, ConfigServer
 from ddlrepro.host.launch import elastic_start
@@ -52,7 +53,7 @@ STRAGGLER_GRACE_S = 5.0
 KEEP_ALIVE = {"default": "", "tuned": ",keep_alive_interval=1,keep_alive_max_attempt=3"}
 
 
-def rdzv_conf(params: dict) -> str:
+def rdzv_conf(params: dict[str, Any]) -> str:
     """The c10d rendezvous settings of a point: the base, its keep-alive (`torchrun_keep_alive`, default torch's)."""
     keep_alive = params.get("torchrun_keep_alive", "default")
     if keep_alive not in KEEP_ALIVE:

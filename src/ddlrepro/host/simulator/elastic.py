@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 from ddlrepro.host.simulator.cluster import Cluster, Placement
 from ddlrepro.host.simulator.placements import best_ests, smallest, throughput, waste
@@ -95,7 +96,7 @@ class ElasticRound:
         return grown
 
 
-def _rank(cluster: Cluster, now_on: Placement, queue_index: int, gain: float, growth: Placement) -> tuple:
+def _rank(cluster: Cluster, now_on: Placement, queue_index: int, gain: float, growth: Placement) -> tuple[Any, ...]:
     """Higher marginal speed-up first; then earlier in the queue, fewer devices, more of the current devices kept,
     more devices of the cluster's earlier types (a total order: a job's growths differ in their counts)."""
     kept = sum(min(growth.count(t), now_on.count(t)) for t in cluster.types)
@@ -108,7 +109,9 @@ def growths(
     """(marginal speed-up, placement) of every allowed growth by devices of one type. Memoised on the profiles,
     keyed on the cluster too (its sizes bound the growths)."""
     key = ("growths", cluster, job.application, job.batch, job.max_parallelism, now_on, tuple(types))
-    return profiles.memoised(key, lambda: _growths(job, now_on, types, cluster, profiles))
+    return cast(
+        "list[tuple[float, Placement]]", profiles.memoised(key, lambda: _growths(job, now_on, types, cluster, profiles))
+    )
 
 
 def _growths(

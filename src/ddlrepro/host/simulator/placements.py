@@ -11,6 +11,7 @@ evenly over one type; the artifact's measure differs, and it counts one-type pla
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import cast
 
 from ddlrepro.host.simulator.cluster import Cluster, Placement, Share, placement
 from ddlrepro.host.simulator.step_profiles import Profiles
@@ -32,7 +33,7 @@ def best_ests(job: Job, counts: Mapping[str, int], cluster: Cluster, profiles: P
     Memoised on the profiles, as policies ask again for the same devices every round; keyed on the cluster too (its
     type order orders the shares)."""
     key = ("best_ests", cluster, job.application, job.batch, job.max_parallelism, tuple(sorted(counts.items())))
-    return profiles.memoised(key, lambda: _best_ests(job, counts, cluster, profiles))
+    return cast("Placement | None", profiles.memoised(key, lambda: _best_ests(job, counts, cluster, profiles)))
 
 
 def _best_ests(job: Job, counts: Mapping[str, int], cluster: Cluster, profiles: Profiles) -> Placement | None:

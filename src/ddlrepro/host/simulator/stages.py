@@ -19,6 +19,7 @@ import itertools
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 
@@ -131,7 +132,7 @@ def _check(changes: pd.DataFrame, finish_s: Mapping[str, float], jobs: Mapping[s
         time_s = record["time_s"]
         if not isinstance(time_s, numbers.Real) or not 0 <= float(time_s) < float("inf"):
             raise ReplayError(f"{where} time_s: {time_s!r} is not a time ≥ 0 s")
-        if (time_s, job.id) in seen:
+        if (float(time_s), job.id) in seen:
             raise ReplayError(f"{where} time_s: a second change of job {job.id} at {time_s:g} s")
         seen.add((float(time_s), job.id))
         if record["placement"]:
@@ -151,7 +152,9 @@ def _check(changes: pd.DataFrame, finish_s: Mapping[str, float], jobs: Mapping[s
             )
 
 
-def _stage_end(row: dict, rows: list[dict], job: Job, finish_s: Mapping[str, float]) -> tuple[float, float]:
+def _stage_end(
+    row: dict[str, Any], rows: list[dict[str, Any]], job: Job, finish_s: Mapping[str, float]
+) -> tuple[float, float]:
     """Simulated time and samples trained when the stage that `row` starts ends: the job's next change, or its
     finish."""
     later = [r for r in rows if r["id"] == job.id and r["time_s"] > row["time_s"]]

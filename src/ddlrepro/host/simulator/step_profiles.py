@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ddlrepro.host.errors import UserError
 from ddlrepro.host.simulator.cluster import Placement
@@ -59,7 +59,7 @@ class Profiles:
     times: dict[tuple[str, str], dict[int, dict[int, float]]]
     hosts: tuple[str, ...]
     constant_in_ests: bool = False
-    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+    _cache: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def applications(self) -> set[str]:
         return {application for application, _ in self.times}
@@ -95,7 +95,7 @@ class Profiles:
             return (batch,)
         return measured[index - 1], measured[index]
 
-    def memoised(self, key: tuple, compute: Callable[[], Any]) -> Any:
+    def memoised(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
         """`compute()`, once per key for these profiles (what follows from them never changes)."""
         if key not in self._cache:
             self._cache[key] = compute()
@@ -104,7 +104,7 @@ class Profiles:
     def step_time(self, application: str, device_type: str, batch: int, ests_per_device: int) -> float:
         """Seconds of one EST's step with `ests_per_device` ESTs on a device of this type."""
         key = ("step_time", application, device_type, batch, ests_per_device)
-        return self.memoised(key, lambda: self._lookup(application, device_type, batch, ests_per_device))
+        return cast("float", self.memoised(key, lambda: self._lookup(application, device_type, batch, ests_per_device)))
 
     def _lookup(self, application: str, device_type: str, batch: int, ests_per_device: int) -> float:
         by_batch = self.times.get((application, device_type))

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ddlrepro.host.testbed.network import Testbed
 
@@ -25,7 +25,10 @@ READ_AS_RANKS_DO = (
 def node_counters(testbed: Testbed, host: str | int) -> dict[str, dict[str, int]]:
     """{interface: {rx_bytes, tx_bytes}} of one host, read on it by the ranks' own reader (eth0, vxlan0 if any)."""
     argv = [*testbed.exec_prefix(host), sys.executable, "-c", READ_AS_RANKS_DO]
-    return json.loads(subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout)
+    return cast(
+        "dict[str, dict[str, int]]",
+        json.loads(subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout),
+    )
 
 
 def counter_records(testbed: Testbed) -> list[dict[str, Any]]:

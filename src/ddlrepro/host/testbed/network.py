@@ -26,7 +26,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from ddlrepro.host.testbed import limits, overlay, shaping
 from ddlrepro.host.testbed.limits import TestbedError
@@ -105,7 +105,7 @@ def state_path(owner: str) -> Path:
 
 def read_state(owner: str) -> dict[str, Any] | None:
     try:
-        return json.loads(state_path(owner).read_text())
+        return cast("dict[str, Any] | None", json.loads(state_path(owner).read_text()))
     except FileNotFoundError:
         return None
     except json.JSONDecodeError:

@@ -31,7 +31,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ddlrepro.host.testbed import limits
@@ -307,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("state", nargs="?", default=".slurm")
     args = parser.parse_intermixed_args(argv)
     state = Path(args.state).resolve()
-    return limits.exit_code("slurm-cluster", lambda: ACTIONS[args.action](args.nodes, state))
+    action: Callable[[int, Path], int | None] = ACTIONS[args.action]
+    return limits.exit_code("slurm-cluster", lambda: action(args.nodes, state))
 
 
 def start_and_say(nodes: int, state: Path) -> None:

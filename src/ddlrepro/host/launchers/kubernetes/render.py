@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Self, TypedDict
+from typing import Any, Self, TypedDict, cast
 
 from kubernetes import client
 
@@ -273,7 +273,8 @@ def pytorchjob_manifest(point: Point, options: KubernetesOptions, name: str) -> 
 
 def serialize(obj: Any) -> dict[str, Any]:
     """A typed client object as the JSON the API server receives (camelCase keys, no nulls)."""
-    return client.ApiClient().sanitize_for_serialization(obj)
+    serialised = client.ApiClient().sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]  # untyped in the client
+    return cast("dict[str, Any]", serialised)
 
 
 def check_cluster_limits(point: Point, options: KubernetesOptions) -> None:

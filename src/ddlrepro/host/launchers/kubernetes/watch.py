@@ -53,9 +53,9 @@ def connect(context: str | None = None) -> Apis:
     from kubernetes import config
 
     try:
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]  # untyped in the client
     except config.ConfigException:
-        config.load_kube_config(context=context)
+        config.load_kube_config(context=context)  # type: ignore[no-untyped-call]
     return Apis(client.CoreV1Api(), client.BatchV1Api(), client.CustomObjectsApi(), client.NetworkingV1Api())
 
 
@@ -185,7 +185,11 @@ def pods_outcome(
 
 
 def start_outcome(
-    apis: Apis, job: KubernetesRequest, options: KubernetesOptions, pods: list[client.V1Pod], first_seen: dict
+    apis: Apis,
+    job: KubernetesRequest,
+    options: KubernetesOptions,
+    pods: list[client.V1Pod],
+    first_seen: dict[str, float],
 ) -> Outcome | None:
     """The first pod still Pending `pod_start_timeout_s` after it was first listed, as a failure saying why."""
     now = time.monotonic()
