@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 import reprlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -56,18 +56,30 @@ def describe(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
     if holds_secrets(list(error.absolute_path)):
         return f"{where}: {_redaction_problem(error, schema)}"
     if error.validator in ("additionalProperties", "unevaluatedProperties"):
-        allowed = sorted(_property_names(error.schema, schema))
-        unknown = sorted(set(error.instance) - set(allowed))
+        allowed = sorted(_property_names(_subschema_of(error), schema))
+        unknown = sorted(set(error.instance if isinstance(error.instance, Mapping) else {}) - set(allowed))
         return f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(allowed)}"
-    values = error.validator_value if error.validator == "enum" else choices(error)
+    values = _listed(error.validator_value) if error.validator == "enum" else choices(error)
     if values:
         return f"{where}: {SHORT.repr(error.instance)} is not valid; valid values: {', '.join(map(str, values))}"
-    if error.validator == "pattern" and "description" in error.schema:  # the pattern says less than its description
-        return f"{where}: {SHORT.repr(error.instance)} is not valid: {error.schema['description'].strip()}"
+    subschema = _subschema_of(error)
+    if error.validator == "pattern" and "description" in subschema:  # the pattern says less than its description
+        return f"{where}: {SHORT.repr(error.instance)} is not valid: {subschema['description'].strip()}"
     if error.validator == "oneOf":
-        described = error.schema.get("description", "see the schema")
+        described = subschema.get("description", "see the schema")
         return f"{where}: {SHORT.repr(error.instance)} is not valid: {described}"
     return f"{where}: {error.message}"
+
+
+def _subschema_of(error: jsonschema.ValidationError) -> Mapping[str, Any]:
+    """The schema an error was found under; jsonschema's types also allow a boolean schema (whose errors name no
+    keyword read here) and an unset one (only in errors built by hand): both read as empty."""
+    return error.schema if isinstance(error.schema, Mapping) else {}
+
+
+def _listed(value: object) -> list[Any]:
+    """An `enum`'s values: a list, as JSON Schema requires (jsonschema's types also allow an unset one: empty)."""
+    return value if isinstance(value, list) else []
 
 
 def choices(error: jsonschema.ValidationError) -> list[Any]:
@@ -78,7 +90,7 @@ def choices(error: jsonschema.ValidationError) -> list[Any]:
     for branch in error.context:
         if branch.validator not in ("const", "enum"):
             return []
-        values += [branch.validator_value] if branch.validator == "const" else branch.validator_value
+        values += [branch.validator_value] if branch.validator == "const" else _listed(branch.validator_value)
     return values
 
 
@@ -101,12 +113,12 @@ def _redaction_problem(error: jsonschema.ValidationError, schema: dict[str, Any]
     if error.validator == "uniqueItems":
         return "names a variable twice"
     if error.validator == "additionalProperties":
-        allowed = ", ".join(sorted(_property_names(error.schema, schema)))
+        allowed = ", ".join(sorted(_property_names(_subschema_of(error), schema)))
         return f"unknown key(s), not shown (one may be a secret); allowed: {allowed}"
     return f"does not satisfy the schema's `{error.validator}` (what was written is not shown: it may be a secret)"
 
 
-def _property_names(subschema: dict[str, Any], schema: dict[str, Any]) -> set[str]:
+def _property_names(subschema: Mapping[str, Any], schema: dict[str, Any]) -> set[str]:
     """Keys a subschema allows, including those of a local `$ref` (`#/$defs/...`) it extends."""
     names = set(subschema.get("properties", {}))
     reference = subschema.get("$ref", "")
@@ -369,7 +381,7 @@ def _leaves(error: jsonschema.ValidationError) -> list[jsonschema.ValidationErro
     """For allOf/anyOf errors report the specific failing sub-errors, not the umbrella."""
     if error.validator == "allOf" and error.context:
         return [leaf for sub in error.context for leaf in _leaves(sub)]
-    if error.validator in ("oneOf", "anyOf") and error.context and "description" not in error.schema:
+    if error.validator in ("oneOf", "anyOf") and error.context and "description" not in _subschema_of(error):
         return _leaves(jsonschema.exceptions.best_match(error.context))
     return [error]
 
