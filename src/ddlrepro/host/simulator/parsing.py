@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import SupportsFloat, SupportsIndex
 
 from ddlrepro.host.errors import UserError
 
@@ -11,8 +12,10 @@ def parse_number(
     value: object, where: str, error: type[UserError], *, minimum: float, above: bool = False, whole: bool = False
 ) -> float:
     """`value` as a finite float ≥ `minimum` (> it when `above`), whole when `whole`; else `error` naming `where`."""
+    if not isinstance(value, str | bytes | SupportsFloat | SupportsIndex):  # float()'s types (of a file's values)
+        raise error(f"{where}: {value!r} is not a number")
     try:
-        number = float(value)  # type: ignore[arg-type]
+        number = float(value)
     except (TypeError, ValueError):
         raise error(f"{where}: {value!r} is not a number") from None
     if not math.isfinite(number):
