@@ -159,9 +159,9 @@ def placed(point: Point, launcher: Launcher, run_dir: Path) -> Iterator[Launcher
     record: dict[str, Any] = {"environment": environment.name, "kind": kind}
     if kind == "container":
         launcher = in_containers(point, launcher)
-        options = launcher.options  # type: ignore[attr-defined]
+        options = launcher.options  # type: ignore[attr-defined]  # base.Launcher declares no options
         record["container"] = {"run": options.container_run, "image": options.container, **container_of(point)}
-    with neighbour(point, launcher.options.timeout_s) as neighbour_record:  # type: ignore[attr-defined]
+    with neighbour(point, launcher.options.timeout_s) as neighbour_record:  # type: ignore[attr-defined]  # as above
         write_json_atomic(run_dir / ENVIRONMENT_FILE, record | neighbour_record)
         yield launcher
 

@@ -122,7 +122,7 @@ class GuardedTarInfo(tarfile.TarInfo):
             raise BundleError(
                 f"a member's pax header declares {self.size} bytes (MAX_PAX_HEADER_BYTES = {MAX_PAX_HEADER_BYTES})"
             )
-        return super()._proc_pax(tarfile)  # type: ignore[misc,no-any-return]
+        return super()._proc_pax(tarfile)  # type: ignore[misc,no-any-return]  # tarfile's private reader, not in its stubs
 
 
 def refused_member(info: tarfile.TarInfo, top: str) -> str | None:

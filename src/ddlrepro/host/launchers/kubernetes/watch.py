@@ -111,11 +111,11 @@ def create(apis: Apis, job: KubernetesRequest) -> None:
     namespace = job.namespace
     for manifest in job.manifests:
         if manifest["kind"] == "NetworkPolicy":
-            apis.networking.create_namespaced_network_policy(namespace, manifest)  # type: ignore[arg-type]
+            apis.networking.create_namespaced_network_policy(namespace, manifest)  # type: ignore[arg-type]  # dict body
         elif manifest["kind"] == "Service":
-            apis.core.create_namespaced_service(namespace, manifest)  # type: ignore[arg-type]
+            apis.core.create_namespaced_service(namespace, manifest)  # type: ignore[arg-type]  # dict body
         elif manifest["kind"] == "Job":
-            apis.batch.create_namespaced_job(namespace, manifest)  # type: ignore[arg-type]
+            apis.batch.create_namespaced_job(namespace, manifest)  # type: ignore[arg-type]  # dict body
         else:
             apis.custom.create_namespaced_custom_object(**PYTORCHJOB, namespace=namespace, body=manifest)
 
