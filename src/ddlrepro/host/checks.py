@@ -112,7 +112,7 @@ def references_text(references: dict[str, list[dict[str, Any]]]) -> str:
     """`references` as one references file (what rule gather_references writes and the bundle keeps)."""
     import yaml
 
-    return cast("str", yaml.safe_dump(references, sort_keys=False, allow_unicode=True, width=120))
+    return yaml.safe_dump(references, sort_keys=False, allow_unicode=True, width=120)
 
 
 def checks_settings(config: dict[str, Any]) -> dict[str, Any]:

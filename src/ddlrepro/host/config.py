@@ -103,7 +103,7 @@ def holds_secrets(path: list[Any]) -> bool:
 def _redaction_problem(error: jsonschema.ValidationError, schema: dict[str, Any]) -> str:
     """What is wrong under `redaction` (or a store), never echoing what was written there: it may be the secret."""
     if error.validator in ("required", "dependentRequired"):
-        return cast("str", error.message)  # names keys only
+        return error.message  # names keys only
     if error.validator == "pattern" and error.validator_value == VARIABLE_NAME:
         return "not an environment variable name (give names only, never values)"
     if error.validator == "pattern":
@@ -268,7 +268,8 @@ def _fill_defaults(validator_class: type[jsonschema.protocols.Validator]) -> typ
                     instance.setdefault(key, copy.deepcopy(subschema["default"]))
         yield from validate_properties(validator, properties, instance, schema)
 
-    return cast("type[Any]", jsonschema.validators.extend(validator_class, {"properties": set_defaults}))
+    extended = jsonschema.validators.extend(validator_class, {"properties": set_defaults})  # type: ignore[no-untyped-call]  # untyped in jsonschema's stubs
+    return cast("type[Any]", extended)
 
 
 DefaultFillingValidator = _fill_defaults(jsonschema.Draft202012Validator)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import psutil
 
@@ -60,7 +60,7 @@ def process_tree_cpu(pid: int | None = None) -> float:
         except psutil.Error:
             continue
         total += child_times.user + child_times.system
-    return cast("float", total)
+    return total
 
 
 class WatchedProcesses:

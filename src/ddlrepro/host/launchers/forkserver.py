@@ -22,7 +22,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
 
 import psutil
 
@@ -74,7 +73,7 @@ class ForkedProcess:
 def running(pid: int) -> bool:
     """Whether process `pid` still runs (gone or a zombie: no; it may end between any two looks)."""
     try:
-        return cast("bool", psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 
