@@ -28,6 +28,7 @@ from ddlrepro.host.config import schema_default
 from ddlrepro.host.hostload import HostLoad
 from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers.base import Launcher
+from ddlrepro.host.launchers.local import LocalLauncher
 from ddlrepro.host.redaction import redacted_tail
 from ddlrepro.host.rundir import write_json_atomic
 from ddlrepro.points import Point
@@ -134,17 +135,19 @@ def neighbour(point: Point, timeout_s: float) -> Iterator[dict[str, Any]]:
         subprocess.run(remove, capture_output=True, timeout=60)
 
 
-def in_containers(point: Point, launcher: Launcher) -> Launcher:
+def in_containers(point: Point, launcher: Launcher) -> LocalLauncher:
     """The local launcher running every rank in its own limited container: in the built training image where
     images.build made one, else on this machine's root file system."""
-    options = launcher.options  # type: ignore[attr-defined]  # the local launcher's (unavailable_reason checked)
+    if not isinstance(launcher, LocalLauncher):  # unavailable_reason skips such points first
+        raise ValueError(f"container environments run under the local launcher, not {launcher.name}")
+    options = launcher.options
     if options.container and options.container_run:
         run = [*options.container_run, *container_options(point)]
         options = dataclasses.replace(options, container_run=run)
     else:
         run = [*ENGINE, "run", *container_options(point), "--rootfs"]
         options = dataclasses.replace(options, container_run=run, container=ROOTFS, rootfs=True)
-    return type(launcher)(options)
+    return LocalLauncher(options)
 
 
 @contextlib.contextmanager
@@ -158,10 +161,11 @@ def placed(point: Point, launcher: Launcher, run_dir: Path) -> Iterator[Launcher
     kind = environment.kind
     record: dict[str, Any] = {"environment": environment.name, "kind": kind}
     if kind == "container":
-        launcher = in_containers(point, launcher)
-        options = launcher.options  # type: ignore[attr-defined]  # base.Launcher declares no options
+        contained = in_containers(point, launcher)
+        options = contained.options
         record["container"] = {"run": options.container_run, "image": options.container, **container_of(point)}
-    with neighbour(point, launcher.options.timeout_s) as neighbour_record:  # type: ignore[attr-defined]  # as above
+        launcher = contained
+    with neighbour(point, launcher.options.timeout_s) as neighbour_record:
         write_json_atomic(run_dir / ENVIRONMENT_FILE, record | neighbour_record)
         yield launcher
 

@@ -14,12 +14,19 @@ import importlib
 import io
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ddlrepro.host.config import ConfigError, config_schema, validate_config
 from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers.base import Launcher
 from ddlrepro.points import Point
+
+if TYPE_CHECKING:  # every shipped launcher fits the Launcher protocol: mypy checks this line (make lint)
+    from ddlrepro.host.launchers.kubernetes import KubernetesLauncher
+    from ddlrepro.host.launchers.local import LocalLauncher
+    from ddlrepro.host.launchers.slurm import SlurmLauncher
+
+    SHIPPED: tuple[type[Launcher], ...] = (LocalLauncher, SlurmLauncher, KubernetesLauncher)
 
 SECTIONS = ("launcher", "images")
 AUTO = "auto"  # launcher.name: the launcher where the run executes (resolved_launcher_name)

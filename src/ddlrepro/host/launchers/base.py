@@ -44,7 +44,10 @@ class JobSpec(Generic[Request]):
 class Options(Protocol):
     """A launcher's settings, built once from the validated config (defaults filled in by its schema)."""
 
-    timeout_s: float
+    @property
+    def timeout_s(self) -> float:
+        """A run still going after this many seconds is stopped and fails."""
+        ...
 
     @classmethod
     def from_config(cls, config: dict[str, Any], image: dict[str, Any] | None = None) -> Self:
@@ -62,6 +65,11 @@ class Launcher(Protocol):
     elastic_runtimes: ClassVar[frozenset[str]]
     options_type: ClassVar[type[Options]]
     resource_names: tuple[str, ...]
+
+    @property
+    def options(self) -> Options:
+        """Its settings (a launcher's own options type)."""
+        ...
 
     def __init__(self, options: Any) -> None: ...
 

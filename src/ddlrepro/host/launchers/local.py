@@ -37,7 +37,7 @@ from ddlrepro.host.cpuquota import CpuQuotas
 from ddlrepro.host.hostload import process_tree_cpu
 from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers import hosting, isolation, testbed_ranks
-from ddlrepro.host.launchers.base import CpuCounter, JobSpec, RunFailed, WorkerSpec
+from ddlrepro.host.launchers.base import CpuCounter, JobSpec, Options, RunFailed, WorkerSpec
 from ddlrepro.host.launchers.processes import (
     ON_THIS_HOST,
     POLL_INTERVAL_S,
@@ -145,7 +145,7 @@ class LocalLauncher:
 
     name: ClassVar[str] = "local"
     elastic_runtimes: ClassVar[frozenset[str]] = frozenset(hosting.RUNTIMES)
-    options_type: ClassVar[type[LocalOptions]] = LocalOptions
+    options_type: ClassVar[type[Options]] = LocalOptions
     resource_names: tuple[str, ...] = ()
 
     def __init__(self, options: LocalOptions) -> None:

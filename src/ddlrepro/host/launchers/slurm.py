@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Self
 from ddlrepro.host.config import ConfigError
 from ddlrepro.host.launch import launch_of
 from ddlrepro.host.launchers import hosting
-from ddlrepro.host.launchers.base import CpuCounter, JobSpec, RunFailed, WorkerSpec
+from ddlrepro.host.launchers.base import CpuCounter, JobSpec, Options, RunFailed, WorkerSpec
 from ddlrepro.host.launchers.local import check_image_can_run
 from ddlrepro.host.launchers.processes import run_to_completion
 from ddlrepro.host.rundir import OutputCollector
@@ -137,7 +137,7 @@ class SlurmLauncher:
 
     name: ClassVar[str] = "slurm"
     elastic_runtimes: ClassVar[frozenset[str]] = frozenset(hosting.RUNTIMES)
-    options_type: ClassVar[type[SlurmOptions]] = SlurmOptions
+    options_type: ClassVar[type[Options]] = SlurmOptions
 
     def __init__(self, options: SlurmOptions, environ: Mapping[str, str] | None = None) -> None:
         """`environ`: where the job id is read (this job's environment unless given)."""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ddlrepro.host.launchers.base import CpuCounter, JobSpec
+from ddlrepro.host.launchers.base import CpuCounter, JobSpec, Options
 from ddlrepro.host.launchers.kubernetes.render import (
     KubernetesOptions,
     KubernetesRequest,
@@ -38,7 +38,7 @@ class KubernetesLauncher:
 
     name: ClassVar[str] = "kubernetes"
     elastic_runtimes: ClassVar[frozenset[str]] = frozenset()
-    options_type: ClassVar[type[KubernetesOptions]] = KubernetesOptions
+    options_type: ClassVar[type[Options]] = KubernetesOptions
     resource_names: tuple[str, ...] = ()
 
     def __init__(self, options: KubernetesOptions, apis: Apis | None = None) -> None:
