@@ -303,10 +303,11 @@ def schema_default(*keys: str) -> Any:
 def validate_config(config: dict[str, Any], partial: bool = False) -> dict[str, Any]:
     """Resolve the scale's figure sections (`resolve_scale`), fill in the schema's defaults (in place, so every
     caller sees the same filled config) and raise ConfigError listing every schema violation in `config`, each with
-    its key path. `partial`: only the sections given need be there (e.g. a command's `launcher` and `images`).
-    Returns `config`."""
+    its key path. `partial`: only the sections given need be there (e.g. a command's `launcher` and `images`), and
+    no figure's section is added (the figures' folders are read only for a whole configuration). Returns `config`."""
     refuse_expanded_size(config, "configuration")
-    resolve_scale(config)
+    if not partial:
+        resolve_scale(config)
     schema = copy.deepcopy(config_schema())  # the schema read once; a partial check drops its copy's `required`
     if partial:
         schema.pop("required", None)
