@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import traceback
@@ -125,7 +126,7 @@ def cmd_gather_references(args: argparse.Namespace) -> None:
 def cmd_new_figure(args: argparse.Namespace) -> None:
     from ddlrepro.host.scaffold import new_figure
 
-    folder = new_figure(args.figure, args.title)
+    folder = os.path.relpath(new_figure(args.figure, args.title))
     print(f"{folder}: a new figure {args.figure!r}; build it with `snakemake {args.figure.replace('-', '_')}`")
 
 

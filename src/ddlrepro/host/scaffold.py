@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddlrepro.host.catalog import FIGURE_ID, FIGURES_FOLDER, figure_folder, figure_ids
+from ddlrepro.host.catalog import FIGURE_ID, figure_folder, figure_ids
 from ddlrepro.host.errors import UserError
 
 MODULE = '''"""{title}.
@@ -126,4 +126,4 @@ def new_figure(figure: str, title: str | None = None) -> Path:
     for name, template in TEMPLATES.items():
         (folder / name).write_text(template.format(**forms))
     figure_ids.cache_clear()
-    return folder.relative_to(FIGURES_FOLDER.parents[2]) if folder.is_relative_to(FIGURES_FOLDER.parents[2]) else folder
+    return folder
