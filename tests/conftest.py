@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -245,6 +246,28 @@ def planned_jobs(dry_run_output: str) -> dict[str, int]:
             break
         counts[parts[0]] = int(parts[1])
     return counts
+
+
+def documented_results() -> list[re.Pattern[str]]:
+    """The paths docs/results-layout.md's tree names, as patterns: `<name>` is any one path part, a trailing `/`
+    everything under it."""
+    page = (REPO / "docs" / "results-layout.md").read_text()
+    tree = page.split("```")[1]
+    patterns = []
+    for line in tree.splitlines():
+        for word in line.split():
+            if not word.startswith("results/"):
+                break
+            path = re.sub(r"<[^>]+>", "[^/]+", re.escape(word.rstrip(",")))  # re.escape leaves < and > as they are
+            patterns.append(re.compile(path + (".*" if path.endswith("/") else "")))
+    return patterns
+
+
+def undocumented_results(workdir: Path) -> list[str]:
+    """Files under workdir/results that docs/results-layout.md does not name."""
+    patterns = documented_results()
+    found = (path.relative_to(workdir).as_posix() for path in (workdir / "results").rglob("*") if path.is_file())
+    return sorted(path for path in found if not any(pattern.fullmatch(path) for pattern in patterns))
 
 
 def spawn_gloo(function, world: int, tmp_path: Path, *args) -> list:

@@ -9,13 +9,15 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import get_args
 
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
-from conftest import REPO, workflow_environment
+from conftest import REPO, undocumented_results, workflow_environment
 
 from ddlrepro.host.catalog import figure_file
+from ddlrepro.host.checks import Status
 from ddlrepro.host.cli import COMMAND_GROUPS, flags, grouped_commands, parser, subcommands
 from ddlrepro.host.config import config_schema
 from ddlrepro.host.config_reference import reference_page, resolved
@@ -223,3 +225,18 @@ def test_a_stale_name_is_found(tmp_path: Path) -> None:
         "path `config/confg.yaml`",
         "config key `checks.tire`",
     ]
+
+
+def test_the_verdicts_the_docs_list_are_the_ones_the_checks_give() -> None:
+    tiers = (REPO / "docs" / "verdicts.md").read_text().split("## Two tiers")[1].split("\n\n")[1]
+    listed = {verdict.strip() for line in tiers.splitlines()[2:] for verdict in line.split("|")[-2].split(",")}
+    assert listed == set(get_args(Status))
+    layout = (REPO / "docs" / "results-layout.md").read_text()
+    assert all(status in layout for status in get_args(Status))
+
+
+def test_a_file_the_results_layout_does_not_name_is_found(tmp_path: Path) -> None:
+    for path in ("results/tables/kungfu-fig9.csv", "results/runs/kungfu-fig9/p-1/log.txt", "results/stray.txt"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    assert undocumented_results(tmp_path) == ["results/stray.txt"]

@@ -13,7 +13,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import ONE_WORKER_COUNT_DLAAS, SNAKEMAKE, checks_excluding, planned_jobs, snakemake, workflow_environment
+from conftest import (
+    ONE_WORKER_COUNT_DLAAS,
+    SNAKEMAKE,
+    checks_excluding,
+    planned_jobs,
+    snakemake,
+    undocumented_results,
+    workflow_environment,
+)
 from test_local_launcher import wait_for, worker_pids
 
 from ddlrepro.host.catalog import figure_file
@@ -72,6 +80,7 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
     overheads = pd.read_csv(results / "tables" / "kungfu-fig8.summary.csv")
     assert list(overheads["setting"]) == ["none", "noise-scale@1", "variance@2"]
     assert planned_jobs(snakemake(workflow_copy, *TINY, "-n").stdout) == {}
+    assert undocumented_results(workflow_copy) == []  # docs/results-layout.md names every file written
 
     plot_code = figure_file("kungfu-fig9", "__init__.py", workflow_copy)
     plot_code.write_text(plot_code.read_text() + "\n# edited\n")
