@@ -30,6 +30,8 @@ WORLD = 2
 PARAMS = {"dataset": "digits", "model": "digitsnet", "adaptive": True, "seed": 0, "test_fraction": 0.25}
 PARAMS |= {"learning_rate": 0.05, "momentum": 0.9, "lr_rule": "fixed", "cycle_epochs": 1}
 PARAMS |= {"ema_weight": 0.9, "noise_scale_alpha": 0.9, "micro_batches": 4, "monitor_interval": 1}  # the artifact
+# kungfu-fig4's schema defaults (the rank side has none of its own)
+PARAMS |= {"lr_reference_batch": None, "batch_rule": "fork", "weight_decay": 0, "noise_scale_aggregation": "pooled"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

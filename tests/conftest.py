@@ -266,6 +266,8 @@ def documented_results() -> list[re.Pattern[str]]:
 def undocumented_results(workdir: Path) -> list[str]:
     """Files under workdir/results that docs/results-layout.md does not name."""
     patterns = documented_results()
+    assert len(patterns) >= 15, f"docs/results-layout.md's tree gave only {len(patterns)} paths"
+    assert (workdir / "results").is_dir(), f"no results folder in {workdir}"
     found = (path.relative_to(workdir).as_posix() for path in (workdir / "results").rglob("*") if path.is_file())
     return sorted(path for path in found if not any(pattern.fullmatch(path) for pattern in patterns))
 
