@@ -23,6 +23,7 @@ import torch
 import torch.multiprocessing as mp
 from _common import BenchmarkRecord
 
+from ddlrepro.host.config import schema_default
 from ddlrepro.host.hostload import ForeignLoadMeter
 from ddlrepro.host.launchers.local import free_loopback_port
 
@@ -31,7 +32,10 @@ PARAMS = {"dataset": "digits", "model": "digitsnet", "adaptive": True, "seed": 0
 PARAMS |= {"learning_rate": 0.05, "momentum": 0.9, "lr_rule": "fixed", "cycle_epochs": 1}
 PARAMS |= {"ema_weight": 0.9, "noise_scale_alpha": 0.9, "micro_batches": 4, "monitor_interval": 1}  # the artifact
 # kungfu-fig4's schema defaults (the rank side has none of its own)
-PARAMS |= {"lr_reference_batch": None, "batch_rule": "fork", "weight_decay": 0, "noise_scale_aggregation": "pooled"}
+PARAMS |= {
+    key: schema_default("figures", "kungfu-fig4", key)
+    for key in ("lr_reference_batch", "batch_rule", "weight_decay", "noise_scale_aggregation")
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
