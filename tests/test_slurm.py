@@ -345,8 +345,40 @@ def kill_one_worker_during(
     pids = wait_for(fresh_workers, 120, "both workers of a new attempt")
     wait_for(lambda: "img_per_sec" in (run_dir / "metrics.jsonl").read_text(), 120, "a timed iteration")
     os.kill(victim(pids) if victim else pids[rank], 9)
-    _, stderr = workflow.communicate(timeout=600)
+    try:
+        _, stderr = workflow.communicate(timeout=AFTER_KILL_S)
+    except subprocess.TimeoutExpired:
+        diagnosis = slurm_diagnosis(cluster, run_dir)
+        workflow.kill()
+        _, stderr = workflow.communicate()
+        pytest.fail(f"the workflow ran on {AFTER_KILL_S} s after the kill\n{diagnosis}\nsnakemake: {stderr[-3000:]}")
     return run_dir, workflow.returncode, stderr
+
+
+# A workflow whose task was killed ends within a minute even on a loaded machine; longer is a hang (pytest's own
+# 600 s timeout would end the test without a word on why).
+AFTER_KILL_S = 240
+
+
+def slurm_diagnosis(cluster: dict[str, str], run_dir: Path) -> str:
+    """What a hung Slurm test's failure should say: the jobs, the nodes, the daemons' and the run's last lines,
+    and the processes left."""
+    state = Path(cluster.get("DDLREPRO_TEST_SLURM_STATE") or Path(cluster["SLURM_CONF"]).parent)
+    commands = (
+        ["squeue", "-a", "-o", "%i %T %R %N"],
+        ["scontrol", "show", "job"],
+        ["sinfo", "-N", "-o", "%N %t %E"],
+        ["ps", "--deselect", "--ppid", "2", "-p", "2", "--forest", "-o", "pid,ppid,stat,etime,args"],
+    )
+    parts = []
+    for command in commands:
+        done = subprocess.run(command, env=cluster, capture_output=True, text=True, timeout=30, check=False)
+        lines = [line[:200] for line in (done.stdout + done.stderr).splitlines()[-80:]]
+        parts.append(f"$ {' '.join(command)}\n" + "\n".join(lines))
+    for log in [*sorted((state / "log").glob("*.log")), run_dir / "log.txt"]:
+        if log.exists():
+            parts.append(f"--- {log} (end)\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+    return "\n".join(parts)
 
 
 @pytest.mark.slow
