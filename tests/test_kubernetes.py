@@ -23,6 +23,7 @@ from ddlrepro.host.config import ConfigError, load_config, validate_config
 from ddlrepro.host.figures import figure_points
 from ddlrepro.host.launchers import check_points, configured_launcher, kubernetes
 from ddlrepro.host.launchers.base import JobSpec, RunFailed
+from ddlrepro.host.launchers.kubernetes.render import PYTORCHJOB
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import OutputCollector
 from ddlrepro.host.tables import tidy_table
@@ -96,6 +97,36 @@ def test_pods_run_unprivileged_without_an_api_token_and_only_their_own_pods_reac
     policy = manifests["NetworkPolicy"]["spec"]
     assert policy["podSelector"] == {"matchLabels": run} and policy["policyTypes"] == ["Ingress"]
     assert policy["ingress"] == [{"from": [{"podSelector": {"matchLabels": run}}]}]
+
+
+ROLE = REPO / "profiles" / "kubernetes" / "role.yaml"
+API_GROUPS = {"core": "", "batch": "batch", "networking": "networking.k8s.io", "custom": PYTORCHJOB["group"]}
+VERBS = {"create": "create", "read": "get", "get": "get", "list": "list", "delete": "delete"}
+API_RESOURCES = {"network_policy": "networkpolicies", "pod_log": "pods/log", "custom_object": PYTORCHJOB["plural"]}
+
+
+def launcher_api_calls() -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) of every Kubernetes API call in the launcher's code (`apis.batch.create_...`)."""
+    calls = set()
+    for source in (REPO / "src" / "ddlrepro" / "host" / "launchers" / "kubernetes").glob("*.py"):
+        for api, verb, resource in re.findall(r"apis\.(\w+)\.(\w+?)_namespaced_(\w+)", source.read_text()):
+            calls.add((API_GROUPS[api], API_RESOURCES.get(resource, f"{resource}s"), VERBS[verb]))
+    return calls
+
+
+def test_the_documented_role_grants_exactly_what_the_launcher_calls() -> None:
+    role = yaml.safe_load(ROLE.read_text())
+    kubernetes_validate.validate(role, VERSIONS[-1], strict=True)
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    calls = launcher_api_calls()
+    assert len(calls) >= 12 and ("", "pods/log", "get") in calls and ("", "events", "list") in calls
+    assert granted == calls
 
 
 def test_strict_validation_catches_a_misspelt_field() -> None:
