@@ -263,13 +263,23 @@ def documented_results() -> list[re.Pattern[str]]:
     return patterns
 
 
+def documented_run_entries() -> set[str]:
+    """The files and folders docs/results-layout.md says a run folder holds (`log.txt`, `attempts/`, `pods/`)."""
+    tree = (REPO / "docs" / "results-layout.md").read_text().split("```")[1]
+    entry = tree.split("results/runs/<figure>/<point-id>/", 1)[1].split("\nresults/", 1)[0]
+    return {name.rstrip("/").split("/")[0] for name in re.findall(r"(?<![\w-])[a-z][a-z_-]*(?:\.[a-z]+|/)", entry)}
+
+
 def undocumented_results(workdir: Path) -> list[str]:
-    """Files under workdir/results that docs/results-layout.md does not name."""
-    patterns = documented_results()
+    """Files under workdir/results that docs/results-layout.md does not name (in a run folder: by their name)."""
+    patterns, run_entries = documented_results(), documented_run_entries()
     assert len(patterns) >= 15, f"docs/results-layout.md's tree gave only {len(patterns)} paths"
+    assert {"result.json", "log.txt", "attempts"} <= run_entries, run_entries
     assert (workdir / "results").is_dir(), f"no results folder in {workdir}"
-    found = (path.relative_to(workdir).as_posix() for path in (workdir / "results").rglob("*") if path.is_file())
-    return sorted(path for path in found if not any(pattern.fullmatch(path) for pattern in patterns))
+    found = [path.relative_to(workdir).as_posix() for path in (workdir / "results").rglob("*") if path.is_file()]
+    unnamed = [path for path in found if not any(pattern.fullmatch(path) for pattern in patterns)]
+    in_runs = [path for path in found if path.startswith("results/runs/") and path.count("/") >= 4]
+    return sorted(unnamed + [path for path in in_runs if path.split("/")[4] not in run_entries])
 
 
 def spawn_gloo(function, world: int, tmp_path: Path, *args) -> list:

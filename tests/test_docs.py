@@ -237,7 +237,9 @@ def test_the_verdicts_the_docs_list_are_the_ones_the_checks_give() -> None:
 
 
 def test_a_file_the_results_layout_does_not_name_is_found(tmp_path: Path) -> None:
-    for path in ("results/tables/kungfu-fig9.csv", "results/runs/kungfu-fig9/p-1/log.txt", "results/stray.txt"):
+    named = ["results/tables/kungfu-fig9.csv", "results/runs/kungfu-fig9/p-1/log.txt", "results/runs/f/p/pods/a/0.log"]
+    strays = ["results/runs/kungfu-fig9/p-1/core.1234", "results/runs/kungfu-fig9/p-1/tmp/x", "results/stray.txt"]
+    for path in named + strays:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("")
-    assert undocumented_results(tmp_path) == ["results/stray.txt"]
+    assert undocumented_results(tmp_path) == sorted(strays)
