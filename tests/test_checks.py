@@ -197,6 +197,20 @@ def test_broken_references_are_errors() -> None:
         evaluate(reference(compare=">", against=0), SUMMARY, "smoke")
 
 
+def test_a_column_only_skipped_runs_would_have_given_is_a_skip_not_an_error() -> None:
+    """Without root every run of a testbed figure is skipped, and its summary lacks the columns they would have
+    filled: a check on the rows it selects reads skipped with their reason; a column an ok row lacks stays an error."""
+    reason = "skipped: needs root for network namespaces"
+    summary = pd.DataFrame(
+        {"run": ["one process", "round-robin"], "status": ["ok", "skipped"], "reason": ["", reason], "x": [1.0, None]}
+    )
+    spread = reference(measured={"column": "ps_bytes", "where": {"run": "round-robin"}}, compare=">", against=0)
+    judged = evaluate(spread, summary, "smoke")
+    assert (judged["status"], judged["reason"]) == ("skipped", reason)
+    with pytest.raises(ReferenceError, match=r"no column \['ps_bytes'\]"):
+        evaluate(reference(measured={"column": "ps_bytes", "where": {"run": "one process"}}), summary, "smoke")
+
+
 def test_check_figure_has_a_row_per_reference() -> None:
     entries = [
         reference(id="a", measured={"column": "efficiency", "aggregate": "max"}, compare="<=", against=1),

@@ -23,7 +23,7 @@ from conftest import REPO, copy_workflow, snakemake
 
 from ddlrepro.host.compare import compare_environments, merged_table
 from ddlrepro.host.config import ConfigError, load_config, validate_config
-from ddlrepro.host.environments import engine_unavailable_reason
+from ddlrepro.host.environments import engine_unavailable_reason, slurm_unreachable_reason
 from ddlrepro.host.figures import figure_points
 from ddlrepro.rank.allocation import allocation_limits
 from ddlrepro.rank.runtime import RankContext, ResourceSampler, next_tick
@@ -268,3 +268,18 @@ def test_compare_refuses_a_name_given_twice_before_reading_anything(tmp_path: Pa
     assert done.returncode != 0
     assert done.stderr.strip() == "environment names must be non-empty and unique: empty [], named twice ['a']"
     assert not list(tmp_path.iterdir())
+
+
+def test_an_unreachable_slurm_cluster_is_named_on_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sinfo without a configuration says so over several lines; the reason becomes one table cell."""
+    sinfo = tmp_path / "sinfo"
+    sinfo.write_text(
+        "#!/bin/sh\necho 'sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host' >&2\n"
+        "echo 'sinfo: error: fetch_config: DNS SRV lookup failed' >&2\necho 'sinfo: fatal: ' >&2\nexit 1\n"
+    )
+    sinfo.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    reason = slurm_unreachable_reason()
+    assert "\n" not in reason
+    assert reason.startswith("no Slurm cluster reachable (sinfo: sinfo: error: resolve_ctls_from_dns_srv")
+    assert "DNS SRV lookup failed / sinfo: fatal:)" in reason

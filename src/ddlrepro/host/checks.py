@@ -138,11 +138,13 @@ def selected_rows(summary: pd.DataFrame, selector: dict[str, Any], name: str) ->
     """The summary rows a selector picks; `name` ('<figure>/<reference id>') goes into every error."""
     column = selector["column"]
     unknown = sorted({column, *selector.get("where", {})} - set(summary.columns))
-    if unknown:
-        raise ReferenceError(f"reference {name}: no column {unknown} in the summary; have {list(summary.columns)}")
     rows = summary
     for key, wanted in selector.get("where", {}).items():
-        rows = rows[rows[key] == wanted]
+        rows = rows[rows[key] == wanted] if key in summary else rows
+    if unknown:
+        if "status" in rows and not rows.empty and (rows["status"] == "skipped").all():
+            raise DeclaredSkip(str(rows["reason"].iloc[0]))  # nothing ran that could have given the column
+        raise ReferenceError(f"reference {name}: no column {unknown} in the summary; have {list(summary.columns)}")
     if rows.empty:
         raise ReferenceError(
             f"reference {name}: no row with {describe_where(selector)} in the summary: configure those points,"

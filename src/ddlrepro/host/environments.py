@@ -85,7 +85,8 @@ def slurm_unreachable_reason() -> str:
     except subprocess.TimeoutExpired:
         return "no Slurm cluster reachable (sinfo: no answer from the controller in 10 s)"
     if answer.returncode != 0:
-        return f"no Slurm cluster reachable (sinfo: {answer.stderr.strip()[:200]})"
+        said = " / ".join(line.strip() for line in answer.stderr.splitlines() if line.strip())
+        return f"no Slurm cluster reachable (sinfo: {said[:200]})"  # one line: it becomes a table cell
     return "a Slurm cluster is reachable but the launcher is not slurm (launcher.name: slurm runs this environment)"
 
 
