@@ -45,6 +45,25 @@ def test_every_strategy_equals_all_reduce(tmp_path: Path, world: int, group_size
         assert all(torch.equal(r[strategy]["float"], results[0][strategy]["float"]) for r in results), strategy
 
 
+def star_sums_at_every_root(rank: int) -> dict[str, torch.Tensor]:
+    """STAR's float sum rooted at each rank, and the sum of every rank's tensor added in rank order here."""
+    world = dist.get_world_size()
+    tensors = [torch.randn(4097, generator=torch.Generator().manual_seed(source)) for source in range(world)]
+    in_rank_order = tensors[0].clone()
+    for tensor in tensors[1:]:
+        in_rank_order += tensor
+    star = reducer("STAR", 1)
+    return {"order": in_rank_order} | {f"root {root}": star(tensors[rank].clone(), root=root) for root in range(world)}
+
+
+def test_star_adds_in_rank_order_bit_for_bit_wherever_its_root(tmp_path: Path) -> None:
+    """The root adds its own tensor where its rank falls among the others', without copying it aside."""
+    results = spawn_gloo(star_sums_at_every_root, 4, tmp_path)
+    for rank_sums in results:
+        for root in range(4):
+            assert torch.equal(rank_sums[f"root {root}"], rank_sums["order"]), root
+
+
 def train_with(rank: int, strategy: str, steps: int) -> list[torch.Tensor]:
     """A few DDP steps of a small network under `strategy`; the parameters afterwards."""
     torch.manual_seed(0)

@@ -149,12 +149,14 @@ def _add_inputs(tensor: torch.Tensor, inputs: list[int], tag: int) -> None:
     rank = dist.get_rank()
     received = {source: torch.empty_like(tensor) for source in inputs}
     _wait_all([dist.irecv(received[source], src=source, tag=tag) for source in inputs])
-    parts = [tensor if source == rank else received[source] for source in sorted([rank, *inputs])]
-    total = tensor if parts[0] is tensor else parts[0].clone()  # added onto in place when this rank comes first
-    for part in parts[1:]:
-        total.add_(part)
-    if total is not tensor:
-        tensor.copy_(total)
+    before = [received[source] for source in inputs if source < rank]
+    for part in before[1:]:  # the lower ranks' sum, in a buffer of theirs
+        before[0].add_(part)
+    if before:
+        tensor.add_(before[0])  # x + y is y + x, bit for bit: the sum's order is kept without a copy
+    for source in inputs:
+        if source > rank:
+            tensor.add_(received[source])
 
 
 def run_pair(tensor: torch.Tensor, pair: GraphPair, tag: int) -> torch.Tensor:
