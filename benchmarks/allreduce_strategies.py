@@ -9,7 +9,9 @@ BINARY_TREE and BINARY_TREE_STAR within a few % of each other it moves the mean 
 busbw = algbw × 2(n−1)/n (nccl-tests). Every strategy is reported against raw all_reduce. The target (targets.yaml)
 holds the best *point-to-point* strategy (STAR, BINARY_TREE, BINARY_TREE_STAR, CLIQUE) to ≥ 0.9 × raw all_reduce:
 RING is gloo's all_reduce itself, so it is listed as a check of the method, not as a candidate. 4 ranks, because at 2
-STAR, BINARY_TREE and BINARY_TREE_STAR send the same messages.
+STAR, BINARY_TREE and BINARY_TREE_STAR send the same messages. Beside each ratio, the CPU time every rank spent per
+operation (user and system, summed over ranks) relative to raw all_reduce's, and the cores the ranks kept busy: where
+both keep every core busy, the CPU a strategy costs per byte, not the bytes it moves, sets its speed.
 
     python benchmarks/allreduce_strategies.py [--rounds 12] [--ops 3] [--world 4]
 """
@@ -32,6 +34,7 @@ from ddlrepro.rank.strategies import STRATEGIES, Reducer, reducer
 
 SIZES_MIB = [16, 32, 64]
 SAME_AS_RAW = "RING"
+Samples = dict[tuple[str, int], list[float]]  # (candidate, MiB) -> one value per round
 
 
 def raw_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
@@ -39,21 +42,24 @@ def raw_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def seconds_per_op(reduce: Reducer, tensor: torch.Tensor, ops: int) -> float:
+def seconds_per_op(reduce: Reducer, tensor: torch.Tensor, ops: int) -> tuple[float, float]:
+    """Wall seconds per all-reduce, and this process's CPU seconds (user and system, every thread) per one."""
     dist.barrier()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for _ in range(ops):
         reduce(tensor)
-    return (time.perf_counter() - started) / ops
+    return (time.perf_counter() - started) / ops, (time.process_time() - cpu) / ops
 
 
 def measure(rank: int, world: int, port: int, rounds: int, ops: int, out: dict) -> None:
-    """Rank 0 leaves in `out` every (candidate, size) -> its seconds per all-reduce in each round."""
+    """Leave in `out` rank 0's seconds per all-reduce of every (candidate, size) in each round ("wall"), and each
+    rank's CPU seconds per one (rank)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     candidates = [("raw all_reduce", raw_all_reduce), *((name, reducer(name, world)) for name in STRATEGIES)]
-    times: dict[tuple[str, int], list[float]] = {}
+    times: Samples = {}
+    cpu: Samples = {}
     for size in SIZES_MIB:
         tensor = torch.zeros(size * 2**20 // 4)
         for _, reduce in candidates:
@@ -61,9 +67,12 @@ def measure(rank: int, world: int, port: int, rounds: int, ops: int, out: dict) 
         for index in range(rounds):
             shift = index % len(candidates)
             for name, reduce in candidates[shift:] + candidates[:shift]:
-                times.setdefault((name, size), []).append(seconds_per_op(reduce, tensor, ops))
+                wall, used = seconds_per_op(reduce, tensor, ops)
+                times.setdefault((name, size), []).append(wall)
+                cpu.setdefault((name, size), []).append(used)
     if rank == 0:
-        out.update(times)
+        out["wall"] = times
+    out[rank] = cpu
     dist.destroy_process_group()
 
 
@@ -78,17 +87,24 @@ def main() -> None:
             out = manager.dict()
             port = free_loopback_port()
             mp.spawn(measure, args=(args.world, port, args.rounds, args.ops, out), nprocs=args.world, join=True)
-            times = dict(out)
+            times, cpu = out["wall"], cpu_over_ranks([out[rank] for rank in range(args.world)])
         print(
             f"{args.world} gloo processes, {args.rounds} interleaved rounds of {args.ops} all-reduces (medians shown)"
         )
-        report_sizes(times, args.world)
+        report_sizes(times, cpu, args.world)
         rounds = round_ratios(times, args.rounds)
         means = {name: statistics.fmean(ratios) for name, ratios in rounds.items()}
         for name, ratios in rounds.items():
             what = f"{name}: 16–64 MiB mean busbw ÷ raw all_reduce's"
             record.add(f"{name.lower()}-busbw-ratio", what, means[name], "", meter.load, round_values=ratios)
         best_p2p = max((name for name in means if name != SAME_AS_RAW), key=means.get)
+        for name, ratio in cpu_ratios(cpu).items():
+            what = f"{name}: 16–64 MiB mean CPU time of raw all_reduce ÷ its own (every rank's, per operation)"
+            record.add(f"{name.lower()}-cpu-ratio", what, ratio, "", meter.load)
+        for name in ("raw all_reduce", best_p2p):
+            what = f"{name}: cores its ranks kept busy, 16–64 MiB (CPU seconds ÷ wall seconds, medians)"
+            busy = statistics.fmean(cores_busy(times, cpu, name, size) for size in SIZES_MIB)
+            record.add(f"{name.lower().replace(' ', '-')}-cores-busy", what, busy, "cores", meter.load)
         what = f"best point-to-point strategy ({best_p2p}): busbw ÷ raw all_reduce's"
         record.add(
             "best-p2p-busbw-ratio",
@@ -101,7 +117,7 @@ def main() -> None:
         )
 
 
-def round_ratios(times: dict[tuple[str, int], list[float]], rounds: int) -> dict[str, list[float]]:
+def round_ratios(times: Samples, rounds: int) -> dict[str, list[float]]:
     """Each strategy's value in each round: the mean over sizes of raw all_reduce's time ÷ its own (busbw ratio)."""
     return {
         name: [
@@ -112,16 +128,39 @@ def round_ratios(times: dict[tuple[str, int], list[float]], rounds: int) -> dict
     }
 
 
-def report_sizes(times: dict[tuple[str, int], list[float]], world: int) -> None:
-    """Print every candidate's median time and busbw per size, and its ratio to raw all_reduce's."""
+def cpu_over_ranks(per_rank: list[Samples]) -> Samples:
+    """Every rank's CPU seconds per operation added up, round by round."""
+    return {key: [sum(rounds) for rounds in zip(*(rank[key] for rank in per_rank), strict=True)] for key in per_rank[0]}
+
+
+def cpu_ratios(cpu: Samples) -> dict[str, float]:
+    """Each strategy's mean over sizes of raw all_reduce's median CPU time ÷ its own. Where every rank together
+    keeps the machine's cores busy (a few cores, ranks on loopback), the all-reduce is bound by the CPU it costs,
+    and this ratio bounds its busbw ratio."""
+    median = {key: statistics.median(values) for key, values in cpu.items()}
+    return {
+        name: statistics.fmean(median[("raw all_reduce", size)] / median[(name, size)] for size in SIZES_MIB)
+        for name in STRATEGIES
+    }
+
+
+def cores_busy(times: Samples, cpu: Samples, name: str, size: int) -> float:
+    return statistics.median(cpu[(name, size)]) / statistics.median(times[(name, size)])
+
+
+def report_sizes(times: Samples, cpu: Samples, world: int) -> None:
+    """Print every candidate's median time and busbw per size, its ratio to raw all_reduce's, and the cores its
+    ranks kept busy (CPU seconds ÷ wall seconds)."""
     factor = 2 * (world - 1) / world
     for size in SIZES_MIB:
         raw = statistics.median(times[("raw all_reduce", size)])
         for name in ["raw all_reduce", *STRATEGIES]:
             seconds = statistics.median(times[(name, size)])
             busbw = size * 2**20 / seconds / 1e9 * factor
+            cores = cores_busy(times, cpu, name, size)
             print(
                 f"{size:3d} MiB  {name:17s} {seconds * 1e3:8.1f} ms  busbw {busbw:5.2f} GB/s  ÷ raw {raw / seconds:.3f}"
+                f"  cores busy {cores:.2f}"
             )
 
 
