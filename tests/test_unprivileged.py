@@ -103,7 +103,11 @@ def scratch() -> Iterator[Path]:
 def test_a_user_without_root_gets_every_figure_with_root_and_horovod_points_skipped(scratch: Path) -> None:
     tmp_path = scratch
     workdir = copy_workflow(tmp_path / "checkout")
-    (workdir / "only.yaml").write_text(yaml.safe_dump({"figures": only_figures(SECTIONS)}))
+    # config.yaml's retry, which tiny.yaml turns off: a gloo rank here has, rarely, aborted in its teardown after
+    # its last result ("terminate called without an active exception"; 3 times in non-root runs, never reproduced
+    # in 70 runs of those points), and a user's `make reproduce` retries it too.
+    only = {"figures": only_figures(SECTIONS), "launcher": {"retries": 1}}
+    (workdir / "only.yaml").write_text(yaml.safe_dump(only))
     hidden = tmp_path / "no-horovod"
     hidden.mkdir()
     (hidden / "sitecustomize.py").write_text(HIDE_HOROVOD)
