@@ -248,13 +248,16 @@ def planned_jobs(dry_run_output: str) -> dict[str, int]:
     return counts
 
 
+def results_layout_tree() -> str:
+    """The tree of docs/results-layout.md (its first code block)."""
+    return (REPO / "docs" / "results-layout.md").read_text().split("```")[1]
+
+
 def documented_results() -> list[re.Pattern[str]]:
     """The paths docs/results-layout.md's tree names, as patterns: `<name>` is any one path part, a trailing `/`
     everything under it."""
-    page = (REPO / "docs" / "results-layout.md").read_text()
-    tree = page.split("```")[1]
     patterns = []
-    for line in tree.splitlines():
+    for line in results_layout_tree().splitlines():
         for word in line.split():
             if not word.startswith("results/"):
                 break
@@ -265,8 +268,7 @@ def documented_results() -> list[re.Pattern[str]]:
 
 def documented_run_entries() -> set[str]:
     """The files and folders docs/results-layout.md says a run folder holds (`log.txt`, `attempts/`, `pods/`)."""
-    tree = (REPO / "docs" / "results-layout.md").read_text().split("```")[1]
-    entry = tree.split("results/runs/<figure>/<point-id>/", 1)[1].split("\nresults/", 1)[0]
+    entry = results_layout_tree().split("results/runs/<figure>/<point-id>/", 1)[1].split("\nresults/", 1)[0]
     return {name.rstrip("/").split("/")[0] for name in re.findall(r"(?<![\w-])[a-z][a-z_-]*(?:\.[a-z]+|/)", entry)}
 
 

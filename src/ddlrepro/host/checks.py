@@ -141,17 +141,16 @@ def selected_rows(summary: pd.DataFrame, selector: dict[str, Any], name: str) ->
     rows = summary
     for key, wanted in selector.get("where", {}).items():
         rows = rows[rows[key] == wanted] if key in summary else rows
+    # Before the missing column: rows whose runs were all skipped never fill the columns those runs would have.
+    if "status" in rows and not rows.empty and (rows["status"] == "skipped").all():
+        raise DeclaredSkip(str(rows["reason"].iloc[0]))
     if unknown:
-        if "status" in rows and not rows.empty and (rows["status"] == "skipped").all():
-            raise DeclaredSkip(str(rows["reason"].iloc[0]))  # nothing ran that could have given the column
         raise ReferenceError(f"reference {name}: no column {unknown} in the summary; have {list(summary.columns)}")
     if rows.empty:
         raise ReferenceError(
             f"reference {name}: no row with {describe_where(selector)} in the summary: configure those points,"
             f" or name {name!r} under checks.exclude in the config"
         )
-    if "status" in rows and (rows["status"] == "skipped").all():
-        raise DeclaredSkip(str(rows["reason"].iloc[0]))
     if len(rows) > 1 and "aggregate" not in selector:
         raise ReferenceError(f"reference {name}: {len(rows)} rows match {describe_where(selector)}; add `aggregate`")
     return rows
