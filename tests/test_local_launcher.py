@@ -15,6 +15,7 @@ from conftest import tiny_point
 
 from ddlrepro.host.launchers.base import JobSpec, RunFailed, WorkerSpec
 from ddlrepro.host.launchers.local import LocalRequest
+from ddlrepro.host.launchers.processes import private_temporary_folder
 from ddlrepro.host.run import run_point
 from ddlrepro.host.rundir import OutputCollector, metric_records
 from ddlrepro.host.testing import local_launcher
@@ -240,3 +241,19 @@ def test_workers_temporary_files_go_with_the_run(tmp_path: Path) -> None:
     assert all(folder.parent.name.startswith("ddlrepro-run-") for folder in left)
     assert not any(folder.parent.exists() for folder in left)
     assert os.environ.get("TMPDIR") != str(left[0].parent)
+
+
+def test_runs_that_end_out_of_order_never_leave_tmpdir_naming_a_removed_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs executed at once in one process (threads, as some tests do): the first to start ends first, and
+    TMPDIR then names the other's live folder, then what it was before either."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    first, second = private_temporary_folder(), private_temporary_folder()
+    first_folder = first.__enter__()
+    second_folder = second.__enter__()
+    assert os.environ["TMPDIR"] == str(second_folder)
+    first.__exit__(None, None, None)
+    assert not first_folder.exists() and os.environ["TMPDIR"] == str(second_folder) and second_folder.is_dir()
+    second.__exit__(None, None, None)
+    assert not second_folder.exists() and os.environ["TMPDIR"] == str(tmp_path)

@@ -106,20 +106,34 @@ def stop(started: list[Started]) -> None:
             return
 
 
+# The private folders of the runs this process executes now, newest last, and TMPDIR as it was before the first:
+# runs executed at once on threads (tests do) end in any order, and TMPDIR must never be left naming a removed one.
+_LIVE_FOLDERS: list[str] = []
+_TMPDIR_OUTSIDE: list[str | None] = [None]
+_FOLDERS_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def private_temporary_folder() -> Iterator[Path]:
     """A fresh TMPDIR for the processes started while this lasts, removed after with whatever they left there
-    (torchrun's log folders, TensorFlow's autograph sources, Open MPI's session folder): runs leave nothing in /tmp."""
-    before = os.environ.get("TMPDIR")
+    (torchrun's log folders, TensorFlow's autograph sources, Open MPI's session folder): runs leave nothing in /tmp.
+    When it ends, TMPDIR names the newest folder still in use, else what it was before any."""
     with tempfile.TemporaryDirectory(prefix="ddlrepro-run-") as folder:
-        os.environ["TMPDIR"] = folder
+        with _FOLDERS_LOCK:
+            if not _LIVE_FOLDERS:
+                _TMPDIR_OUTSIDE[0] = os.environ.get("TMPDIR")
+            _LIVE_FOLDERS.append(folder)
+            os.environ["TMPDIR"] = folder
         try:
             yield Path(folder)
         finally:
-            if before is None:
-                os.environ.pop("TMPDIR", None)
-            else:
-                os.environ["TMPDIR"] = before
+            with _FOLDERS_LOCK:
+                _LIVE_FOLDERS.remove(folder)
+                restored = _LIVE_FOLDERS[-1] if _LIVE_FOLDERS else _TMPDIR_OUTSIDE[0]
+                if restored is None:
+                    os.environ.pop("TMPDIR", None)
+                else:
+                    os.environ["TMPDIR"] = restored
 
 
 def describe_exit(code: int) -> str:
