@@ -9,6 +9,7 @@ import copy
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +226,20 @@ def test_a_paired_round_swaps_which_goes_first_and_returns_the_baseline_first() 
 
     assert [paired_round(index, measure("base", 1.0), measure("other", 2.0)) for index in range(3)] == [(1.0, 2.0)] * 3
     assert order == ["base", "other", "other", "base", "base", "other"]
+
+
+def test_monitor_settings_take_turns_step_by_step_and_each_is_timed_alone() -> None:
+    """The monitor benchmark's round: every setting steps `count` times, one step each in turn, the first to step
+    rotating round by round, and each setting's seconds are its own steps' only."""
+    from monitor_overhead import interleaved_round
+
+    order: list[str] = []
+
+    def step(name: str, seconds: float):
+        return lambda: order.append(name) or time.sleep(seconds)
+
+    steps = {"none": step("none", 0.001), "slow": step("slow", 0.02), "fast": step("fast", 0.005)}
+    wall, cpu = interleaved_round(steps, 3, round_index=1)
+    assert order == ["slow", "fast", "none"] * 3
+    assert 0.06 <= wall["slow"] < 0.06 + 0.05 and 0.015 <= wall["fast"] < wall["slow"] and wall["none"] < wall["fast"]
+    assert set(cpu) == set(steps) and all(value >= 0 for value in cpu.values())
