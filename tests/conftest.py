@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -21,6 +22,7 @@ import yaml
 
 from ddlrepro.host.cpuquota import CpuQuotas
 from ddlrepro.host.figures import FIGURES
+from ddlrepro.host.hostload import read_host_cpu
 from ddlrepro.host.redaction import forget_registered
 from ddlrepro.host.run import HOROVOD_MISSING, horovod_importable
 from ddlrepro.points import Point
@@ -72,6 +74,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
             return SHARED_RESOURCE.get(Path(module).name, module)
 
     return ByModuleAndSharedResource(config, log)
+
+
+HOST_CPU_KEY = pytest.StashKey[tuple[float, float]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[HOST_CPU_KEY] = (time.monotonic(), read_host_cpu()[0])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """How busy the machine's cores were over this pass (every process's CPU, from /proc/stat): a suite that
+    keeps them all busy can only get faster by doing less work (issue `performance`, the suite's speed)."""
+    if HOST_CPU_KEY not in config.stash or hasattr(config, "workerinput"):
+        return
+    started, busy_at_start = config.stash[HOST_CPU_KEY]
+    wall = time.monotonic() - started
+    busy, _, cpus = read_host_cpu()
+    used = busy - busy_at_start
+    line = f"host CPU over this pass: {used / 60:.1f} core-minutes busy of {cpus * wall / 60:.1f} ({cpus} cores)"
+    terminalreporter.write_line(f"{line}: {100 * used / (cpus * wall):.0f} % busy")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
