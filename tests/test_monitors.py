@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ddlrepro.rank.ema import Ema
 from ddlrepro.rank.micro_batch_norms import MicroBatchNorms
 from ddlrepro.rank.monitors import AGGREGATIONS, GradientMonitor, NoiseScaleEstimator
+from ddlrepro.rank.strategies import hooked
 
 WORLD = 2
 
@@ -321,3 +322,21 @@ def test_each_aggregation_from_gathered_gradients(tmp_path: Path) -> None:
     assert results[0]["measured"]["mean-of-workers"] == results[1]["measured"]["mean-of-workers"]
     assert results[0]["measured"]["per-worker"] != results[1]["measured"]["per-worker"]
     assert results[0]["measured"]["mean-of-workers"] != results[0]["measured"]["pooled"]
+
+
+def hooked_then_monitored(rank: int, kind: str) -> str:
+    """The error a monitor's attach raises on a model whose gradients a KungFu strategy already averages."""
+    model = DistributedDataParallel(small_network())
+    hooked(model, "STAR", group_size=2)
+    try:
+        GradientMonitor(kind, 1, 8, 2, alpha=0.6).attach(model)
+    except ValueError as error:
+        return str(error)
+    return "attached"
+
+
+@pytest.mark.parametrize("kind", ["noise-scale", "variance"])
+def test_a_monitor_beside_a_strategys_hook_is_refused_naming_why(tmp_path: Path, kind: str) -> None:
+    """Both monitors average the gradients in their own communication hook; DDP takes one hook."""
+    (message, _) = spawn_gloo(hooked_then_monitored, 2, tmp_path, kind)
+    assert message.startswith(f"the {kind} monitor averages the gradients in its own hook"), message
