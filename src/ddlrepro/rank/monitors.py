@@ -201,7 +201,7 @@ class GradientMonitor:
         squares_reduced = dist.all_reduce(squares, async_op=True).get_future()
         sizes = [parameter.numel() for parameter in bucket.parameters()]
         both = torch.futures.collect_all([reduced, squares_reduced])
-        return both.then(lambda done: self._variance(done, bucket.index(), sizes))
+        return both.then(lambda done: self._variance(done, index, sizes))
 
     def _reduced_square(self, done: torch.futures.Future, index: int) -> torch.Tensor:
         """|G_big|²'s part in one all-reduced bucket, taken as the bucket completes."""

@@ -109,7 +109,7 @@ def stop(started: list[Started]) -> None:
 # The private folders of the runs this process executes now, newest last, and TMPDIR as it was before the first:
 # runs executed at once on threads (tests do) end in any order, and TMPDIR must never be left naming a removed one.
 _LIVE_FOLDERS: list[str] = []
-_TMPDIR_OUTSIDE: list[str | None] = [None]
+_tmpdir_outside: str | None = None
 _FOLDERS_LOCK = threading.Lock()
 
 
@@ -118,10 +118,11 @@ def private_temporary_folder() -> Iterator[Path]:
     """A fresh TMPDIR for the processes started while this lasts, removed after with whatever they left there
     (torchrun's log folders, TensorFlow's autograph sources, Open MPI's session folder): runs leave nothing in /tmp.
     When it ends, TMPDIR names the newest folder still in use, else what it was before any."""
+    global _tmpdir_outside
     with tempfile.TemporaryDirectory(prefix="ddlrepro-run-") as folder:
         with _FOLDERS_LOCK:
             if not _LIVE_FOLDERS:
-                _TMPDIR_OUTSIDE[0] = os.environ.get("TMPDIR")
+                _tmpdir_outside = os.environ.get("TMPDIR")
             _LIVE_FOLDERS.append(folder)
             os.environ["TMPDIR"] = folder
         try:
@@ -129,7 +130,7 @@ def private_temporary_folder() -> Iterator[Path]:
         finally:
             with _FOLDERS_LOCK:
                 _LIVE_FOLDERS.remove(folder)
-                restored = _LIVE_FOLDERS[-1] if _LIVE_FOLDERS else _TMPDIR_OUTSIDE[0]
+                restored = _LIVE_FOLDERS[-1] if _LIVE_FOLDERS else _tmpdir_outside
                 if restored is None:
                     os.environ.pop("TMPDIR", None)
                 else:
