@@ -25,7 +25,7 @@ import hostlist
 from ddlrepro.points import Point
 from ddlrepro.rank import devicetypes, taskenv
 from ddlrepro.rank.taskenv import LISTEN_ADDRESS_ENV
-from ddlrepro.shutdown import skip_final_collection
+from ddlrepro.shutdown import run_rank
 
 RENDEZVOUS_WAIT_S = 300
 
@@ -128,5 +128,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
-    skip_final_collection()
+    run_rank(main)

@@ -25,7 +25,7 @@ from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import DefaultGroup, announce, build_trainer, emit_step
 from ddlrepro.rank.runtime import rendezvous_store
 from ddlrepro.records import emit
-from ddlrepro.shutdown import skip_final_collection
+from ddlrepro.shutdown import run_rank
 
 
 def main(argv: list[str]) -> None:
@@ -59,5 +59,4 @@ def stopped_by_host(group: DefaultGroup, client: ConfigClient) -> bool:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
-    skip_final_collection()
+    run_rank(main)

@@ -35,7 +35,7 @@ from ddlrepro.rank.elastic.events import IN_PLACE_PHASES, ResizeEvent
 from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import announce, build_trainer, emit_step
 from ddlrepro.records import emit
-from ddlrepro.shutdown import skip_final_collection
+from ddlrepro.shutdown import run_rank
 
 
 class InPlaceWorker:
@@ -283,5 +283,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
-    skip_final_collection()
+    run_rank(main)

@@ -32,7 +32,7 @@ from ddlrepro.rank.elastic.schedule import parse_schedule
 from ddlrepro.rank.elastic.trainer import DefaultGroup, ElasticTrainer, announce, build_trainer, emit_step
 from ddlrepro.rank.runtime import rendezvous_store
 from ddlrepro.records import emit
-from ddlrepro.shutdown import skip_final_collection
+from ddlrepro.shutdown import run_rank
 
 WAIT_POLL_S = 0.05
 NO_RESIZE = -1
@@ -166,5 +166,4 @@ def wait_for_restart(group: DefaultGroup) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
-    skip_final_collection()
+    run_rank(main)

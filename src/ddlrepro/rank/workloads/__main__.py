@@ -14,7 +14,7 @@ from ddlrepro.rank import devicetypes
 from ddlrepro.rank.interfaces import NodeInterfaceCounter
 from ddlrepro.rank.runtime import RankContext, ResourceSampler, init_distributed
 from ddlrepro.rank.workloads import WORKLOADS
-from ddlrepro.shutdown import skip_final_collection
+from ddlrepro.shutdown import run_rank
 
 
 def main(argv: list[str]) -> None:
@@ -50,5 +50,4 @@ def ensure_device_environment(point: Point, argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
-    skip_final_collection()
+    run_rank(main)
