@@ -1,6 +1,6 @@
 """A rank's way out (shutdown.py): torch's threads may still call into Python after a rank's last collective; an
 ordinary exit then aborts the rank (SIGABRT after its result), `run_rank` must not, and must still do what an
-ordinary exit does (flush, atexit handlers). Real 2-rank gloo jobs on loopback."""
+ordinary exit does (flush Python's and C's output, atexit handlers). Real 2-rank gloo jobs on loopback."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ddlrepro.host.launchers.processes import free_loopback_port
 # finished work's tensors) when the main thread leaves. The interpreter's finalization is made slow, as on a busy
 # machine, so the callback takes the GIL again while it runs. Its output is left in the buffer on purpose.
 RANK_SCRIPT = """
-import atexit, sys, threading, time
+import atexit, ctypes, sys, threading, time
 import torch, torch.distributed as dist
 from ddlrepro.shutdown import run_rank
 
@@ -45,6 +45,7 @@ def main(argv):
     assert called.wait(60)
     atexit.register(lambda: open(argv[-1], "w").close())
     print("rank", dist.get_rank(), "left")
+    ctypes.CDLL(None).printf(b"from C\\n")  # C's buffer, as a C++ library's printf
 
 
 if __name__ == "__main__":
@@ -59,7 +60,8 @@ def run_two_ranks(tmp_path: Path, exit_by: str) -> list[tuple[int, str, str]]:
     """Each rank's exit code, stdout and stderr."""
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_loopback_port()), "WORLD_SIZE": "2"}
+    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}  # both buffers full
+    env = {**buffered, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_loopback_port()), "WORLD_SIZE": "2"}
     ranks = [
         subprocess.Popen(
             [sys.executable, str(script), exit_by, str(tmp_path / f"atexit-{rank}")],
@@ -89,7 +91,7 @@ def test_an_ordinary_exit_aborts_while_torchs_thread_still_calls_python(tmp_path
 def test_run_rank_leaves_cleanly_after_flushing_and_running_atexit_handlers(tmp_path: Path) -> None:
     for rank, (code, stdout, stderr) in enumerate(run_two_ranks(tmp_path, "run_rank")):
         assert code == 0, stderr
-        assert stdout == f"rank {rank} left\n"
+        assert stdout == f"rank {rank} left\nfrom C\n"
         assert (tmp_path / f"atexit-{rank}").exists()
 
 

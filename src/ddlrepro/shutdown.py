@@ -18,6 +18,7 @@ cannot be joined first (the race of pytorch/pytorch pull request 179291, not mer
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import os
 import sys
@@ -36,8 +37,8 @@ def skip_final_collection() -> None:
 def leave(code: int = 0) -> NoReturn:
     """End the process as an ordinary exit would, except for the interpreter's finalization: join the threading
     module's non-daemon threads, run the atexit handlers, finalize MPI where mpi4py started it (mpi4py registers
-    that with `Py_AtExit`, which only finalization runs; mpirun fails a rank that skips it), flush the standard
-    streams, then `os._exit`."""
+    that with `Py_AtExit`, which only finalization runs; mpirun fails a rank that skips it), flush Python's and C's
+    buffered output, then `os._exit`."""
     threading._shutdown()  # type: ignore[attr-defined]  # what finalization calls first: joins non-daemon threads
     atexit._run_exitfuncs()
     mpi = sys.modules.get("mpi4py.MPI")
@@ -45,6 +46,7 @@ def leave(code: int = 0) -> NoReturn:
         mpi.Finalize()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+    ctypes.CDLL(None).fflush(None)  # C libraries' buffered output (printf through a pipe), which exit() would flush
     os._exit(code)
 
 
