@@ -27,7 +27,7 @@ class SlowToClear:
     sleep = staticmethod(time.sleep)
 
     def __del__(self):
-        self.sleep(1.0)
+        self.sleep(3.0)
 
 
 def main(argv):
@@ -38,7 +38,7 @@ def main(argv):
 
     def callback(future):
         called.set()
-        time.sleep(0.3)
+        time.sleep(1.0)  # long enough that the main thread has begun to leave, even on a loaded machine
         return future.value()
 
     pending = dist.all_reduce(torch.ones(4), async_op=True).get_future().then(callback)
@@ -58,6 +58,7 @@ if __name__ == "__main__":
 
 def run_two_ranks(tmp_path: Path, exit_by: str) -> list[tuple[int, str, str]]:
     """Each rank's exit code, stdout and stderr."""
+    tmp_path.mkdir(exist_ok=True)
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}  # both buffers full
@@ -83,9 +84,15 @@ def without_core_dumps() -> None:
 
 
 def test_an_ordinary_exit_aborts_while_torchs_thread_still_calls_python(tmp_path: Path) -> None:
-    """The hazard run_rank exists for (should torch ever fix it, this fails and run_rank can go)."""
-    for code, _, stderr in run_two_ranks(tmp_path, "ordinary"):
-        assert code == -signal.SIGABRT, stderr  # std::terminate, or Python's fatal error on the thread's state
+    """The hazard run_rank exists for (should torch ever fix it, this fails and run_rank can go). Nearly every
+    rank aborts (std::terminate, or Python's fatal error on the thread's state); once in a few dozen here, beside
+    a CPU hog, the thread took another way out and the rank exited 0, so up to three jobs are run."""
+    codes = []
+    for attempt in range(3):
+        codes += [code for code, _, _ in run_two_ranks(tmp_path / str(attempt), "ordinary")]
+        if -signal.SIGABRT in codes:
+            return
+    raise AssertionError(f"no rank of three 2-rank jobs aborted: exit codes {codes}")
 
 
 def test_run_rank_leaves_cleanly_after_flushing_and_running_atexit_handlers(tmp_path: Path) -> None:
