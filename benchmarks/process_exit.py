@@ -1,5 +1,5 @@
-"""Process exit: how long a rank's process takes to end once its work is done, with the entry points' last call
-(`ddlrepro.shutdown.skip_final_collection`) and without it.
+"""Process exit: how long a rank's process takes to end once its work is done, by its entry point's way out
+(`ddlrepro.shutdown.leave`: atexit handlers, then `os._exit`, no finalization) and by Python's own exit.
 
 Each round starts two child processes, one of each kind in alternating order, that do what every rank does before
 training (load torch, build the smoke model and its optimizer, which loads torch._dynamo), print the time and
@@ -25,13 +25,13 @@ CHILD = """
 import sys, time
 import torch
 from ddlrepro.rank.models import build_model
-from ddlrepro.shutdown import skip_final_collection
+from ddlrepro.shutdown import leave
 
 model = build_model(sys.argv[1])
 torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 print(time.time(), flush=True)
 if sys.argv[2] == "with":
-    skip_final_collection()
+    leave()
 """
 
 
@@ -62,7 +62,7 @@ def main() -> None:
         )
         record.add(
             "exit-with",
-            "a rank's exit, with skip_final_collection",
+            "a rank's exit, by ddlrepro.shutdown.leave",
             statistics.median(seconds["with"]),
             "s",
             meter.load,
