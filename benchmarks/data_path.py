@@ -2,17 +2,20 @@
 COS, through MinIO's S3 client on a prefetching thread) ÷ reading them from local disk (`local`), and the store's
 start and stop times.
 
-Same model, batch, shards and threads (1 worker × 1 thread); paired rounds, one run of each, which goes first
-swapping round by round, each run a fresh process (an `s3` run starts its own store, outside its timed
-iterations), so machine noise hits both alike. The ratio is judged as the workflow judges a timing claim: the mean
-of the rounds' s3 ÷ local ratios with its one-sided 95 % bootstrap bounds, over `--rounds` fixed before the run.
-Twenty: the rounds' ratios spread about 5 % here (sd; 1.96 standard errors of 5 rounds were ± 0.044), and with
-n ≈ ((1.645 + 0.84) · σ / m)² twenty rounds settle a mean 0.028 from the line. Also recorded: the median time from
-starting SeaweedFS to its bucket answering (`up`) and from asking it to stop to its exit (`down`: SIGTERM, then
-SIGKILL).
+Both sources train side by side in one process (1 worker × 1 thread), the workload's paired `settings`: one model
+each from the same seed, taking turns iteration by iteration (the order rotated every iteration), each source's
+reader reading only in its own turn, so a fetch the step does not hide is timed with the source that needs it.
+Each iteration is a round: the ratio is judged as the workflow judges a timing claim, the mean of the rounds'
+s3 ÷ local ratios with its one-sided 95 % bootstrap bounds, over `--rounds` fixed before the run.
+Why one process: a process's training speed on this VM is drawn at its start (benchmarks/harness_fidelity.py).
+With each source in fresh processes, 20 paired rounds read 0.983 [0.949, 1.019], inconclusive: the rates were
+bimodal (240–250 or 275–280 img/s, whichever source), the ratios spread 9.8 % (sd), and settling that mean 0.033
+from the line would have taken ~54 rounds (n ≈ ((1.645 + 0.84) · σ / m)²).
+Also recorded: the median time from starting SeaweedFS to its bucket answering (`up`) and from asking it to stop
+to its exit (`down`: SIGTERM, then SIGKILL).
 Targets (targets.yaml): ratio ≥ 0.95, up ≤ 10 s, down ≤ 15 s.
 
-    python benchmarks/data_path.py [--model resnet20] [--batch-size 32] [--rounds 20] [--store-rounds 3]
+    python benchmarks/data_path.py [--model resnet20] [--batch-size 32] [--rounds 40] [--store-rounds 3]
 """
 
 from __future__ import annotations
@@ -21,21 +24,34 @@ import argparse
 import statistics
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
-from _common import BenchmarkRecord, paired_round
-from harness_fidelity import measure_harness
+from _common import BenchmarkRecord
+from harness_fidelity import harness_point
 
 from ddlrepro.host import objectstore
 from ddlrepro.host.hostload import ForeignLoadMeter
+from ddlrepro.host.run import run_point
+from ddlrepro.host.rundir import metric_records
+from ddlrepro.host.testing import local_launcher
 from ddlrepro.rank.pack_shards import pack
 
+SOURCES = ("local", "s3")
 
-def measure(args: argparse.Namespace, source: str, shards: Path, run_dir: Path) -> float:
-    """One 1-worker × 1-thread throughput run reading `source`: its img/s."""
+
+def paired_rates(args: argparse.Namespace, shards: Path, run_dir: Path) -> dict[str, list[float]]:
+    """One 1-worker × 1-thread throughput run, local and s3 in turns (`args.rounds` iterations): each source's
+    img/s, iteration by iteration (the store is started for the run, outside its timed iterations)."""
+    settings = [{"data_source": source} for source in SOURCES]
     inputs = {"shards_dir": str(shards)}
-    return measure_harness(args, run_dir, inputs=inputs, data_source=source, shards=args.shards)
+    point_args = argparse.Namespace(**{**vars(args), "iterations": args.rounds})
+    point = harness_point(point_args, inputs=inputs, data_source="s3", shards=args.shards, settings=settings)
+    run_point(point, run_dir, local_launcher(1800))
+    rates: dict[str, list[float]] = {source: [] for source in SOURCES}
+    for metric in metric_records(run_dir):
+        if metric["metric"] == "img_per_sec":
+            rates[metric["setting"]].append(metric["value"])
+    return rates
 
 
 def store_up_and_down(shards: Path) -> tuple[float, float]:
@@ -53,9 +69,8 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--image-size", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--batches", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=20, help="paired rounds, fixed before the run")
+    parser.add_argument("--rounds", type=int, default=40, help="paired iterations, fixed before the run")
     parser.add_argument("--store-rounds", type=int, default=3)
     args = parser.parse_args()
     with BenchmarkRecord(__file__, args) as record, tempfile.TemporaryDirectory() as scratch:
@@ -67,16 +82,9 @@ def main() -> None:
         record.add("store-up", f"{objectstore.LABEL}: start to bucket ready (median)", up, "s", meter.load)
         record.add("store-down", f"{objectstore.LABEL}: stop (SIGTERM, then SIGKILL) to exit (median)", down, "s",
                    meter.load, slowest=max(time for _, time in times))  # fmt: skip
-        local: list[float] = []
-        s3: list[float] = []
         with ForeignLoadMeter() as meter:
-            for index in range(args.rounds):
-                on_disk = partial(measure, args, "local", shards, Path(scratch) / f"local{index}")
-                in_store = partial(measure, args, "s3", shards, Path(scratch) / f"s3{index}")
-                rates = paired_round(index, on_disk, in_store)
-                local.append(rates[0])
-                s3.append(rates[1])
-                print(f"round {index}: local {local[-1]:.1f} img/s, s3 {s3[-1]:.1f} img/s")
+            rates = paired_rates(args, shards, Path(scratch) / "paired")
+        local, s3 = rates["local"], rates["s3"]
         ratios = [remote / disk for remote, disk in zip(s3, local, strict=True)]
         record.add("local", "local disk, median of the rounds", statistics.median(local), "img/s", meter.load)
         record.add("s3", "S3 (SeaweedFS), median of the rounds", statistics.median(s3), "img/s", meter.load)

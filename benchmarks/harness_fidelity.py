@@ -85,11 +85,11 @@ def measure_bare(args: argparse.Namespace) -> float:
     return float(subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout)
 
 
-def measure_harness(
-    args: argparse.Namespace, run_dir: Path, workers: int = 1, inputs: dict[str, str] | None = None, **extra: Any
-) -> float:
-    """img/s per worker of the throughput workload, `workers` × 1 thread, through the launcher (`extra`: more
-    point parameters, e.g. the framework; `inputs`: the point's local paths, e.g. a data source's shards)."""
+def harness_point(
+    args: argparse.Namespace, workers: int = 1, inputs: dict[str, str] | None = None, **extra: Any
+) -> Point:
+    """The throughput workload's point, `workers` × 1 thread (`extra`: more point parameters, e.g. the framework;
+    `inputs`: the point's local paths, e.g. a data source's shards)."""
     params = {
         "model": args.model,
         "batch_size": args.batch_size,
@@ -102,8 +102,14 @@ def measure_harness(
     }
     if args.image_size:
         params["image_size"] = args.image_size
-    point = Point("benchmark", "throughput", workers, 1, params, inputs or {})
-    record = run_point(point, run_dir, local_launcher(1800))
+    return Point("benchmark", "throughput", workers, 1, params, inputs or {})
+
+
+def measure_harness(
+    args: argparse.Namespace, run_dir: Path, workers: int = 1, inputs: dict[str, str] | None = None, **extra: Any
+) -> float:
+    """img/s per worker of `harness_point`'s run through the launcher."""
+    record = run_point(harness_point(args, workers, inputs, **extra), run_dir, local_launcher(1800))
     return record["summary"]["img_per_sec_per_worker"]
 
 
