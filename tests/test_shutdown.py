@@ -126,9 +126,9 @@ NO_PROCESS_GROUP = {
 def test_every_rank_entry_point_leaves_by_run_rank() -> None:
     rank_code = Path(__file__).parents[1] / "src" / "ddlrepro" / "rank"
     entry_points = {
-        path.relative_to(rank_code).as_posix(): path.read_text()
+        path.relative_to(rank_code).as_posix(): text
         for path in rank_code.rglob("*.py")
-        if 'if __name__ == "__main__":' in path.read_text()
+        if 'if __name__ == "__main__":' in (text := path.read_text())
     }
     assert set(NO_PROCESS_GROUP) <= set(entry_points)
     for name, text in entry_points.items():
