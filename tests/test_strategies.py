@@ -15,15 +15,18 @@ from torch.nn.parallel import DistributedDataParallel
 from ddlrepro.rank.strategies import STRATEGIES, apply_strategy, chunk_count, reducer, strategy_pairs
 
 
-def sums_by_strategy(rank: int, group_size: int) -> dict[str, dict[str, torch.Tensor]]:
-    """Each strategy's sum of rank-dependent integer and float tensors, next to all_reduce's."""
+def sums_by_strategy(rank: int, group_size: int, lanes: int) -> dict[str, dict[str, torch.Tensor]]:
+    """Each strategy's sum of rank-dependent integer and float tensors, next to all_reduce's, its chunks summed on
+    `lanes` threads."""
     generator = torch.Generator().manual_seed(rank)
     integers = torch.randint(-1000, 1000, (1031,), generator=generator, dtype=torch.int64)
     floats = torch.randn(4097, generator=generator)
     chunked = torch.randint(-1000, 1000, (3 * 2**18 + 5,), generator=generator, dtype=torch.int32)  # > 3 MiB
     sums = {}
     for strategy in ["ALL_REDUCE", *STRATEGIES]:
-        reduce = (lambda t: (dist.all_reduce(t), t)[1]) if strategy == "ALL_REDUCE" else reducer(strategy, group_size)
+        reduce = (
+            (lambda t: (dist.all_reduce(t), t)[1]) if strategy == "ALL_REDUCE" else reducer(strategy, group_size, lanes)
+        )
         sums[strategy] = {
             "int": reduce(integers.clone()),
             "float": reduce(floats.clone()),
@@ -32,9 +35,10 @@ def sums_by_strategy(rank: int, group_size: int) -> dict[str, dict[str, torch.Te
     return sums
 
 
-@pytest.mark.parametrize(("world", "group_size"), [(2, 2), (3, 2), (4, 1)])
-def test_every_strategy_equals_all_reduce(tmp_path: Path, world: int, group_size: int) -> None:
-    results = spawn_gloo(sums_by_strategy, world, tmp_path, group_size)
+@pytest.mark.parametrize(("world", "group_size", "lanes"), [(2, 2, 1), (3, 2, 5), (4, 1, 2)])
+def test_every_strategy_equals_all_reduce(tmp_path: Path, world: int, group_size: int, lanes: int) -> None:
+    """Five lanes for four chunks leave one without any."""
+    results = spawn_gloo(sums_by_strategy, world, tmp_path, group_size, lanes)
     for rank_sums in results:
         expected = rank_sums["ALL_REDUCE"]
         for strategy in STRATEGIES:

@@ -21,19 +21,21 @@ consecutive groups of `group_size` ranks (a machine's local ranks; the first is 
 - RING: here torch.distributed.all_reduce (gloo's bandwidth-optimal ring all-reduce, DDP's default, so no hook is
   registered), not KungFu's RING (k chained rings, each reducing along the ring to a rotating root).
 
-Departures, on purpose: a node adds its inputs in rank order (itself included), not in arrival order, so every rank
-ends with the same bits and moving STAR's root changes none; at most MAX_CHUNKS chunks are in flight (a thread and
-a message tag each). The hook runs each bucket's exchange on one background thread, in bucket order (the same on
-every rank), so communication still overlaps the rest of the backward pass, as DDP's own all-reduce does, and
-counts the bytes it reduced and the seconds it took (`StrategyHook.throughput`: KungFu's per-step all-reduce
-throughput). On integer tensors every strategy gives exactly the all-reduce's sum; on floats the same sum up to the
-order of additions.
+Departures, on purpose: a node adds its inputs in rank order (itself included), not in arrival order, so every rank ends
+with the same bits and moving STAR's root changes none; every chunk is in flight at once, as in KungFu, but a rank sums
+them on one thread per core (at most 8), not a goroutine each (`Exchange`). The hook runs each bucket's exchange on one
+background thread, in bucket order (the same on every rank), so communication still overlaps the rest of the backward
+pass, as DDP's own all-reduce does, and counts the bytes it reduced and the seconds it took (`StrategyHook.throughput`:
+KungFu's per-step all-reduce throughput). On integer tensors every strategy gives exactly the all-reduce's sum; on
+floats the same sum up to the order of additions.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
+import queue
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -56,8 +58,7 @@ STRATEGIES = [
     "AUTO",
 ]
 CHUNK_BYTES = 1 << 20
-MAX_CHUNKS = 16
-_chunk_threads = ThreadPoolExecutor(max_workers=MAX_CHUNKS, thread_name_prefix="strategy-chunk")
+LANES = min(8, len(os.sched_getaffinity(0)))  # threads adding chunks' sums, as Go runs goroutines on one per core
 
 Edges = frozenset[tuple[int, int]]
 
@@ -132,44 +133,169 @@ def chunk_count(nbytes: int) -> int:
     return max(1, math.ceil(nbytes / CHUNK_BYTES))
 
 
-def _wait_all(works: list[dist.Work | None]) -> None:
-    """Wait for every posted send or receive (torch gives None only to a rank outside the group: none here)."""
-    for work in works:
-        if work is not None:
+@dataclass(frozen=True)
+class Peers:
+    """This rank in the default group, and the group's own send and receive bindings: `dist.isend`'s Python checks
+    cost more than queueing the send (a chunk makes a few)."""
+
+    group: dist.ProcessGroup
+    rank: int
+
+    @classmethod
+    def default(cls) -> Peers:
+        group = dist.distributed_c10d._get_default_group()
+        return cls(group, group.rank())
+
+    def send(self, tensor: torch.Tensor, destinations: tuple[int, ...], tag: int) -> list[dist.Work]:
+        return [self.group.send([tensor], destination, tag) for destination in destinations]
+
+    def receive(self, tensor: torch.Tensor, source: int, tag: int) -> dist.Work:
+        return self.group.recv([tensor], source, tag)
+
+
+class ReceiveBuffers:
+    """Receive buffers kept from one exchange to the next, one per (chunk, sender), grown when a larger chunk comes.
+
+    A fresh buffer per received chunk faults its pages in again and again (glibc returns a freed MiB to the kernel):
+    BINARY_TREE's root at 4 ranks, 32 MiB, took 1,545 page faults and 7 ms more system time per all-reduce with
+    fresh buffers, 1 fault with these. The cost: a rank keeps, per sender in its reduce graph, the largest tensor it
+    reduced (DDP: a bucket, 25 MiB)."""
+
+    def __init__(self) -> None:
+        self._storage: dict[tuple[int, int], torch.Tensor] = {}
+        self._views: dict[tuple[int, int], torch.Tensor] = {}
+
+    def like(self, tensor: torch.Tensor, chunk: int, source: int) -> torch.Tensor:
+        """A buffer of `tensor`'s shape and type for what `source` sends of `chunk` (no two live exchanges share
+        one: each chunk in flight has its own index, and a reducer runs one tensor at a time)."""
+        key = (chunk, source)
+        view = self._views.get(key)
+        if view is not None and view.shape == tensor.shape and view.dtype == tensor.dtype:
+            return view  # the usual case: the same tensors every step
+        nbytes = tensor.numel() * tensor.element_size()
+        storage = self._storage.get(key)
+        if storage is None or storage.numel() < nbytes:
+            storage = self._storage[key] = torch.empty(nbytes, dtype=torch.uint8)
+        view = self._views[key] = storage[:nbytes].view(tensor.dtype).view(tensor.shape)
+        return view
+
+
+@dataclass(frozen=True)
+class Role:
+    """A rank's place in a graph pair: its inputs in the reduce graph (its children in the broadcast graph), those
+    below and above its own rank, and its parent."""
+
+    inputs: tuple[int, ...]
+    lower: tuple[int, ...]
+    higher: tuple[int, ...]
+    parent: int | None
+
+    @classmethod
+    @functools.cache
+    def of(cls, pair: GraphPair, rank: int) -> Role:
+        inputs = tuple(pair.reduce_inputs(rank))
+        lower = tuple(source for source in inputs if source < rank)
+        higher = tuple(source for source in inputs if source > rank)
+        return cls(inputs, lower, higher, pair.parent(rank))
+
+
+@dataclass
+class _Chunk:
+    """One chunk's exchange through its graph pair: the receives of what its inputs send, and whom it sends to."""
+
+    tensor: torch.Tensor
+    tag: int
+    role: Role
+    received: dict[int, torch.Tensor]
+    receiving: list[dist.Work]
+
+    @classmethod
+    def post(cls, peers: Peers, tensor: torch.Tensor, tag: int, pair: GraphPair, buffers: ReceiveBuffers) -> _Chunk:
+        """Post the receives of what `pair`'s reduce graph sends this rank for this chunk."""
+        role = Role.of(pair, peers.rank)
+        received = {source: buffers.like(tensor, tag, source) for source in role.inputs}
+        receiving = [peers.receive(received[source], source, tag) for source in role.inputs]
+        return cls(tensor, tag, role, received, receiving)
+
+    def add_inputs(self) -> None:
+        """This rank's chunk plus what each input sent, added in rank order with this rank among them (the same
+        bits whichever node adds them)."""
+        for work in self.receiving:
             work.wait()
+        if self.role.lower:
+            before = self.received[self.role.lower[0]]
+            for source in self.role.lower[1:]:  # the lower ranks' sum, in a buffer of theirs
+                before.add_(self.received[source])
+            self.tensor.add_(before)  # x + y is y + x, bit for bit: the sum's order is kept without a copy
+        for source in self.role.higher:
+            self.tensor.add_(self.received[source])
 
 
-def _send(tensor: torch.Tensor, destinations: list[int], tag: int) -> None:
-    _wait_all([dist.isend(tensor, dst=destination, tag=tag) for destination in destinations])
+ComingDown = queue.SimpleQueue[tuple[_Chunk, dist.Work] | None]
 
 
-def _add_inputs(tensor: torch.Tensor, inputs: list[int], tag: int) -> None:
-    """`tensor` (this rank's) plus what each of `inputs` sends, added in rank order with this rank among them (the
-    same bits whichever node adds them); all receives are posted at once."""
-    rank = dist.get_rank()
-    received = {source: torch.empty_like(tensor) for source in inputs}
-    _wait_all([dist.irecv(received[source], src=source, tag=tag) for source in inputs])
-    before = [received[source] for source in inputs if source < rank]
-    for part in before[1:]:  # the lower ranks' sum, in a buffer of theirs
-        before[0].add_(part)
-    if before:
-        tensor.add_(before[0])  # x + y is y + x, bit for bit: the sum's order is kept without a copy
-    for source in inputs:
-        if source > rank:
-            tensor.add_(received[source])
+class Exchange:
+    """Every chunk of a tensor through its graph pair at once. Each of LANES threads takes its share of the chunks
+    in chunk order, waits for their partial sums, adds them and sends the result up the reduce graph, or, at the
+    root, down the broadcast graph; one more thread passes each total that comes down on to the chunk's children.
+    Sums going up and totals going down overlap, as in KungFu, where a goroutine per chunk does both
+    (session/session.go:255-332) on as many threads as cores (Go's GOMAXPROCS). Fewer Python threads than chunks,
+    on purpose: with a thread per chunk (at most 16), as before, the trees' bus bandwidth was ~10 % lower
+    (benchmarks/allreduce_strategies.py: 4 ranks on 2 cores, 16–64 MiB)."""
+
+    def __init__(self, lanes: int = LANES) -> None:
+        self.lanes = lanes
+        self.buffers = ReceiveBuffers()
+        self._up = ThreadPoolExecutor(max_workers=max(1, lanes - 1), thread_name_prefix="strategy-up")
+        self._down = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strategy-down")
+
+    def run(self, pieces: list[torch.Tensor], pairs: list[GraphPair]) -> None:
+        peers = Peers.default()
+        chunks = [
+            _Chunk.post(peers, piece, tag, pairs[tag % len(pairs)], self.buffers) for tag, piece in enumerate(pieces)
+        ]
+        coming_down: ComingDown = queue.SimpleQueue()
+        forwarding = self._down.submit(_forward, peers, coming_down)
+        try:
+            lanes = [
+                self._up.submit(_upward, peers, chunks[lane :: self.lanes], coming_down)
+                for lane in range(1, self.lanes)
+            ]
+            _upward(peers, chunks[0 :: self.lanes], coming_down)
+            for lane in lanes:
+                lane.result()
+        finally:
+            coming_down.put(None)
+        forwarding.result()
 
 
-def run_pair(tensor: torch.Tensor, pair: GraphPair, tag: int) -> torch.Tensor:
-    """One chunk through a graph pair: partial sums up the reduce graph, the total down the broadcast graph."""
-    rank = dist.get_rank()
-    inputs, parent = pair.reduce_inputs(rank), pair.parent(rank)
-    if inputs:
-        _add_inputs(tensor, inputs, tag)
-    if parent is not None:
-        dist.send(tensor, dst=parent, tag=tag)
-        dist.recv(tensor, src=parent, tag=tag)
-    _send(tensor, inputs, tag)
-    return tensor
+def _upward(peers: Peers, chunks: list[_Chunk], coming_down: ComingDown) -> None:
+    """Sum each chunk's inputs and send the sum to its parent (posting the receive of the total that will come
+    down), or, where the chunk's graph has its root here, send the total to its children."""
+    sending: list[dist.Work] = []
+    for chunk in chunks:
+        chunk.add_inputs()
+        parent = chunk.role.parent
+        if parent is None:
+            sending += peers.send(chunk.tensor, chunk.role.inputs, chunk.tag)
+            continue
+        sending += peers.send(chunk.tensor, (parent,), chunk.tag)
+        # The total may land in the chunk while its sum is being sent: over TCP (gloo's transport) the parent has
+        # all of the sum, so the send has read all of it, before the parent sends the total.
+        coming_down.put((chunk, peers.receive(chunk.tensor, parent, chunk.tag)))
+    for work in sending:
+        work.wait()
+
+
+def _forward(peers: Peers, coming_down: ComingDown) -> None:
+    """Pass each chunk's total, as it comes down from its parent, on to its children."""
+    sending: list[dist.Work] = []
+    while (item := coming_down.get()) is not None:
+        chunk, receiving = item
+        receiving.wait()
+        sending += peers.send(chunk.tensor, chunk.role.inputs, chunk.tag)
+    for work in sending:
+        work.wait()
 
 
 def ring(tensor: torch.Tensor, **_options: int) -> torch.Tensor:
@@ -183,23 +309,18 @@ def _pairs(strategy: str, world: int, group_size: int, root: int) -> list[GraphP
     return strategy_pairs(strategy, world, group_size, root)
 
 
-def reducer(strategy: str, group_size: int) -> Reducer:
-    """The in-place sum over all ranks that `strategy` names; `group_size`: the ranks of a host."""
+def reducer(strategy: str, group_size: int, lanes: int = LANES) -> Reducer:
+    """The in-place sum over all ranks that `strategy` names; `group_size`: the ranks of a host; `lanes`: threads
+    summing chunks (`Exchange`)."""
     if strategy == "RING":
         return ring
     strategy_pairs(strategy, 1, 1)  # an unknown name is refused here, before any exchange
+    exchange = Exchange(lanes)
 
     def reduce(tensor: torch.Tensor, root: int = 0, **_options: int) -> torch.Tensor:
         pairs = _pairs(strategy, dist.get_world_size(), group_size, root)
         pieces = chunk_count(tensor.numel() * tensor.element_size()) if tensor.is_contiguous() else 1
-        if pieces == 1:
-            return run_pair(tensor, pairs[0], tag=0)
-        running = [
-            _chunk_threads.submit(run_pair, chunk, pairs[index % len(pairs)], index)
-            for index, chunk in enumerate(tensor.view(-1).tensor_split(pieces))
-        ]
-        for future in running:
-            future.result()
+        exchange.run([tensor] if pieces == 1 else list(tensor.view(-1).tensor_split(pieces)), pairs)
         return tensor
 
     return reduce
