@@ -54,7 +54,7 @@ JOB_TIMEOUT_S = 600
 # Open MPI 4.1's fixed rules pick, for 4 ranks at 16-64 MiB, an all-reduce that moves about twice the ring's bytes
 # over the links (measured: 0.48 of the rate); the ring (algorithm 4) moves what gloo's does (the segmented ring,
 # 5, measured no better).
-SLURM_DAEMONS = {"slurmctld", "slurmd", "slurmstepd"}  # and the ranks they start
+SLURM_DAEMONS = {"munged", "slurmctld", "slurmd", "slurmstepd"}  # and the ranks they start
 OPEN_MPI_RING = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}
 
 
@@ -101,8 +101,9 @@ def run_point(point: Point, config: dict, run_dir: Path) -> None:
 
 @contextlib.contextmanager
 def cluster_meter() -> Iterator[ForeignLoadMeter]:
-    """Foreign load while a point runs on the cluster: its ranks are started by the nodes' slurmd (srun steps), not
-    by this process, so the cluster's daemons and the steps they start count as the run's own CPU."""
+    """Foreign load while the cluster starts or a point runs on it: the daemons it starts detach from this process,
+    and a point's ranks are started by the nodes' slurmd (srun steps), so the cluster's daemons (munged too) and the
+    steps they start count as the run's own CPU."""
     cluster = WatchedProcesses(SLURM_DAEMONS)
     with cluster, ForeignLoadMeter(lambda: process_tree_cpu() + cluster()) as meter:
         yield meter
@@ -131,7 +132,7 @@ def main() -> None:
         worst: tuple[float, str, object] | None = None
         for hosts in args.hosts:
             state = Path(scratch) / f"cluster-{hosts}"
-            with ForeignLoadMeter() as meter:
+            with cluster_meter() as meter:
                 ready = start_cluster(hosts, state)
             if hosts == 2:
                 record.add(
