@@ -55,6 +55,7 @@ JOB_TIMEOUT_S = 600
 # over the links (measured: 0.48 of the rate); the ring (algorithm 4) moves what gloo's does (the segmented ring,
 # 5, measured no better).
 SLURM_DAEMONS = {"munged", "slurmctld", "slurmd", "slurmstepd"}  # and the ranks they start
+TESTBED_HELPERS = frozenset({"ddlrepro.host.testbed", "ddlrepro.host.testbed.forward"})  # its hosts' keeper, ports
 OPEN_MPI_RING = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}
 
 
@@ -103,8 +104,9 @@ def run_point(point: Point, config: dict, run_dir: Path) -> None:
 def cluster_meter() -> Iterator[ForeignLoadMeter]:
     """Foreign load while the cluster starts or a point runs on it: the daemons it starts detach from this process,
     and a point's ranks are started by the nodes' slurmd (srun steps), so the cluster's daemons (munged too) and the
-    steps they start count as the run's own CPU."""
-    cluster = WatchedProcesses(SLURM_DAEMONS)
+    steps they start count as the run's own CPU, as do the testbed's helpers holding its hosts and forwarding
+    slurmctld's port."""
+    cluster = WatchedProcesses(SLURM_DAEMONS, TESTBED_HELPERS)
     with cluster, ForeignLoadMeter(lambda: process_tree_cpu() + cluster()) as meter:
         yield meter
 

@@ -197,14 +197,21 @@ def index_in_process(quotas: CpuQuotas | None) -> float:
 
 
 @pytest.mark.serial  # a busy process on one core
-def test_processes_started_elsewhere_count_as_own_cpu_when_watched(tmp_path: Path) -> None:
-    """A daemonised busy process (as Slurm's steps are: nobody here waits for it) is foreign load to a plain meter
-    and the run's own to one that watches it by name (hostload.WatchedProcesses, benchmarks/link_bandwidth.py)."""
-    burn = tmp_path / "ddlrepro-burn"  # the process's name is the name it is started by
-    burn.symlink_to(Path(sys.executable).resolve())
+@pytest.mark.parametrize("known_by", ["name", "module"])
+def test_processes_started_elsewhere_count_as_own_cpu_when_watched(tmp_path: Path, known_by: str) -> None:
+    """A daemonised busy process (as Slurm's steps and the testbed's helpers are: nobody here waits for it) is
+    foreign load to a plain meter and the run's own to one that watches it by its name or by the module it runs
+    (hostload.WatchedProcesses, benchmarks/link_bandwidth.py)."""
     loop = "import time\nend = time.monotonic() + 2\nwhile time.monotonic() < end:\n    pass"
-    script = f"setsid {burn} -c {shlex.quote(loop)} &"
-    watched = WatchedProcesses({"ddlrepro-burn"}, period_s=0.05)
+    if known_by == "name":
+        burn = tmp_path / "ddlrepro-burn"  # the process's name is the name it is started by
+        burn.symlink_to(Path(sys.executable).resolve())
+        script = f"setsid {burn} -c {shlex.quote(loop)} &"
+        watched = WatchedProcesses({"ddlrepro-burn"}, period_s=0.05)
+    else:
+        (tmp_path / "ddlrepro_burn.py").write_text(loop)
+        script = f"cd {tmp_path} && setsid {sys.executable} -m ddlrepro_burn &"
+        watched = WatchedProcesses(set(), frozenset({"ddlrepro_burn"}), period_s=0.05)
     with watched, ForeignLoadMeter(lambda: watched()) as own, ForeignLoadMeter(lambda: 0.0) as plain:
         subprocess.run(["sh", "-c", script], check=True)  # returns at once: the burner is nobody's child here
         time.sleep(2.5)

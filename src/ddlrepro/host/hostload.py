@@ -9,6 +9,7 @@ over the measured wall time, so 0.5 on a 2-core host means one core's worth of f
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -64,24 +65,29 @@ def process_tree_cpu(pid: int | None = None) -> float:
 
 
 class WatchedProcesses:
-    """CPU seconds spent, while watched, by every process named one of `names` and its descendants: a reader of
-    own CPU for ForeignLoadMeter where the measured work runs in processes this one did not start and cannot wait
-    for (a local Slurm cluster's slurmd, slurmstepd and the ranks they start: daemonised, reaped by init).
+    """CPU seconds spent, while watched, by every process named one of `names` or running one of `modules` (`python
+    -m module`), and their descendants: a reader of own CPU for ForeignLoadMeter where the measured work runs in
+    processes this one did not start and cannot wait for (a local Slurm cluster's slurmd, slurmstepd and the ranks
+    they start, its testbed's helpers: daemonised, reaped by init).
 
     A thread samples them every `period_s`; a process counts from its CPU when first seen (0 if it started while
-    watched) to its last sample, so at most `period_s` of each process's last moments is missed."""
+    watched) to its last sample, so at most `period_s` of each process's last moments is missed. What started while
+    watched is what was not running at the start, not what psutil dates after it: its dates come from the boot
+    time, which can be half a second off the wall clock (measured in this VM)."""
 
-    def __init__(self, names: set[str], period_s: float = 0.2) -> None:
-        self.names, self.period_s = names, period_s
+    def __init__(self, names: set[str], modules: frozenset[str] = frozenset(), period_s: float = 0.2) -> None:
+        self.names, self.modules, self.period_s = names, modules, period_s
         self.first: dict[tuple[int, float], float] = {}
         self.last: dict[tuple[int, float], float] = {}
-        self.started = 0.0
+        self.running_before: set[tuple[int, float]] = set()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._watch, name="watched-processes", daemon=True)
 
     def __enter__(self) -> WatchedProcesses:
-        self.started = time.time()
+        self.running_before = {
+            (process.pid, process.info["create_time"]) for process in psutil.process_iter(["create_time"])
+        }
         self._sample()
         self._thread.start()
         return self
@@ -107,11 +113,12 @@ class WatchedProcesses:
                 continue
             key, cpu = (process.pid, created), times.user + times.system
             with self._lock:
-                self.first.setdefault(key, cpu if created < self.started else 0.0)
+                self.first.setdefault(key, cpu if key in self.running_before else 0.0)
                 self.last[key] = cpu
 
     def _watched(self) -> list[psutil.Process]:
-        roots = [process for process in psutil.process_iter(["name"]) if process.info["name"] in self.names]
+        attributes = ["name", "cmdline"] if self.modules else ["name"]
+        roots = [process for process in psutil.process_iter(attributes) if self._matches(process.info)]
         found = {process.pid: process for process in roots}
         for root in roots:
             try:
@@ -119,6 +126,12 @@ class WatchedProcesses:
             except psutil.Error:
                 continue
         return list(found.values())
+
+    def _matches(self, info: dict[str, Any]) -> bool:
+        if info["name"] in self.names:
+            return True
+        command = info.get("cmdline") or []
+        return any(flag == "-m" and module in self.modules for flag, module in itertools.pairwise(command))
 
 
 @dataclass(frozen=True)
