@@ -35,9 +35,10 @@ def sums_by_strategy(rank: int, group_size: int, lanes: int) -> dict[str, dict[s
     return sums
 
 
-@pytest.mark.parametrize(("world", "group_size", "lanes"), [(2, 2, 1), (3, 2, 5), (4, 1, 2)])
+@pytest.mark.parametrize(("world", "group_size", "lanes"), [(2, 2, 1), (3, 2, 5), (4, 1, 2), (4, 1, 4), (5, 1, 2)])
 def test_every_strategy_equals_all_reduce(tmp_path: Path, world: int, group_size: int, lanes: int) -> None:
-    """Five lanes for four chunks leave one without any."""
+    """Five lanes for four chunks leave one without any. At 4 and 5 ranks of a host each, MULTI_BINARY_TREE_STAR's
+    four or five trees pass totals down through ranks in different orders, chunk by chunk."""
     results = spawn_gloo(sums_by_strategy, world, tmp_path, group_size, lanes)
     for rank_sums in results:
         expected = rank_sums["ALL_REDUCE"]
@@ -103,6 +104,11 @@ def test_strategy_hooks_train_as_ddp_does(tmp_path: Path) -> None:
 def test_unknown_strategy_is_refused() -> None:
     with pytest.raises(ValueError, match="valid strategies: RING, STAR"):
         reducer("MULTI_RING", 1)
+
+
+def test_an_exchange_without_lanes_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one lane, not 0"):
+        reducer("STAR", 1, lanes=0)
 
 
 def train_moving_root(rank: int, steps: int, move_at: int | None) -> dict[str, object]:

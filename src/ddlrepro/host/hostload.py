@@ -117,6 +117,8 @@ class WatchedProcesses:
                 self.last[key] = cpu
 
     def _watched(self) -> list[psutil.Process]:
+        """The matching processes and their descendants, less this process's own (process_tree_cpu counts those;
+        a daemon that leaves this tree counts from then, from 0 if it started while watched)."""
         attributes = ["name", "cmdline"] if self.modules else ["name"]
         roots = [process for process in psutil.process_iter(attributes) if self._matches(process.info)]
         found = {process.pid: process for process in roots}
@@ -125,7 +127,8 @@ class WatchedProcesses:
                 found |= {child.pid: child for child in root.children(recursive=True)}
             except psutil.Error:
                 continue
-        return list(found.values())
+        ours = {child.pid for child in psutil.Process().children(recursive=True)}
+        return [process for pid, process in found.items() if pid not in ours]
 
     def _matches(self, info: dict[str, Any]) -> bool:
         if info["name"] in self.names:

@@ -35,9 +35,9 @@ from __future__ import annotations
 import functools
 import math
 import os
-import queue
 import time
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -201,21 +201,27 @@ class Role:
 
 @dataclass
 class _Chunk:
-    """One chunk's exchange through its graph pair: the receives of what its inputs send, and whom it sends to."""
+    """One chunk's exchange through its graph pair: the receives of what its inputs send and of the total its
+    parent sends back, and whom it sends to."""
 
     tensor: torch.Tensor
     tag: int
     role: Role
     received: dict[int, torch.Tensor]
     receiving: list[dist.Work]
+    total: dist.Work | None
 
     @classmethod
     def post(cls, peers: Peers, tensor: torch.Tensor, tag: int, pair: GraphPair, buffers: ReceiveBuffers) -> _Chunk:
-        """Post the receives of what `pair`'s reduce graph sends this rank for this chunk."""
+        """Post the receives of what `pair`'s reduce graph sends this rank for this chunk, and of the total.
+
+        The total lands in the chunk itself, which will first be summed and sent up: over TCP (gloo's transport)
+        the parent has all of the sum, so the send has read all of it, before the parent sends the total."""
         role = Role.of(pair, peers.rank)
         received = {source: buffers.like(tensor, tag, source) for source in role.inputs}
         receiving = [peers.receive(received[source], source, tag) for source in role.inputs]
-        return cls(tensor, tag, role, received, receiving)
+        total = None if role.parent is None else peers.receive(tensor, role.parent, tag)
+        return cls(tensor, tag, role, received, receiving, total)
 
     def add_inputs(self) -> None:
         """This rank's chunk plus what each input sent, added in rank order with this rank among them (the same
@@ -231,68 +237,59 @@ class _Chunk:
             self.tensor.add_(self.received[source])
 
 
-ComingDown = queue.SimpleQueue[tuple[_Chunk, dist.Work] | None]
-
-
 class Exchange:
-    """Every chunk of a tensor through its graph pair at once. Each of LANES threads takes its share of the chunks
+    """Every chunk of a tensor through its graph pair at once. Each of `lanes` threads takes its share of the chunks
     in chunk order, waits for their partial sums, adds them and sends the result up the reduce graph, or, at the
-    root, down the broadcast graph; one more thread passes each total that comes down on to the chunk's children.
-    Sums going up and totals going down overlap, as in KungFu, where a goroutine per chunk does both
-    (session/session.go:255-332) on as many threads as cores (Go's GOMAXPROCS). Fewer Python threads than chunks,
-    on purpose: with a thread per chunk (at most 16), as before, the trees' bus bandwidth was ~10 % lower
-    (benchmarks/allreduce_strategies.py: 4 ranks on 2 cores, 16–64 MiB)."""
+    root, down the broadcast graph; one more thread takes, in chunk order, each total that comes down and passes it
+    on to the chunk's children. Sums going up and totals going down overlap, as in KungFu, where a goroutine per
+    chunk does both (session/session.go:255-332) on as many threads as cores (Go's GOMAXPROCS). Fewer Python threads
+    than chunks, on purpose: with a thread per chunk (at most 16), as before, the trees' bus bandwidth was ~10 %
+    lower (benchmarks/allreduce_strategies.py: 4 ranks on 2 cores, 16–64 MiB).
+
+    Totals are passed on in chunk order, the same on every rank, not as the lanes happen to finish: in strategies
+    with several deep graphs, two ranks passing totals to each other in different orders would each wait for the
+    other's first."""
 
     def __init__(self, lanes: int = LANES) -> None:
+        if lanes < 1:
+            raise ValueError(f"an exchange needs at least one lane, not {lanes}")
         self.lanes = lanes
         self.buffers = ReceiveBuffers()
-        self._up = ThreadPoolExecutor(max_workers=max(1, lanes - 1), thread_name_prefix="strategy-up")
+        self._up = ThreadPoolExecutor(max_workers=lanes, thread_name_prefix="strategy-up")
         self._down = ThreadPoolExecutor(max_workers=1, thread_name_prefix="strategy-down")
 
     def run(self, pieces: list[torch.Tensor], pairs: list[GraphPair]) -> None:
+        """Sum `pieces` (a tensor's chunks) over every rank, each through pair i mod len(pairs). Every thread is
+        waited for before the first failure is raised: none is left behind, blocked in a receive."""
         peers = Peers.default()
         chunks = [
             _Chunk.post(peers, piece, tag, pairs[tag % len(pairs)], self.buffers) for tag, piece in enumerate(pieces)
         ]
-        coming_down: ComingDown = queue.SimpleQueue()
-        forwarding = self._down.submit(_forward, peers, coming_down)
-        try:
-            lanes = [
-                self._up.submit(_upward, peers, chunks[lane :: self.lanes], coming_down)
-                for lane in range(1, self.lanes)
-            ]
-            _upward(peers, chunks[0 :: self.lanes], coming_down)
-            for lane in lanes:
-                lane.result()
-        finally:
-            coming_down.put(None)
-        forwarding.result()
+        running = [self._up.submit(_upward, peers, chunks[lane :: self.lanes]) for lane in range(self.lanes)]
+        totals = [(chunk, chunk.total) for chunk in chunks if chunk.total is not None]
+        running.append(self._down.submit(_forward, peers, totals))
+        futures.wait(running)
+        for future in running:
+            future.result()
 
 
-def _upward(peers: Peers, chunks: list[_Chunk], coming_down: ComingDown) -> None:
-    """Sum each chunk's inputs and send the sum to its parent (posting the receive of the total that will come
-    down), or, where the chunk's graph has its root here, send the total to its children."""
+def _upward(peers: Peers, chunks: list[_Chunk]) -> None:
+    """Sum each chunk's inputs and send the sum to its parent, or, where the chunk's graph has its root here, send
+    the total to its children."""
     sending: list[dist.Work] = []
     for chunk in chunks:
         chunk.add_inputs()
         parent = chunk.role.parent
-        if parent is None:
-            sending += peers.send(chunk.tensor, chunk.role.inputs, chunk.tag)
-            continue
-        sending += peers.send(chunk.tensor, (parent,), chunk.tag)
-        # The total may land in the chunk while its sum is being sent: over TCP (gloo's transport) the parent has
-        # all of the sum, so the send has read all of it, before the parent sends the total.
-        coming_down.put((chunk, peers.receive(chunk.tensor, parent, chunk.tag)))
+        sending += peers.send(chunk.tensor, chunk.role.inputs if parent is None else (parent,), chunk.tag)
     for work in sending:
         work.wait()
 
 
-def _forward(peers: Peers, coming_down: ComingDown) -> None:
+def _forward(peers: Peers, totals: list[tuple[_Chunk, dist.Work]]) -> None:
     """Pass each chunk's total, as it comes down from its parent, on to its children."""
     sending: list[dist.Work] = []
-    while (item := coming_down.get()) is not None:
-        chunk, receiving = item
-        receiving.wait()
+    for chunk, total in totals:
+        total.wait()
         sending += peers.send(chunk.tensor, chunk.role.inputs, chunk.tag)
     for work in sending:
         work.wait()
