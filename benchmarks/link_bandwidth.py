@@ -40,10 +40,11 @@ from pathlib import Path
 
 from _common import REPO, BenchmarkRecord, allreduce_times
 
+from ddlrepro.host import testbed as testbed_package
 from ddlrepro.host.config import validate_config
 from ddlrepro.host.figures import kungfu_allreduce
 from ddlrepro.host.hostload import ForeignLoadMeter, WatchedProcesses, process_tree_cpu
-from ddlrepro.host.testbed import Testbed, limits
+from ddlrepro.host.testbed import Testbed, forward, limits
 from ddlrepro.host.testbed.slurm import OWNER
 from ddlrepro.points import Point
 
@@ -55,7 +56,7 @@ JOB_TIMEOUT_S = 600
 # over the links (measured: 0.48 of the rate); the ring (algorithm 4) moves what gloo's does (the segmented ring,
 # 5, measured no better).
 SLURM_DAEMONS = {"munged", "slurmctld", "slurmd", "slurmstepd"}  # and the ranks they start
-TESTBED_HELPERS = frozenset({"ddlrepro.host.testbed", "ddlrepro.host.testbed.forward"})  # its hosts' keeper, ports
+TESTBED_HELPERS = frozenset({testbed_package.__name__, forward.__name__})  # run with -m: hosts' keeper, port forwarder
 OPEN_MPI_RING = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}
 
 
