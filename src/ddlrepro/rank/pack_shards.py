@@ -5,6 +5,11 @@
 
 from __future__ import annotations
 
+from ddlrepro import startup
+
+if __name__ == "__main__":  # no collections while it loads torch (startup.py)
+    startup.pause_collection()
+
 import argparse
 import json
 from pathlib import Path
@@ -39,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--image-size", type=int)
     args = parser.parse_args(argv)
+    startup.resume_collection()
     pack(args.out, args.model, args.batch_size, args.count, args.image_size)
 
 

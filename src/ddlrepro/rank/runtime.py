@@ -25,6 +25,15 @@ from ddlrepro.rank.allocation import AllocationLimits, allocation_limits
 from ddlrepro.rank.taskenv import LISTEN_ADDRESS_ENV, LISTEN_BACKLOG, MASTER_LISTEN_FD_ENV, NETWORK_INTERFACES_ENV
 from ddlrepro.records import emit
 
+# What a torch optimizer loads on its first use (its methods are wrapped by torch._disable_dynamo): 835 modules,
+# sympy and mpmath among them, 1.0 s of CPU here; a rank that trains loads it with its libraries (ddlrepro.startup).
+OPTIMIZER_LIBRARY = "torch._dynamo"
+
+
+def optimizer_libraries(params: dict[str, Any]) -> tuple[str, ...]:
+    """`libraries(params)` of a workload that trains with a torch optimizer (workloads/__init__.py)."""
+    return (OPTIMIZER_LIBRARY,)
+
 
 def _env_int(*names: str, default: int | None = None) -> int:
     for name in names:

@@ -13,6 +13,11 @@ srun actually started.
 
 from __future__ import annotations
 
+from ddlrepro import startup
+
+if __name__ == "__main__":  # a rank starting: no collections while it loads its libraries (startup.py)
+    startup.pause_collection()
+
 import contextlib
 import os
 import socket

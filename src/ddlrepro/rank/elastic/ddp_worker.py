@@ -11,6 +11,11 @@ default group (gloo, CPU); training stops after the schedule's stop step, or ear
 
 from __future__ import annotations
 
+from ddlrepro import startup
+
+if __name__ == "__main__":  # a rank starting: no collections while it loads its libraries (startup.py)
+    startup.pause_collection()
+
 import os
 import sys
 from datetime import timedelta

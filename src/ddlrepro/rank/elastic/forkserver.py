@@ -16,6 +16,11 @@ The server exits when its parent does, or on SIGTERM.
 
 from __future__ import annotations
 
+from ddlrepro import startup
+
+if __name__ == "__main__":  # a rank starting: no collections while it loads its libraries (startup.py)
+    startup.pause_collection()
+
 import contextlib
 import importlib
 import json
@@ -37,6 +42,7 @@ def serve(path: str, preload: list[str]) -> None:
     """Import `preload`, listen on `path`, and fork children until the parent goes."""
     for module in preload:
         importlib.import_module(module)
+    startup.resume_collection()  # frozen before any fork, as CPython advises: a child's collections never write to them
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)

@@ -13,6 +13,11 @@ flight.
 
 from __future__ import annotations
 
+from ddlrepro import startup
+
+if __name__ == "__main__":  # a rank starting: no collections while it loads its libraries (startup.py)
+    startup.pause_collection()
+
 import os
 import sys
 import time

@@ -9,6 +9,11 @@ first step done at the new size.
 
 from __future__ import annotations
 
+from ddlrepro import startup
+
+if __name__ == "__main__":  # a rank starting: no collections while it loads its libraries (startup.py)
+    startup.pause_collection()
+
 import json
 import os
 import signal

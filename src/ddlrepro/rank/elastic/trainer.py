@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ddlrepro import startup
 from ddlrepro.rank import gan_models
 from ddlrepro.rank.checkpoints import save_checkpoint
 from ddlrepro.rank.ddp_arithmetic import gradient_of
@@ -254,8 +255,11 @@ class GanElasticTrainer(ElasticTrainer):
 
 
 def build_trainer(params: dict[str, Any], threads: int) -> ElasticTrainer:
-    """The trainer of the point's `model`: the GAN for `biggan`, else a classifier of rank/models.py."""
-    return (GanElasticTrainer if params["model"] == GAN_MODEL else ClassifierTrainer)(params, threads)
+    """The trainer of the point's `model`: the GAN for `biggan`, else a classifier of rank/models.py. Its model and
+    optimizer built, the worker has loaded its libraries: the collector resumes (ddlrepro.startup)."""
+    trainer = (GanElasticTrainer if params["model"] == GAN_MODEL else ClassifierTrainer)(params, threads)
+    startup.resume_collection()
+    return trainer
 
 
 def slice_seed(seed: int, start: int) -> int:

@@ -1,4 +1,5 @@
-"""Workloads: the code every rank of a point runs. Each module exposes `run(params, ctx)`.
+"""Workloads: the code every rank of a point runs. Each module exposes `run(params, ctx)`, and `libraries(params)`:
+the modules the rank loads before it runs (with the collector paused: ddlrepro/startup.py).
 
 Workload modules import torch, so nothing here is imported while Snakemake builds its DAG.
 """

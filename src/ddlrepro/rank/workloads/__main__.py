@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from ddlrepro import startup
+
+if __name__ == "__main__":  # a rank starting: no collections while it loads its libraries (startup.py)
+    startup.pause_collection()
+
 import dataclasses
 import importlib
 import os
@@ -23,6 +28,9 @@ def main(argv: list[str]) -> None:
     point = Point.from_json(argv[0])
     ensure_device_environment(point, argv)
     workload = importlib.import_module(WORKLOADS[point.workload])
+    for library in workload.libraries(point.params):
+        importlib.import_module(library)
+    startup.resume_collection()
     ctx = RankContext.from_environment(
         point.threads_per_worker, point.params["backend"], point.params.get("device", "backend")
     )

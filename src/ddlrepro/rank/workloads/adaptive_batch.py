@@ -26,7 +26,7 @@ from ddlrepro.rank import datasets
 from ddlrepro.rank.adaptation.batch import AdaptiveBatchPolicy, learning_rate, starting_rate
 from ddlrepro.rank.models import build_model
 from ddlrepro.rank.monitors import GradientMonitor
-from ddlrepro.rank.runtime import RankContext
+from ddlrepro.rank.runtime import RankContext, optimizer_libraries
 from ddlrepro.rank.workloads.throughput import data_parallel
 from ddlrepro.records import emit
 
@@ -157,6 +157,9 @@ def record_evaluation(trainer: AdaptiveBatchTrainer, epoch: int, train_time: flo
     emit("metric", rank=rank, iteration=epoch, metric="accuracy", value=accuracy)
     emit("metric", rank=rank, iteration=epoch, metric="test_loss", value=loss)
     emit("metric", rank=rank, iteration=epoch, metric="eval_train_time_s", value=train_time)
+
+
+libraries = optimizer_libraries  # what the rank loads before `run` (ddlrepro.startup)
 
 
 def run(params: dict[str, Any], ctx: RankContext) -> None:

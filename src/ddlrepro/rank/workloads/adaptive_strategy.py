@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ddlrepro.rank.adaptation.strategy import StrategyPolicy
 from ddlrepro.rank.interfaces import NodeInterfaceCounter
 from ddlrepro.rank.models import build_model
-from ddlrepro.rank.runtime import RankContext
+from ddlrepro.rank.runtime import RankContext, optimizer_libraries
 from ddlrepro.rank.strategies import hooked
 from ddlrepro.rank.workloads.throughput import (
     data_parallel,
@@ -44,6 +44,9 @@ def summed_votes(vote: int) -> int:
     votes = torch.tensor([vote], dtype=torch.int64)
     dist.all_reduce(votes)
     return int(votes.item())
+
+
+libraries = optimizer_libraries  # what the rank loads before `run` (ddlrepro.startup)
 
 
 def run(params: dict[str, Any], ctx: RankContext) -> None:

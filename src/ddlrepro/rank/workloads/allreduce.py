@@ -85,6 +85,11 @@ def check_sum(result: torch.Tensor, ctx: RankContext, strategy: str, size: int) 
         raise RuntimeError(f"{strategy} all-reduce of {size} bytes gave {result.unique()[:4].tolist()}, not {expected}")
 
 
+def libraries(params: dict[str, Any]) -> tuple[str, ...]:
+    """What the rank loads besides torch, imported before `run` while the collector waits (ddlrepro.startup)."""
+    return ()
+
+
 def run(params: dict[str, Any], ctx: RankContext) -> None:
     by_strategy = operations(params, ctx)
     names = list(by_strategy)

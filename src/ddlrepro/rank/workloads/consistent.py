@@ -23,10 +23,13 @@ import torch
 from ddlrepro.rank import devicetypes
 from ddlrepro.rank.checkpoints import load_checkpoint, save_checkpoint
 from ddlrepro.rank.easyscale import ConsistentTrainer
-from ddlrepro.rank.runtime import RankContext
+from ddlrepro.rank.runtime import RankContext, optimizer_libraries
 from ddlrepro.records import emit
 
 CHECKPOINT = "checkpoint.pt"
+
+
+libraries = optimizer_libraries  # what the rank loads before `run` (ddlrepro.startup)
 
 
 def run(params: dict[str, Any], ctx: RankContext) -> None:

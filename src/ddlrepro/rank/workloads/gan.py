@@ -32,7 +32,7 @@ from ddlrepro.rank.gan_models import (
     load_images,
     shape_of,
 )
-from ddlrepro.rank.runtime import RankContext
+from ddlrepro.rank.runtime import RankContext, optimizer_libraries
 from ddlrepro.records import emit
 
 
@@ -82,6 +82,9 @@ def parameter_digest(module: torch.nn.Module) -> float:
     """A number that changes with any parameter: the sum of every parameter's values weighted by position."""
     flat = torch.cat([parameter.detach().flatten().double().cpu() for parameter in module.parameters()])
     return float((flat * torch.arange(1, len(flat) + 1, dtype=torch.float64).sqrt()).sum())
+
+
+libraries = optimizer_libraries  # what the rank loads before `run` (ddlrepro.startup)
 
 
 def run(params: dict[str, Any], ctx: RankContext) -> None:

@@ -109,6 +109,11 @@ def steps_per_epoch(params: dict[str, Any], samples: int) -> int:
     return math.ceil(samples / params["batch_size"])
 
 
+def libraries(params: dict[str, Any]) -> tuple[str, ...]:
+    """What the rank loads besides torch, imported before `run` while the collector waits (ddlrepro.startup)."""
+    return ("tensorflow",)
+
+
 def run(params: dict[str, Any], ctx: RankContext) -> None:
     import tensorflow as tf
 

@@ -16,6 +16,11 @@ failed attempt's folder aside (attempts/<time>/) and hands the next attempt its 
 
 from __future__ import annotations
 
+from ddlrepro import startup
+
+if __name__ == "__main__":  # a task's server starting: no collections while it loads TensorFlow (startup.py)
+    startup.pause_collection()
+
 import os
 import re
 import signal
@@ -74,6 +79,7 @@ def serve_forever() -> None:
     """The child: a TensorFlow server for TF_CONFIG's task, until it is killed."""
     import tensorflow as tf
 
+    startup.resume_collection()
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(
         resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id, protocol="grpc"

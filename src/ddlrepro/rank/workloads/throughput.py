@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddlrepro.rank.models import MODELS, build_model
 from ddlrepro.rank.monitors import GradientMonitor
-from ddlrepro.rank.runtime import RankContext, network_group
+from ddlrepro.rank.runtime import RankContext, network_group, optimizer_libraries
 from ddlrepro.rank.shards import PrefetchingReader, reader
 from ddlrepro.rank.strategies import apply_strategy
 from ddlrepro.rank.workloads.frameworks import FRAMEWORKS, LEARNING_RATE, Trainer
@@ -331,6 +331,13 @@ def paired_iterations(trainers: dict[str, Trainer], params: dict[str, Any], ctx:
             )
             emit("metric", rank=ctx.rank, iteration=iteration, metric="loss", value=value, setting=label)
     return rates
+
+
+def libraries(params: dict[str, Any]) -> tuple[str, ...]:
+    """What the rank loads besides torch, imported before `run` while the collector waits (ddlrepro.startup)."""
+    if params.get("framework", "torch") == "tensorflow":
+        return ("ddlrepro.rank.workloads.tensorflow_trainer", "tensorflow")  # the former sets TF's log level
+    return optimizer_libraries(params)
 
 
 def run(params: dict[str, Any], ctx: RankContext) -> None:
