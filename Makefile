@@ -106,6 +106,7 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/parameter_server.py
 	$(BIN)/python benchmarks/resource_sampler.py
 	$(BIN)/python benchmarks/process_exit.py
+	$(BIN)/python benchmarks/process_start.py
 	$(BIN)/python benchmarks/biggan_elasticity.py
 	$(BIN)/python benchmarks/gan_gpu.py
 	$(WITH_ENV) $(BIN)/python benchmarks/verdict_stability.py
