@@ -1,15 +1,17 @@
 """Starting a rank quickly: the garbage collector waits while the rank loads its libraries.
 
 Loading torch leaves about 170,000 objects the collector tracks, torch and TensorFlow (with Keras) about 530,000,
-and every one of them lives as long as the process; while they are made, each 700 new ones start a collection,
-which walks what it finds alive and so finds nothing: here 11 % of a rank's CPU time to load torch and 20 % to load
-torch and TensorFlow (benchmarks/process_start.py). A rank's entry module therefore pauses the collector before
-its first import when it runs as the program (`pause_collection`), and the rank resumes it once the libraries its
-point needs are loaded and its model is built (`resume_collection`): every object alive then moves to the
-permanent generation (`gc.freeze`, what CPython's documentation advises before forking workers), so later
-collections never walk them again, and collecting starts again for what training makes. The few cycles the
-imports left behind stay: a full collection there would find about 8,500 objects in a torch rank, cost 0.2 s of
-CPU and give no memory back (the process keeps the allocator's pages; its resident and unique sizes stay).
+and nearly all of them live as long as the process; while they are made, each 700 new ones start a collection of
+the youngest (every tenth the older ones too), which walks what is alive and finds almost nothing to free (9,600
+objects over all of torch's and TensorFlow's loading). A rank's entry module therefore pauses the collector
+before its first import when it runs as the program (`pause_collection`), and the rank resumes it once the
+libraries its point needs are loaded (an elastic worker: once its model and optimizer are built):
+`resume_collection` moves every object alive to the permanent generation (`gc.freeze`, what CPython's
+documentation advises before forking workers), so later collections never walk them again, and collecting starts
+again for what training makes. A torch rank (torch, and torch._dynamo, which its first optimizer loads) then
+starts on about a fifth less CPU, a TensorFlow rank too (benchmarks/process_start.py). The few cycles the imports
+left behind stay: a full collection there would find about 8,500 objects in a torch rank, cost 0.2 s of CPU and
+give no memory back (the process keeps the allocator's pages; its resident and unique sizes stay).
 """
 
 from __future__ import annotations
