@@ -356,6 +356,7 @@ def test_survivors_keep_their_processes(tmp_path: Path, monkeypatch: pytest.Monk
     run_point(elastic_point("3:2,6:1,9:0"), tmp_path / "run", local_launcher(120))
     workers = [record for record in live_records(tmp_path / "run") if record["kind"] == "worker"]
     assert sorted(worker["rank"] for worker in workers) == [0, 1]
+    assert all(worker["collector"]["enabled"] and worker["collector"]["frozen"] > 0 for worker in workers)
     provenance = json.loads((tmp_path / "run" / "provenance.json").read_text())
     assert len({worker["pid"] for worker in provenance["workers"]}) == 2
     (token,) = tokens

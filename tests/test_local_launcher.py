@@ -67,6 +67,8 @@ def test_provenance_records_code_software_hardware(finished_run: Path) -> None:
     assert len(provenance["hostnames"]) == 1
     assert [worker["rank"] for worker in provenance["workers"]] == [0, 1]
     assert all(worker["threads"] == 1 for worker in provenance["workers"])
+    # every rank loaded its libraries uncollected, then froze them and collects again (ddlrepro.startup)
+    assert all(worker["collector"]["enabled"] and worker["collector"]["frozen"] > 0 for worker in provenance["workers"])
     assert provenance["point"]["workers"] == 2
     assert provenance["jobspec"]["launcher"] == "local"
 

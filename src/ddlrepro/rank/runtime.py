@@ -21,6 +21,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
+from ddlrepro import startup
 from ddlrepro.rank.allocation import AllocationLimits, allocation_limits
 from ddlrepro.rank.taskenv import LISTEN_ADDRESS_ENV, LISTEN_BACKLOG, MASTER_LISTEN_FD_ENV, NETWORK_INTERFACES_ENV
 from ddlrepro.records import emit
@@ -163,6 +164,7 @@ def describe_worker(ctx: RankContext) -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": sys.version.split()[0],
+        "collector": startup.collector_state(),
     }
 
 

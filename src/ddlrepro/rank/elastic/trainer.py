@@ -14,6 +14,7 @@ final state to `final_state.pt`.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import socket
 import time
@@ -31,6 +32,7 @@ from ddlrepro.rank.ddp_arithmetic import gradient_of
 from ddlrepro.rank.elastic import GAN_MODEL
 from ddlrepro.rank.elastic.forkserver import FORKED_ENV
 from ddlrepro.rank.models import build_model
+from ddlrepro.rank.runtime import OPTIMIZER_LIBRARY
 from ddlrepro.rank.workloads.throughput import synthetic_batch
 from ddlrepro.records import emit
 
@@ -255,11 +257,11 @@ class GanElasticTrainer(ElasticTrainer):
 
 
 def build_trainer(params: dict[str, Any], threads: int) -> ElasticTrainer:
-    """The trainer of the point's `model`: the GAN for `biggan`, else a classifier of rank/models.py. Its model and
-    optimizer built, the worker has loaded its libraries: the collector resumes (ddlrepro.startup)."""
-    trainer = (GanElasticTrainer if params["model"] == GAN_MODEL else ClassifierTrainer)(params, threads)
+    """The trainer of the point's `model`: the GAN for `biggan`, else a classifier of rank/models.py. Its optimizer's
+    library loaded first, the worker has loaded its libraries: the collector resumes (ddlrepro.startup)."""
+    importlib.import_module(OPTIMIZER_LIBRARY)
     startup.resume_collection()
-    return trainer
+    return (GanElasticTrainer if params["model"] == GAN_MODEL else ClassifierTrainer)(params, threads)
 
 
 def slice_seed(seed: int, start: int) -> int:
@@ -302,6 +304,7 @@ def announce(rank: int) -> None:
         threads=torch.get_num_threads(),
         cpus=sorted(os.sched_getaffinity(0)),
         started="forked" if os.environ.get(FORKED_ENV) else "process",  # by the fork server, or as a new process
+        collector=startup.collector_state(),
     )
 
 
