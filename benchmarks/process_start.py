@@ -2,12 +2,13 @@
 (`ddlrepro.startup`: no garbage collection until they are loaded, then `gc.freeze`) and with Python's collector
 as it comes.
 
-Each round starts two child processes per kind of rank, one each way in alternating order, that load what that
-rank loads before it trains (its entry module, its workload and the workload's `libraries`) and leave as a rank
-does (`ddlrepro.shutdown.leave`); the parent reads each child's CPU time (user + system, from `wait4`). Kinds: a
-torch rank (the throughput workload: torch, and torch._dynamo, which its first optimizer loads) and a TensorFlow
-rank (the parameter-server workload: torch and TensorFlow). The figure per kind is the mean over the rounds of
-(CPU paused ÷ CPU as it comes) in the same round, judged with its 95 % bounds over the rounds, fixed before the run.
+Each round starts two child processes per kind of rank, one each way in alternating order, that load what that rank
+loads before it trains (its entry module, then its workload and the workload's `libraries`, by the rank's own
+`load_workload`) and leave as a rank does (`ddlrepro.shutdown.leave`); the parent reads each child's CPU time
+(user + system, from `wait4`). Kinds: a torch rank (the throughput workload: torch, and torch._dynamo, which its first
+optimizer loads) and a TensorFlow rank (the parameter-server workload: torch and TensorFlow). The figure per kind is
+the mean over the rounds of (CPU paused ÷ CPU as it comes) in the same round, judged with its 95 % bounds over the
+rounds, fixed before the run.
 
     python benchmarks/process_start.py [--rounds 10]
 """
@@ -33,34 +34,26 @@ from ddlrepro import startup
 
 if sys.argv[1] == "paused":
     startup.pause_collection()
-import importlib
 import json
 
-import ddlrepro.rank.workloads.__main__
+from ddlrepro.rank.workloads.__main__ import load_workload
 from ddlrepro.shutdown import leave
 
-workload = importlib.import_module(sys.argv[2])
-for library in workload.libraries(json.loads(sys.argv[3])):
-    importlib.import_module(library)
-startup.resume_collection()
+load_workload(sys.argv[2], json.loads(sys.argv[3]))
 leave()
 """
-# kind: (what it is, its workload module, the point's parameters that choose its libraries)
+# kind: (what it is, its workload, the point's parameters that choose its libraries)
 RANKS = {
-    "torch": ("a torch rank (throughput: torch, torch._dynamo)", "ddlrepro.rank.workloads.throughput", {}),
-    "tensorflow": (
-        "a TensorFlow rank (parameter servers: torch, TensorFlow)",
-        "ddlrepro.rank.workloads.parameter_server",
-        {},
-    ),
+    "torch": ("a torch rank (throughput: torch, torch._dynamo)", "throughput", {}),
+    "tensorflow": ("a TensorFlow rank (parameter servers: torch, TensorFlow)", "ps", {}),
 }
 
 
 def start_cpu_seconds(kind: str, collector: str) -> float:
     """User + system CPU seconds of one child loading `kind`'s libraries (`collector`: paused or as-it-comes)."""
-    _, module, params = RANKS[kind]
+    _, workload, params = RANKS[kind]
     with tempfile.TemporaryFile("w+") as stderr:  # TensorFlow's start-up notices, shown only if the child fails
-        command = [sys.executable, "-c", CHILD, collector, module, json.dumps(params)]
+        command = [sys.executable, "-c", CHILD, collector, workload, json.dumps(params)]
         child = subprocess.Popen(command, stderr=stderr)
         _, status, usage = os.wait4(child.pid, 0)
         if os.waitstatus_to_exitcode(status):

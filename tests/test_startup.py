@@ -23,7 +23,7 @@ def python(code: str) -> subprocess.CompletedProcess:
 
 def test_a_paused_collector_resumes_with_what_was_loaded_frozen() -> None:
     """Everything alive at the resume, the modules loaded while paused included, is frozen; a second resume
-    freezes nothing more."""
+    imports what it is given and freezes nothing more."""
     done = python(
         "import gc\nfrom ddlrepro import startup\n"
         "startup.pause_collection()\nassert not gc.isenabled()\n"
@@ -31,7 +31,8 @@ def test_a_paused_collector_resumes_with_what_was_loaded_frozen() -> None:
         "assert alive > before + 1000 and gc.get_freeze_count() == 0\n"
         "startup.resume_collection()\nfrozen = gc.get_freeze_count()\n"
         "assert gc.isenabled() and frozen >= alive and gc.get_objects() == []\n"
-        "kept = [[index] for index in range(100)]\nstartup.resume_collection()\n"
+        "import sys\nassert 'fractions' not in sys.modules\nkept = [[index] for index in range(100)]\n"
+        "startup.resume_collection(after_loading=['fractions'])\nassert 'fractions' in sys.modules\n"
         "print(gc.isenabled(), gc.get_freeze_count() - frozen)\n"
     )
     assert done.returncode == 0, done.stderr

@@ -16,6 +16,8 @@ cycles the imports left behind stay: a full collection there would find about 8,
 from __future__ import annotations
 
 import gc
+import importlib
+from collections.abc import Iterable
 from typing import Any
 
 _paused = False
@@ -29,10 +31,13 @@ def pause_collection() -> None:
         _paused = True
 
 
-def resume_collection() -> None:
-    """Freeze what is alive now and collect again, if `pause_collection` stopped it (else nothing: a test or
-    host process that calls a rank's set-up keeps its own collector as it is)."""
+def resume_collection(after_loading: Iterable[str] = ()) -> None:
+    """Import the modules `after_loading` (still uncollected), then freeze what is alive and collect again, if
+    `pause_collection` stopped it (else only the imports: a test or host process that calls a rank's set-up keeps
+    its own collector as it is)."""
     global _paused
+    for module in after_loading:
+        importlib.import_module(module)
     if _paused:
         gc.freeze()
         gc.enable()

@@ -22,7 +22,6 @@ if __name__ == "__main__":  # a rank starting: no collections while it loads its
     startup.pause_collection()
 
 import contextlib
-import importlib
 import json
 import os
 import runpy
@@ -40,9 +39,8 @@ READY = "ready"
 
 def serve(path: str, preload: list[str]) -> None:
     """Import `preload`, listen on `path`, and fork children until the parent goes."""
-    for module in preload:
-        importlib.import_module(module)
-    startup.resume_collection()  # frozen before any fork, as CPython advises: a child's collections never write to them
+    # frozen before any fork, as CPython advises: a child's collections never write to them
+    startup.resume_collection(after_loading=preload)
     parent = os.getppid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)

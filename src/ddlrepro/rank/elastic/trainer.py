@@ -14,7 +14,6 @@ final state to `final_state.pt`.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
 import socket
 import time
@@ -32,7 +31,7 @@ from ddlrepro.rank.ddp_arithmetic import gradient_of
 from ddlrepro.rank.elastic import GAN_MODEL
 from ddlrepro.rank.elastic.forkserver import FORKED_ENV
 from ddlrepro.rank.models import build_model
-from ddlrepro.rank.runtime import OPTIMIZER_LIBRARY
+from ddlrepro.rank.runtime import optimizer_libraries
 from ddlrepro.rank.workloads.throughput import synthetic_batch
 from ddlrepro.records import emit
 
@@ -259,8 +258,7 @@ class GanElasticTrainer(ElasticTrainer):
 def build_trainer(params: dict[str, Any], threads: int) -> ElasticTrainer:
     """The trainer of the point's `model`: the GAN for `biggan`, else a classifier of rank/models.py. Its optimizer's
     library loaded first, the worker has loaded its libraries: the collector resumes (ddlrepro.startup)."""
-    importlib.import_module(OPTIMIZER_LIBRARY)
-    startup.resume_collection()
+    startup.resume_collection(after_loading=optimizer_libraries(params))
     return (GanElasticTrainer if params["model"] == GAN_MODEL else ClassifierTrainer)(params, threads)
 
 

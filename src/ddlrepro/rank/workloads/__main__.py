@@ -11,6 +11,8 @@ import dataclasses
 import importlib
 import os
 import sys
+from types import ModuleType
+from typing import Any
 
 import torch.distributed as dist
 
@@ -27,10 +29,7 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m ddlrepro.rank.workloads POINT_JSON")
     point = Point.from_json(argv[0])
     ensure_device_environment(point, argv)
-    workload = importlib.import_module(WORKLOADS[point.workload])
-    for library in workload.libraries(point.params):
-        importlib.import_module(library)
-    startup.resume_collection()
+    workload = load_workload(point.workload, point.params)
     ctx = RankContext.from_environment(
         point.threads_per_worker, point.params["backend"], point.params.get("device", "backend")
     )
@@ -45,6 +44,13 @@ def main(argv: list[str]) -> None:
             workload.run({**point.params, **point.inputs}, ctx)
     finally:
         dist.destroy_process_group()
+
+
+def load_workload(name: str, params: dict[str, Any]) -> ModuleType:
+    """The workload's module, imported with the libraries it names; then the collector resumes (ddlrepro.startup)."""
+    workload = importlib.import_module(WORKLOADS[name])
+    startup.resume_collection(after_loading=workload.libraries(params))
+    return workload
 
 
 def ensure_device_environment(point: Point, argv: list[str]) -> None:
