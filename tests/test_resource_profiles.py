@@ -116,6 +116,28 @@ def test_samples_fall_on_shared_wall_clock_ticks() -> None:
     assert next_tick(100.5, 0.5) == pytest.approx(101.0)
 
 
+def test_every_cpu_sample_covers_one_whole_interval(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    """The CPU baseline is read on a tick, not when the sampler starts: no sample covers a part of an interval."""
+    readings: list[float] = []
+    read_cpu = psutil.Process.cpu_percent
+
+    def recorded(process: psutil.Process, interval: float | None = None) -> float:
+        readings.append(time.time())
+        return read_cpu(process, interval)
+
+    monkeypatch.setattr(psutil.Process, "cpu_percent", recorded)
+    interval_s = 0.2
+    time.sleep(next_tick(time.time(), interval_s) - time.time() + interval_s / 2)  # start mid-interval
+    with ResourceSampler(RankContext(0, 1, 0, 1, 1, "gloo", torch.device("cpu")), interval_s):
+        time.sleep(3.5 * interval_s)
+    samples = [json.loads(line.split(" ", 1)[1]) for line in capsys.readouterr().out.splitlines()]
+    cpu = [sample for sample in samples if sample.get("metric") == "cpu_percent"]
+    assert len(readings) == len(cpu) + 1 >= 3  # the baseline, then one reading per sample
+    # Each read within a wake-up delay after a tick (the old baseline, at start, read half an interval after one).
+    offsets = [(reading / interval_s + 0.5) % 1 - 0.5 for reading in readings]
+    assert all(-0.05 < offset < 0.4 for offset in offsets), offsets
+
+
 def environments(*names: str) -> list[dict[str, Any]]:
     container = {"cpus": 0.75, "memory": "2g"}  # below a core per rank: the neighbour finds CPU to take
     known = {
@@ -169,8 +191,8 @@ def built(tmp_path_factory: pytest.TempPathFactory, podman_reason: str | None) -
     podman the local environment instead, so that a run happens anyway."""
     workdir = copy_workflow(tmp_path_factory.mktemp("biggan"))
     ran = ["container", "container+neighbour"] if podman_reason is None else ["local"]
-    tiny = {"enabled": True, "workers": 2, "steps": 4, "batch_size": 4, "environments": environments("hpc", *ran)}
-    settings = {"figures": {FIGURE: tiny}, "launcher": {"sample_interval_s": 0.25}}  # ticks enough in 4 steps
+    tiny = {"enabled": True, "workers": 2, "steps": 8, "batch_size": 4, "environments": environments("hpc", *ran)}
+    settings = {"figures": {FIGURE: tiny}, "launcher": {"sample_interval_s": 0.25}}  # ticks enough in 8 steps
     (workdir / "tiny-biggan.yaml").write_text(yaml.safe_dump(settings))
     done = snakemake(workdir, "biggan_profiles", "--configfile", "config/config.yaml", "tiny-biggan.yaml", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -219,9 +219,10 @@ def next_tick(now: float, interval_s: float) -> float:
 
 
 class ResourceSampler(threading.Thread):
-    """Samples, at wall-clock multiples of `interval_s` (so different workers' series align), this process's CPU
-    and memory (absolute, % of the node, % of its allocation), the node's CPU % and memory %, and with CUDA the
-    GPU's utilisation and memory (NVML), into metric records. The allocation's limits are recorded once."""
+    """Samples, at wall-clock multiples of `interval_s` (so different workers' series align; from the first tick
+    on, so each sample covers one whole interval), this process's CPU and memory (absolute, % of the node, % of its
+    allocation), the node's CPU % and memory %, and with CUDA the GPU's utilisation and memory (NVML), into metric
+    records. The allocation's limits are recorded once."""
 
     def __init__(self, ctx: RankContext, interval_s: float, limits: AllocationLimits | None = None) -> None:
         super().__init__(name="resource-sampler", daemon=True)
@@ -236,11 +237,21 @@ class ResourceSampler(threading.Thread):
 
     def run(self) -> None:
         self.emit_limits()
+        # The CPU baseline is taken on the first tick, not at start: a first sample over the part of an interval
+        # left before that tick weighs as much as a whole one in the run's mean, and under a CFS quota a process
+        # can spend a 100-ms period's leftover quota in it (one read 0.936 cores under a 0.75-core quota,
+        # 2026-11-29).
+        if self.wait_for_tick():
+            return
         self.process.cpu_percent(None)
         psutil.cpu_percent(None)
-        while not self.stopped.wait(max(0.0, next_tick(time.time(), self.interval_s) - time.time())):
+        while not self.wait_for_tick():
             for metric, value in self.sample().items():
                 emit("metric", rank=self.ctx.rank, metric=metric, value=value, iteration=None)
+
+    def wait_for_tick(self) -> bool:
+        """Sleep until the next tick; True where the sampler was stopped meanwhile."""
+        return self.stopped.wait(max(0.0, next_tick(time.time(), self.interval_s) - time.time()))
 
     def emit_limits(self) -> None:
         limits = {
