@@ -117,7 +117,8 @@ def test_samples_fall_on_shared_wall_clock_ticks() -> None:
 
 
 def test_every_cpu_sample_covers_one_whole_interval(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    """The CPU baseline is read on a tick, not when the sampler starts: no sample covers a part of an interval."""
+    """The CPU baseline is read on a tick, not when the sampler starts: no CPU sample covers a part of an
+    interval. Memory is sampled on that first tick already."""
     readings: list[float] = []
     read_cpu = psutil.Process.cpu_percent
 
@@ -132,7 +133,9 @@ def test_every_cpu_sample_covers_one_whole_interval(monkeypatch: pytest.MonkeyPa
         time.sleep(3.5 * interval_s)
     samples = [json.loads(line.split(" ", 1)[1]) for line in capsys.readouterr().out.splitlines()]
     cpu = [sample for sample in samples if sample.get("metric") == "cpu_percent"]
+    memory = [sample for sample in samples if sample.get("metric") == "rss_bytes"]
     assert len(readings) == len(cpu) + 1 >= 3  # the baseline, then one reading per sample
+    assert len(memory) == len(cpu) + 1  # a level is sampled on the first tick too
     # Each read within a wake-up delay after a tick (the old baseline, at start, read half an interval after one).
     offsets = [(reading / interval_s + 0.5) % 1 - 0.5 for reading in readings]
     assert all(-0.05 < offset < 0.4 for offset in offsets), offsets
@@ -219,6 +222,9 @@ def test_snakemake_biggan_profiles(built: Path, podman_reason: str | None) -> No
         assert summary.loc["container", "allocation_memory_gib"] == 4.0
     checks = pd.read_csv(results / "checks" / f"{FIGURE}.tsv", sep="\t").set_index("check")
     assert checks.loc["hpc-gpu-busy", "status"] == "skipped"
+    if podman_reason is None:  # 8 steps sampled every 0.25 s: too short a span to judge the CPU limits on
+        span = checks.loc["cpu-samples-span-enough"]
+        assert span["status"] == "fail" and span["measured"] == (summary.loc["container", "ticks"] - 1) * 0.25
 
 
 @pytest.mark.serial  # a stress-ng neighbour on every core

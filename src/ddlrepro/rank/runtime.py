@@ -219,10 +219,10 @@ def next_tick(now: float, interval_s: float) -> float:
 
 
 class ResourceSampler(threading.Thread):
-    """Samples, at wall-clock multiples of `interval_s` (so different workers' series align; from the first tick
-    on, so each sample covers one whole interval), this process's CPU and memory (absolute, % of the node, % of its
-    allocation), the node's CPU % and memory %, and with CUDA the GPU's utilisation and memory (NVML), into metric
-    records. The allocation's limits are recorded once."""
+    """Samples, at wall-clock multiples of `interval_s` (so different workers' series align), this process's CPU
+    and memory (absolute, % of the node, % of its allocation), the node's CPU % and memory %, and with CUDA the
+    GPU's utilisation and memory (NVML), into metric records; CPU from the second tick on, so that every CPU sample
+    covers one whole interval. The allocation's limits are recorded once."""
 
     def __init__(self, ctx: RankContext, interval_s: float, limits: AllocationLimits | None = None) -> None:
         super().__init__(name="resource-sampler", daemon=True)
@@ -237,21 +237,25 @@ class ResourceSampler(threading.Thread):
 
     def run(self) -> None:
         self.emit_limits()
-        # The CPU baseline is taken on the first tick, not at start: a first sample over the part of an interval
-        # left before that tick weighs as much as a whole one in the run's mean, and under a CFS quota a process
-        # can spend a 100-ms period's leftover quota in it (one read 0.936 cores under a 0.75-core quota,
-        # 2026-11-29).
+        # CPU is first read on the second tick, against a baseline taken on the first, not at start: a first
+        # sample over the part of an interval left before a tick weighs as much as a whole one in a run's mean,
+        # and under a CFS quota a process can spend a 100-ms period's leftover quota in it (one read 0.936 cores
+        # under a 0.75-core quota, 2026-11-29). Memory is a level, not a rate: sampled from the first tick.
         if self.wait_for_tick():
             return
         self.process.cpu_percent(None)
         psutil.cpu_percent(None)
+        self.emit_samples(self.level_sample())
         while not self.wait_for_tick():
-            for metric, value in self.sample().items():
-                emit("metric", rank=self.ctx.rank, metric=metric, value=value, iteration=None)
+            self.emit_samples(self.sample())
 
     def wait_for_tick(self) -> bool:
         """Sleep until the next tick; True where the sampler was stopped meanwhile."""
         return self.stopped.wait(max(0.0, next_tick(time.time(), self.interval_s) - time.time()))
+
+    def emit_samples(self, values: dict[str, float]) -> None:
+        for metric, value in values.items():
+            emit("metric", rank=self.ctx.rank, metric=metric, value=value, iteration=None)
 
     def emit_limits(self) -> None:
         limits = {
@@ -265,16 +269,24 @@ class ResourceSampler(threading.Thread):
                 emit("metric", rank=self.ctx.rank, metric=metric, value=value, iteration=None, detail=source)
 
     def sample(self) -> dict[str, float]:
+        """CPU since the last call (this process's and the node's) and the levels of `level_sample`."""
         cores = self.process.cpu_percent(None) / 100
-        values = {"cpu_percent": 100 * cores, **self.memory()}
-        values |= {
+        values = {
+            "cpu_percent": 100 * cores,
             "cpu_percent_of_node": 100 * cores / self.node_cpus,
-            "memory_percent_of_node": 100 * values["rss_bytes"] / self.node_memory,
             "node_cpu_percent": psutil.cpu_percent(None),
-            "node_memory_percent": psutil.virtual_memory().percent,
         }
         if self.limits.cpu_cores:
             values["cpu_percent_of_allocation"] = 100 * cores / self.limits.cpu_cores
+        return values | self.level_sample()
+
+    def level_sample(self) -> dict[str, float]:
+        """Memory (this process's and the node's) and, with CUDA, the GPU's utilisation and memory."""
+        values = self.memory()
+        values |= {
+            "memory_percent_of_node": 100 * values["rss_bytes"] / self.node_memory,
+            "node_memory_percent": psutil.virtual_memory().percent,
+        }
         if self.limits.memory_bytes:
             values["memory_percent_of_allocation"] = 100 * values["rss_bytes"] / self.limits.memory_bytes
         if self.gpu is not None:

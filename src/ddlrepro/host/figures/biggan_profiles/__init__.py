@@ -9,7 +9,8 @@ Points: one per environment, every other parameter equal (like for like: same wo
 Summary, one row per environment: per series (job CPU cores, job CPU % of node and of allocation, node CPU %,
 foreign CPU % of node = node − job, job memory GiB and % of node and of allocation, node memory %, GPU utilisation
 and memory %) its mean, p5 and p95 over the run's sample ticks (job series summed over the ranks at each tick,
-node series averaged), the mean step time, and the spread of job memory across environments. Plot: CPU, memory and
+node series averaged), the ticks and the seconds the CPU samples cover (`cpu_sampled_s`), the mean step time,
+and the spread of job memory across environments. Plot: CPU, memory and
 GPU over time, and a table of the means beside the seed's dashboard numbers.
 """
 
@@ -140,7 +141,8 @@ def check_environments(environments: list[dict[str, Any]]) -> None:
 
 def tick_series(rows: pd.DataFrame, interval_s: float, workers: int) -> pd.DataFrame:
     """One row per sample tick of a run: every job series (summed over ranks) and node series (their mean), with
-    the seconds since the run's first tick. Ticks some rank did not sample (start, end) are left out."""
+    the seconds since the run's first tick. Ticks some rank did not sample (start, end) are left out; the first
+    tick has no CPU (rank/runtime.py's ResourceSampler reads CPU over whole intervals only)."""
     import pandas as pd
 
     samples = rows[rows["metric"].isin([m for m, _ in JOB_SERIES.values()] + list(NODE_SERIES.values()))]
@@ -148,8 +150,8 @@ def tick_series(rows: pd.DataFrame, interval_s: float, workers: int) -> pd.DataF
     complete = samples.groupby("tick")["rank"].transform("nunique") == workers
     by_tick = samples[complete].pivot_table(index="tick", columns=["metric", "rank"], values="value", aggfunc="mean")
     series = pd.DataFrame(index=by_tick.index)
-    for name, (metric, unit) in JOB_SERIES.items():
-        series[name] = by_tick[metric].sum(axis=1) * unit
+    for name, (metric, unit) in JOB_SERIES.items():  # NaN where a rank has no such sample (CPU on the first tick)
+        series[name] = by_tick[metric].sum(axis=1, min_count=workers) * unit
     for name, metric in NODE_SERIES.items():
         if metric in by_tick.columns.get_level_values(0):
             series[name] = by_tick[metric].mean(axis=1)
@@ -194,6 +196,7 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
             "reason": "",
             "neighbour": isinstance(first.get("neighbour"), str) and first["neighbour"] != "",
             "ticks": len(series),
+            "cpu_sampled_s": series["job_cpu_cores"].notna().sum() * float(first["sample_interval_s"]),
             "step_time_s": float(steps.mean()),
             "allocation_cpu_cores": limits["cpu"],
             "allocation_memory_gib": limits["memory"],
