@@ -194,8 +194,8 @@ def built(tmp_path_factory: pytest.TempPathFactory, podman_reason: str | None) -
     podman the local environment instead, so that a run happens anyway."""
     workdir = copy_workflow(tmp_path_factory.mktemp("biggan"))
     ran = ["container", "container+neighbour"] if podman_reason is None else ["local"]
-    tiny = {"enabled": True, "workers": 2, "steps": 8, "batch_size": 4, "environments": environments("hpc", *ran)}
-    settings = {"figures": {FIGURE: tiny}, "launcher": {"sample_interval_s": 0.25}}  # ticks enough in 8 steps
+    tiny = {"enabled": True, "workers": 2, "steps": 4, "batch_size": 4, "environments": environments("hpc", *ran)}
+    settings = {"figures": {FIGURE: tiny}, "launcher": {"sample_interval_s": 0.25}}  # ticks enough in 4 steps
     (workdir / "tiny-biggan.yaml").write_text(yaml.safe_dump(settings))
     done = snakemake(workdir, "biggan_profiles", "--configfile", "config/config.yaml", "tiny-biggan.yaml", timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -222,7 +222,7 @@ def test_snakemake_biggan_profiles(built: Path, podman_reason: str | None) -> No
         assert summary.loc["container", "allocation_memory_gib"] == 4.0
     checks = pd.read_csv(results / "checks" / f"{FIGURE}.tsv", sep="\t").set_index("check")
     assert checks.loc["hpc-gpu-busy", "status"] == "skipped"
-    if podman_reason is None:  # 8 steps sampled every 0.25 s: too short a span to judge the CPU limits on
+    if podman_reason is None:  # 4 steps sampled every 0.25 s: too short a span to judge the CPU limits on
         span = checks.loc["cpu-samples-span-enough"]
         assert span["status"] == "fail" and span["measured"] == (summary.loc["container", "ticks"] - 1) * 0.25
 

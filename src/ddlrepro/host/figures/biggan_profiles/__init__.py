@@ -10,8 +10,8 @@ Summary, one row per environment: per series (job CPU cores, job CPU % of node a
 foreign CPU % of node = node − job, job memory GiB and % of node and of allocation, node memory %, GPU utilisation
 and memory %) its mean, p5 and p95 over the run's sample ticks (job series summed over the ranks at each tick,
 node series averaged), the ticks and the seconds the CPU samples cover (`cpu_sampled_s`), the mean step time,
-and the spread of job memory across environments. Plot: CPU, memory and
-GPU over time, and a table of the means beside the seed's dashboard numbers.
+and the spread of job memory across environments. Plot: CPU, memory and GPU over time, and a table of the means
+beside the seed's dashboard numbers.
 """
 
 from __future__ import annotations
