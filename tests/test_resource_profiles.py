@@ -27,6 +27,7 @@ from ddlrepro.host.environments import engine_unavailable_reason, slurm_unreacha
 from ddlrepro.host.figures import figure_points
 from ddlrepro.rank.allocation import allocation_limits
 from ddlrepro.rank.runtime import RankContext, ResourceSampler, next_tick
+from ddlrepro.records import RECORD_PREFIX
 
 GIB = 2**30
 FIGURE = "biggan-profiles"
@@ -131,7 +132,7 @@ def test_every_cpu_sample_covers_one_whole_interval(monkeypatch: pytest.MonkeyPa
     time.sleep(next_tick(time.time(), interval_s) - time.time() + interval_s / 2)  # start mid-interval
     with ResourceSampler(RankContext(0, 1, 0, 1, 1, "gloo", torch.device("cpu")), interval_s):
         time.sleep(3.5 * interval_s)
-    samples = [json.loads(line.split(" ", 1)[1]) for line in capsys.readouterr().out.splitlines()]
+    samples = [json.loads(line.removeprefix(RECORD_PREFIX)) for line in capsys.readouterr().out.splitlines()]
     cpu = [sample for sample in samples if sample.get("metric") == "cpu_percent"]
     memory = [sample for sample in samples if sample.get("metric") == "rss_bytes"]
     assert len(readings) == len(cpu) + 1 >= 3  # the baseline, then one reading per sample
