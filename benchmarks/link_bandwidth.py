@@ -11,14 +11,25 @@ busbw = size ÷ time × 2(n−1)/n (nccl-tests), the time per operation taken as
 repetitions; a measurement's figure is its lowest ratio over the sizes (the target holds at every size). With one
 rank per host each host's link carries 2(n−1)/n × size per operation in each direction, so busbw can reach the
 link rate; the rate counts Ethernet frames, of which TCP's payload is at most 0.956. MPI runs
-Open MPI's ring all-reduce (OPEN_MPI_RING below).
+Open MPI's ring all-reduce, tuned for these links and this machine's shared cores (OPEN_MPI_TUNING below).
 
-Why MPI stays below the target here (measured with /proc/stat each second, 4 hosts at 1 Gbit/s on this 2-core
-machine): while Open MPI's all-reduce runs, both cores are busy all the time, about three quarters of it in the
-kernel (its TCP progress engine polls its non-blocking sockets), with the links' shaping and TCP's softirq work
-competing for the same cores; gloo's ranks block in their receives, and during its all-reduce the cores are about
-a third busy. mpi_yield_when_idle does not help: a yield returns at once when nothing else is runnable. The limit is
-the host's cores, not the links (on a machine with a core per polling rank it would not apply: not measured here).
+What held MPI below the target, and the two settings that lift it (OPEN_MPI_TUNING below; measured with per-
+repetition times, each host's `nstat` and qdisc counters, and /proc/stat every 0.1 s over the timed operations):
+- 2 hosts (0.55 of the rate at 200 Mbit/s): most operations ran at gloo's time, but 7 and 10 of 18 (two runs of 6
+  per size) took longer by whole multiples of one ring step's transfer time (at 16 MiB +0.35 or +0.69 s on 0.71 s),
+  with no retransmission, timeout or qdisc drop on either host: one direction of a step waited until the other had
+  finished. Open MPI's ob1 sends a large message only after its peer's rendezvous ACK, and with one TCP connection
+  per pair that ACK can queue behind the peer's own bulk data of the same step. With two connections per pair
+  (btl_tcp_links=2) none of 18 stalled; raising the eager limit above the message size (no handshake at all) did
+  the same, at a 32-MiB buffer per fragment.
+- 4 hosts on this 2-core machine (0.73 at 1 Gbit/s with the fix above): both cores 100 % busy during the operations
+  (77 % in the kernel, 7 % softirq) where gloo's ranks, blocking in their receives, left them 75 % idle while moving
+  the same bytes: Open MPI's ranks poll their non-blocking sockets, and two ranks share a core, so a rank that has
+  bytes to move waits for its neighbour's polling slice. Open MPI yields the core while it polls when it knows a
+  node is oversubscribed (mpi_yield_when_idle, "will default to 1 when oversubscribing nodes",
+  ompi/runtime/ompi_mpi_params.c); under srun, and with testbed hosts that each look like a whole machine, it cannot
+  know, so the benchmark says so (0.87–0.92 of the rate per size then, 4 hosts at 1 Gbit/s).
+On a machine with a core per rank the second setting would not matter (not measured here).
 
     python benchmarks/link_bandwidth.py [--hosts 2 4] [--rates 200mbit 1gbit] [--backends gloo mpi]
 """
@@ -52,12 +63,22 @@ SCRIPT = REPO / "scripts" / "slurm-cluster"
 MIB = 2**20
 SWEEP = {"min_bytes": 16 * MIB, "max_bytes": 64 * MIB, "warmup": 1, "repetitions": 2, "target_bytes": 1, "max_ops": 1}
 JOB_TIMEOUT_S = 600
-# Open MPI 4.1's fixed rules pick, for 4 ranks at 16-64 MiB, an all-reduce that moves about twice the ring's bytes
-# over the links (measured: 0.48 of the rate); the ring (algorithm 4) moves what gloo's does (the segmented ring,
-# 5, measured no better).
 SLURM_DAEMONS = {"munged", "slurmctld", "slurmd", "slurmstepd"}  # and the ranks they start
 TESTBED_HELPERS = frozenset({testbed_package.__name__, forward.__name__})  # run with -m: hosts' keeper, port forwarder
-OPEN_MPI_RING = {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1", "OMPI_MCA_coll_tuned_allreduce_algorithm": "4"}
+OPEN_MPI_TUNING = {
+    # Open MPI 4.1's fixed rules pick, for 4 ranks at 16-64 MiB, an all-reduce that moves about twice the ring's
+    # bytes over the links (measured: 0.48 of the rate); the ring (algorithm 4) moves what gloo's does (the
+    # segmented ring, 5, measured no better).
+    "OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
+    "OMPI_MCA_coll_tuned_allreduce_algorithm": "4",
+    # Two TCP connections per pair of ranks instead of one (btl_tcp_links, Open MPI's default 1): with one, a
+    # rank's rendezvous handshake (ob1's ACK to its peer's large send) can queue behind its own bulk data to that
+    # peer, and one direction of a ring step then waits for the other to finish (see the module docstring).
+    "OMPI_MCA_btl_tcp_links": "2",
+    # The testbed's hosts share this machine's cores (4 ranks on 2 here): yield while polling, as Open MPI does by
+    # itself on a node it knows is oversubscribed.
+    "OMPI_MCA_mpi_yield_when_idle": "1",
+}
 
 
 def cluster(action: str, state: Path, *extra: str) -> None:
@@ -94,7 +115,7 @@ def run_point(point: Point, config: dict, run_dir: Path) -> None:
     ]
     wrapped = shlex.join(command)
     sbatch = ["sbatch", "--wait", f"--nodes={point.workers}", "--ntasks-per-node=1", f"--output={run_dir}.out"]
-    env = {**os.environ, "SLURM_CONF": "/etc/slurm/slurm.conf", **OPEN_MPI_RING}
+    env = {**os.environ, "SLURM_CONF": "/etc/slurm/slurm.conf", **OPEN_MPI_TUNING}
     done = subprocess.run([*sbatch, "--wrap", wrapped], capture_output=True, text=True, env=env, timeout=JOB_TIMEOUT_S)
     if done.returncode != 0 or not (run_dir / "result.json").exists():
         tail = Path(f"{run_dir}.out").read_text()[-3000:] if Path(f"{run_dir}.out").exists() else done.stderr
