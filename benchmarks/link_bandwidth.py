@@ -11,7 +11,9 @@ busbw = size ÷ time × 2(n−1)/n (nccl-tests), the time per operation taken as
 repetitions; a measurement's figure is its lowest ratio over the sizes (the target holds at every size). With one
 rank per host each host's link carries 2(n−1)/n × size per operation in each direction, so busbw can reach the
 link rate; the rate counts Ethernet frames, of which TCP's payload is at most 0.956. MPI runs
-Open MPI's ring all-reduce, tuned for these links and this machine's shared cores (OPEN_MPI_TUNING below).
+Open MPI's ring all-reduce, tuned for these links and this machine's shared cores (OPEN_MPI_TUNING below): what
+Open MPI can reach here. The figures' MPI points run Open MPI as installed (its own algorithm choice, one TCP
+connection per pair, no yielding), which a site tunes in its Open MPI configuration, not in ddlrepro.
 
 What held MPI below the target, and the two settings that lift it (OPEN_MPI_TUNING below; measured with per-
 repetition times, each host's `nstat` and qdisc counters, and /proc/stat every 0.1 s over the timed operations):
