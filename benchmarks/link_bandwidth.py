@@ -19,18 +19,18 @@ What held MPI below the target, and the two settings that lift it (OPEN_MPI_TUNI
 repetition times, each host's `nstat` and qdisc counters, and /proc/stat every 0.1 s over the timed operations):
 - 2 hosts (0.55 of the rate at 200 Mbit/s): most operations ran at gloo's time, but 7 and 10 of 18 (two runs of 6
   per size) took longer by whole multiples of one ring step's transfer time (at 16 MiB +0.35 or +0.69 s on 0.71 s),
-  with no retransmission, timeout or qdisc drop on either host: one direction of a step waited until the other had
-  finished. Open MPI's ob1 sends a large message only after its peer's rendezvous ACK, and with one TCP connection
-  per pair that ACK can queue behind the peer's own bulk data of the same step. With two connections per pair
-  (btl_tcp_links=2) none of 18 stalled; raising the eager limit above the message size (no handshake at all) did
-  the same, at a 32-MiB buffer per fragment.
+  with no qdisc drop, no retransmission timeout and at most 2 retransmitted segments per host in a whole run: one
+  direction of a step waited until the other had finished. Open MPI's ob1 sends a large message only after its
+  peer's rendezvous ACK, and with one TCP connection per pair that ACK can queue behind the peer's own bulk data of
+  the same step. Both ways around it removed the stalls: two connections per pair (btl_tcp_links=2, none of 18
+  stalled) and an eager limit above the message size (no handshake at all; at a 32-MiB buffer per fragment).
 - 4 hosts on this 2-core machine (0.73 at 1 Gbit/s with the fix above): both cores 100 % busy during the operations
   (77 % in the kernel, 7 % softirq) where gloo's ranks, blocking in their receives, left them 75 % idle while moving
   the same bytes: Open MPI's ranks poll their non-blocking sockets, and two ranks share a core, so a rank that has
   bytes to move waits for its neighbour's polling slice. Open MPI yields the core while it polls when it knows a
   node is oversubscribed (mpi_yield_when_idle, "will default to 1 when oversubscribing nodes",
   ompi/runtime/ompi_mpi_params.c); under srun, and with testbed hosts that each look like a whole machine, it cannot
-  know, so the benchmark says so (0.87–0.92 of the rate per size then, 4 hosts at 1 Gbit/s).
+  know, so the benchmark says so (0.86–0.91 of the rate per size then, 4 hosts at 1 Gbit/s).
 On a machine with a core per rank the second setting would not matter (not measured here).
 
     python benchmarks/link_bandwidth.py [--hosts 2 4] [--rates 200mbit 1gbit] [--backends gloo mpi]
