@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,8 @@ from ddlrepro.host.testing import local_launcher
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run_dir = tmp_path_factory.mktemp("run") / "kungfu-fig9" / "point"
-    run_point(tiny_point(workers=2, iterations=3), run_dir, local_launcher(300))
+    # Ticks 0.05 s apart: the tiny run spans several, and CPU needs two (a baseline, then a whole interval).
+    run_point(tiny_point(workers=2, iterations=3, sample_interval_s=0.05), run_dir, local_launcher(300))
     return run_dir
 
 
@@ -51,10 +53,12 @@ def test_result_follows_the_benchmark_protocol(finished_run: Path) -> None:
 
 
 def test_every_rank_samples_its_resources(finished_run: Path) -> None:
+    """Memory on every tick, CPU on every tick but the first (its baseline): one CPU sample fewer than memory."""
     metrics = metric_records(finished_run)
     for rank in (0, 1):
-        sampled = {m["metric"] for m in metrics if m["rank"] == rank and m["iteration"] is None}
-        assert {"cpu_percent", "rss_bytes"} <= sampled
+        sampled = Counter(m["metric"] for m in metrics if m["rank"] == rank and m["iteration"] is None)
+        assert sampled["cpu_percent"] >= 1
+        assert sampled["cpu_percent"] == sampled["rss_bytes"] - 1
 
 
 def test_provenance_records_code_software_hardware(finished_run: Path) -> None:
