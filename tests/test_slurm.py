@@ -245,7 +245,7 @@ def test_slurm_profile_runs_figures_through_sbatch_and_srun(cluster: dict[str, s
     env = empty_config_homes(cluster, tmp_path / "home")
     assert "installed profiles/slurm as " in setup_profile(workdir, env)
     fig9 = "{workers: [2], frameworks: [torch]}"
-    hpc = "{workers: 2, steps: 8, batch_size: 4, environments: [{name: hpc, kind: slurm}]}"
+    hpc = "{workers: 2, steps: 16, batch_size: 4, environments: [{name: hpc, kind: slurm}]}"  # ≥ 2 ticks at 0.5 s
     sections = {
         "kungfu-fig9": fig9,
         "kungfu-allreduce": "{backends: [mpi]}",

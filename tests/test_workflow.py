@@ -51,7 +51,10 @@ def test_workflow_builds_figures_and_reruns_only_what_changed(workflow_copy: Pat
     assert set(skipped["network"]) == {"overlay"} and skipped["reason"].str.startswith("no overlay run").all()
     summary = summary[summary["status"] == "ok"]
     assert list(summary["workers"]) == [1, 2]
-    assert (summary["per_worker"] > 0).all() and summary["efficiency"].between(0.05, 1.5).all()
+    assert (summary["per_worker"] > 0).all()
+    # rate_N / (N × rate_1), whatever the timings: a 1-worker run slowed by a busy host makes 2 look superlinear
+    single = summary.loc[summary["workers"] == 1, "per_worker"].iloc[0]
+    assert list(summary["efficiency"]) == pytest.approx(list(summary["per_worker"] / single))
     assert {"foreign_share", "steal_share", "disturbed"} <= set(summary.columns)
 
     html = (results / "report.html").read_text()
