@@ -92,17 +92,19 @@ def test_every_target_of_a_recorded_benchmark_names_a_figure_it_measures(path: P
 
 
 def test_a_missed_target_fails_and_a_met_one_passes() -> None:
-    """Judged on the paired rounds' mean and its bounds (the recorded run: 0.866 [0.833, 0.900], n=12, a miss)."""
+    """Judged on the paired rounds' mean and its bounds (the recorded run's slowest strategy: 0.848 [0.818, 0.878],
+    n=12, a miss; its best, 0.925 [0.898, 0.953], too close to the line to tell)."""
     document = recorded("allreduce_strategies")
-    assert statuses(document)["best-point-to-point-strategy"] == "fail"
+    assert statuses(document)["every-strategy"] == "fail"
+    assert statuses(document)["best-point-to-point-strategy"] == "inconclusive"
 
     def rounds_around(centre: float) -> dict[str, Any]:
         ratios = [centre + 0.01 * (index % 3 - 1) for index in range(12)]
-        return set_value(document, "best-p2p-busbw-ratio", value=centre, round_values=ratios)
+        return set_value(document, "slowest-strategy-busbw-ratio", value=centre, round_values=ratios)
 
-    assert statuses(rounds_around(0.95))["best-point-to-point-strategy"] == "pass"
-    assert statuses(rounds_around(0.85))["best-point-to-point-strategy"] == "fail"
-    assert statuses(rounds_around(0.9))["best-point-to-point-strategy"] == "inconclusive"
+    assert statuses(rounds_around(0.95))["every-strategy"] == "pass"
+    assert statuses(rounds_around(0.85))["every-strategy"] == "fail"
+    assert statuses(rounds_around(0.9))["every-strategy"] == "inconclusive"
 
 
 def test_a_timing_on_a_busy_host_is_disturbed_but_memory_is_judged() -> None:

@@ -118,6 +118,7 @@ def test_samples_fall_on_shared_wall_clock_ticks() -> None:
     assert next_tick(100.5, 0.5) == pytest.approx(101.0)
 
 
+@pytest.mark.serial  # wake-ups within 80 ms of a tick: a busy parallel pass delays them more
 def test_every_cpu_sample_covers_one_whole_interval(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
     """The CPU baseline is read on a tick, not when the sampler starts: no CPU sample covers a part of an
     interval. Memory is sampled on that first tick already."""
@@ -132,7 +133,7 @@ def test_every_cpu_sample_covers_one_whole_interval(monkeypatch: pytest.MonkeyPa
     interval_s = 0.2
     time.sleep(next_tick(time.time(), interval_s) - time.time() + interval_s / 2)  # start mid-interval
     with ResourceSampler(RankContext(0, 1, 0, 1, 1, "gloo", torch.device("cpu")), interval_s):
-        time.sleep(3.5 * interval_s)
+        time.sleep(5.5 * interval_s)
     samples = [json.loads(line.removeprefix(RECORD_PREFIX)) for line in capsys.readouterr().out.splitlines()]
     cpu = [sample for sample in samples if sample.get("metric") == "cpu_percent"]
     memory = [sample for sample in samples if sample.get("metric") == "rss_bytes"]
@@ -224,9 +225,9 @@ def test_snakemake_biggan_profiles(built: Path, podman_reason: str | None) -> No
         assert summary.loc["container", "allocation_memory_gib"] == 4.0
     checks = pd.read_csv(results / "checks" / f"{FIGURE}.tsv", sep="\t").set_index("check")
     assert checks.loc["hpc-gpu-busy", "status"] == "skipped"
-    if podman_reason is None:  # 4 steps sampled every 0.1 s: too short a span to judge the CPU limits on
+    if podman_reason is None:  # 4 steps sampled every 0.1 s: does that span the 3 s the CPU-limit checks rest on?
         span = checks.loc["cpu-samples-span-enough"]
-        assert span["status"] == "fail"
+        assert span["status"] == ("pass" if span["measured"] >= 3 else "fail")  # ~1 s unless the host is very slow
         assert span["measured"] == pytest.approx((summary.loc["container", "ticks"] - 1) * SAMPLE_INTERVAL_S)
 
 

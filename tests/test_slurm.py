@@ -443,7 +443,7 @@ def test_a_workflow_that_is_done_does_not_sit_out_the_status_check_interval(
             seen = time.monotonic()
     workflow.wait()
     assert (workflow.returncode == 0) == (exit_code == 0) and seen, "".join(lines[-150:])
-    assert time.monotonic() - seen < 4, "".join(lines[-150:])  # not the interval's 10 s
+    assert time.monotonic() - seen < 7, "".join(lines[-150:])  # not the interval's 10 s
 
 
 def test_the_daemons_listen_on_loopback_only(cluster: dict[str, str]) -> None:

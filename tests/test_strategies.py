@@ -17,7 +17,7 @@ from ddlrepro.rank.strategies import STRATEGIES, apply_strategy, chunk_count, re
 
 def sums_by_strategy(rank: int, group_size: int, lanes: int) -> dict[str, dict[str, torch.Tensor]]:
     """Each strategy's sum of rank-dependent integer and float tensors, next to all_reduce's, its chunks summed on
-    `lanes` threads."""
+    `lanes` threads; the float tensor also cut into 1000-byte chunks (17, not a whole number of floats each)."""
     generator = torch.Generator().manual_seed(rank)
     integers = torch.randint(-1000, 1000, (1031,), generator=generator, dtype=torch.int64)
     floats = torch.randn(4097, generator=generator)
@@ -32,6 +32,8 @@ def sums_by_strategy(rank: int, group_size: int, lanes: int) -> dict[str, dict[s
             "float": reduce(floats.clone()),
             "chunked": reduce(chunked.clone()),
         }
+        if strategy != "ALL_REDUCE":
+            sums[strategy]["small chunks"] = reducer(strategy, group_size, lanes, chunk_bytes=1000)(floats.clone())
     return sums
 
 
@@ -46,6 +48,11 @@ def test_every_strategy_equals_all_reduce(tmp_path: Path, world: int, group_size
             assert torch.equal(rank_sums[strategy]["int"], expected["int"]), strategy
             assert torch.equal(rank_sums[strategy]["chunked"], expected["chunked"]), strategy
             torch.testing.assert_close(rank_sums[strategy]["float"], expected["float"], rtol=1e-5, atol=1e-5)
+            small, whole = rank_sums[strategy]["small chunks"], rank_sums[strategy]["float"]
+            if strategy == "RING" or len(strategy_pairs(strategy, world, group_size)) == 1:
+                assert torch.equal(small, whole), strategy  # one graph: the same additions, however cut
+            else:  # chunks through different trees: their partial sums group the ranks differently
+                torch.testing.assert_close(small, whole, rtol=1e-5, atol=1e-5)
     for strategy in STRATEGIES:
         assert all(torch.equal(r[strategy]["float"], results[0][strategy]["float"]) for r in results), strategy
 
@@ -109,6 +116,8 @@ def test_unknown_strategy_is_refused() -> None:
 def test_an_exchange_without_lanes_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one lane, not 0"):
         reducer("STAR", 1, lanes=0)
+    with pytest.raises(ValueError, match="at least one byte, not 0"):
+        reducer("STAR", 1, chunk_bytes=0)
 
 
 def train_moving_root(rank: int, steps: int, move_at: int | None) -> dict[str, object]:

@@ -128,9 +128,9 @@ def strategy_pairs(strategy: str, world: int, group_size: int, root: int = 0) ->
     return [GraphPair(frozenset(edges)) for edges in graphs[strategy]()]
 
 
-def chunk_count(nbytes: int) -> int:
+def chunk_count(nbytes: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     """KungFu's chunks of a tensor: ceil(bytes / 1 MiB) (session/session.go:347)."""
-    return max(1, math.ceil(nbytes / CHUNK_BYTES))
+    return max(1, math.ceil(nbytes / chunk_bytes))
 
 
 @dataclass(frozen=True)
@@ -306,17 +306,19 @@ def _pairs(strategy: str, world: int, group_size: int, root: int) -> list[GraphP
     return strategy_pairs(strategy, world, group_size, root)
 
 
-def reducer(strategy: str, group_size: int, lanes: int = LANES) -> Reducer:
+def reducer(strategy: str, group_size: int, lanes: int = LANES, chunk_bytes: int = CHUNK_BYTES) -> Reducer:
     """The in-place sum over all ranks that `strategy` names; `group_size`: the ranks of a host; `lanes`: threads
-    summing chunks (`Exchange`)."""
+    summing chunks (`Exchange`); `chunk_bytes`: KungFu's 1 MiB unless a benchmark asks what another size costs."""
     if strategy == "RING":
         return ring
     strategy_pairs(strategy, 1, 1)  # an unknown name is refused here, before any exchange
+    if chunk_bytes < 1:
+        raise ValueError(f"chunks need at least one byte, not {chunk_bytes}")
     exchange = Exchange(lanes)
 
     def reduce(tensor: torch.Tensor, root: int = 0, **_options: int) -> torch.Tensor:
         pairs = _pairs(strategy, dist.get_world_size(), group_size, root)
-        pieces = chunk_count(tensor.numel() * tensor.element_size()) if tensor.is_contiguous() else 1
+        pieces = chunk_count(tensor.numel() * tensor.element_size(), chunk_bytes) if tensor.is_contiguous() else 1
         exchange.run([tensor] if pieces == 1 else list(tensor.view(-1).tensor_split(pieces)), pairs)
         return tensor
 
