@@ -6,17 +6,20 @@ strategy's value in a round is the mean over sizes of raw's time ÷ its own in t
 fixed before the run, judged as the workflow judges a timing claim (the rounds' mean and its one-sided 95 %
 bootstrap bounds). The best point-to-point strategy is picked on the same rounds (a mild winner's bias: with STAR,
 BINARY_TREE and BINARY_TREE_STAR within a few % of each other it moves the mean by less than their spread).
-busbw = algbw × 2(n−1)/n (nccl-tests). Every strategy is reported against raw all_reduce. The target (targets.yaml)
-holds the best *point-to-point* strategy (STAR, BINARY_TREE, BINARY_TREE_STAR, CLIQUE) to ≥ 0.9 × raw all_reduce,
+busbw = algbw × 2(n−1)/n (nccl-tests). Every strategy is reported against raw all_reduce. The targets (targets.yaml)
+hold the best *point-to-point* strategy (STAR, BINARY_TREE, BINARY_TREE_STAR, CLIQUE) to ≥ 0.9 × raw all_reduce,
 and every strategy too (the slowest on the same rounds: a mild loser's bias, the mirror of the best's):
 RING is gloo's all_reduce itself, so it is listed as a check of the method, not as a candidate. 4 ranks, because at 2
 STAR, BINARY_TREE and BINARY_TREE_STAR send the same messages. Beside each ratio, the CPU time every rank spent per
 operation (user and system, summed over ranks) relative to raw all_reduce's, and the cores the ranks kept busy: where
-both keep every core busy, the CPU a strategy costs per byte, not the bytes it moves, sets its speed.
+both keep every core busy, the CPU a strategy costs per byte, not the bytes it moves, sets its speed. Last, the
+busiest rank's share of that CPU: the ring's is a quarter, a star's root's about half, and the other ranks wait
+on it. (Across real links the root's link is the limit instead: it carries n − 1 tensors each way, the ring's
+2(n − 1)/n.)
 
 `--chunk-mib` asks what the chunk size costs (KungFu's, and the figures', is 1 MiB): each chunk is a message on
-every edge of its graph, and on loopback a message's CPU (Python, gloo's work objects, the threads' and the socket's
-wake-ups) is what the strategies pay beyond gloo's ring, which moves a tensor in a few large pieces.
+every edge of its graph, and each message costs CPU (Python, gloo's work objects, the threads' and the socket's
+wake-ups) that gloo's ring, moving a tensor in a few large pieces, pays less often.
 
     python benchmarks/allreduce_strategies.py [--rounds 12] [--ops 3] [--world 4] [--chunk-mib 1]
 """
@@ -100,12 +103,14 @@ def main() -> None:
             mp.spawn(
                 measure, args=(args.world, port, args.rounds, args.ops, chunk_bytes, out), nprocs=args.world, join=True
             )
-            times, cpu = out["wall"], cpu_over_ranks([out[rank] for rank in range(args.world)])
+            per_rank = [out[rank] for rank in range(args.world)]
+            times, cpu = out["wall"], cpu_over_ranks(per_rank)
         print(
             f"{args.world} gloo processes, {args.rounds} interleaved rounds of {args.ops} all-reduces (medians shown),"
             f" chunks of {chunk_bytes / 2**20:g} MiB"
         )
         report_sizes(times, cpu, args.world)
+        report_busiest_rank(per_rank)
         rounds = round_ratios(times, args.rounds)
         means = {name: statistics.fmean(ratios) for name, ratios in rounds.items()}
         for name, ratios in rounds.items():
@@ -153,6 +158,17 @@ def cpu_ratios(cpu: Samples) -> dict[str, float]:
         name: statistics.fmean(median[("raw all_reduce", size)] / median[(name, size)] for size in SIZES_MIB)
         for name in STRATEGIES
     }
+
+
+def report_busiest_rank(per_rank: list[Samples]) -> None:
+    """Print each candidate's busiest rank's share of the CPU its ranks spent (medians over rounds, 16–64 MiB):
+    a star's root does what the ring spreads over every rank, so on few cores the others wait on it."""
+    for name in ["raw all_reduce", *STRATEGIES]:
+        shares = []
+        for size in SIZES_MIB:
+            spent = [statistics.median(rank[(name, size)]) for rank in per_rank]
+            shares.append(max(spent) / sum(spent))
+        print(f"{name:22s} busiest rank's share of the CPU: {statistics.fmean(shares):.0%} (of {len(per_rank)} ranks)")
 
 
 def cores_busy(times: Samples, cpu: Samples, name: str, size: int) -> float:
