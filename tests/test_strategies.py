@@ -17,7 +17,7 @@ from ddlrepro.rank.strategies import STRATEGIES, apply_strategy, chunk_count, re
 
 def sums_by_strategy(rank: int, group_size: int, lanes: int) -> dict[str, dict[str, torch.Tensor]]:
     """Each strategy's sum of rank-dependent integer and float tensors, next to all_reduce's, its chunks summed on
-    `lanes` threads; the float tensor also cut into 1000-byte chunks (17, not a whole number of floats each)."""
+    `lanes` threads; the float tensor also cut into 1000-byte chunks (17 pieces of 241 floats)."""
     generator = torch.Generator().manual_seed(rank)
     integers = torch.randint(-1000, 1000, (1031,), generator=generator, dtype=torch.int64)
     floats = torch.randn(4097, generator=generator)
