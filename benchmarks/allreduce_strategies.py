@@ -121,7 +121,7 @@ def main() -> None:
             what = f"{name}: 16–64 MiB mean CPU time of raw all_reduce ÷ its own (every rank's, per operation){chunks}"
             record.add(f"{name.lower()}-cpu-ratio", what, ratio, "", meter.load)
         for name in ("raw all_reduce", best_p2p):
-            what = f"{name}: cores its ranks kept busy, 16–64 MiB (CPU seconds ÷ wall seconds, medians)"
+            what = f"{name}: cores its ranks kept busy, 16–64 MiB (CPU seconds ÷ wall seconds, medians){chunks}"
             busy = statistics.fmean(cores_busy(times, cpu, name, size) for size in SIZES_MIB)
             record.add(f"{name.lower().replace(' ', '-')}-cores-busy", what, busy, "cores", meter.load)
         slowest = min((name for name in means if name != SAME_AS_RAW), key=means.get)

@@ -129,7 +129,7 @@ def strategy_pairs(strategy: str, world: int, group_size: int, root: int = 0) ->
 
 
 def chunk_count(nbytes: int, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """KungFu's chunks of a tensor: ceil(bytes / 1 MiB) (session/session.go:347)."""
+    """KungFu's chunks of a tensor: ceil(bytes / chunk), its chunk 1 MiB (session/session.go:347)."""
     return max(1, math.ceil(nbytes / chunk_bytes))
 
 
