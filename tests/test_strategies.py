@@ -12,7 +12,15 @@ from conftest import spawn_gloo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlrepro.rank.strategies import STRATEGIES, apply_strategy, chunk_count, reducer, strategy_pairs
+from ddlrepro.rank.strategies import (
+    STRATEGIES,
+    apply_strategy,
+    chunk_count,
+    link_bound,
+    reducer,
+    sent_per_rank,
+    strategy_pairs,
+)
 
 
 def sums_by_strategy(rank: int, group_size: int, lanes: int) -> dict[str, dict[str, torch.Tensor]]:
@@ -183,20 +191,33 @@ def test_the_graphs_are_kungfus() -> None:
     assert edges("AUTO") == edges("BINARY_TREE_STAR") and strategy_pairs("AUTO", 4, 4) == strategy_pairs("STAR", 4, 4)
 
 
-def sent_per_rank(strategy: str, world: int, nbytes: int) -> list[int]:
-    """Bytes each rank sends for one tensor of `nbytes`: KungFu's chunks, chunk i through pair i mod len."""
-    pairs = strategy_pairs(strategy, world, world)
-    chunks = chunk_count(nbytes)
-    return [
-        sum(pairs[i % len(pairs)].sent_bytes(rank, nbytes // chunks) for i in range(chunks)) for rank in range(world)
-    ]
-
-
 def test_clique_spreads_chunks_over_every_root_and_a_small_tensor_is_one_star() -> None:
     """KungFu's CLIQUE is k stars: a 4 MiB tensor on 4 ranks is 4 chunks, one rooted at each rank, so every rank
     sends 1.5× the tensor (2(n−1)/n), not every rank's tensor to every other ((n−1)× = 3×). Up to 1 MiB: one chunk,
     one plain star."""
     mib = 1 << 20
     assert chunk_count(4 * mib) == 4 and chunk_count(mib) == 1 and chunk_count(mib + 1) == 2
-    assert sent_per_rank("CLIQUE", 4, 4 * mib) == [6 * mib] * 4
-    assert sent_per_rank("CLIQUE", 4, mib) == sent_per_rank("STAR", 4, mib) == [3 * mib, mib, mib, mib]
+    assert sent_per_rank("CLIQUE", 4, 4, 4 * mib) == [6 * mib] * 4
+    assert sent_per_rank("CLIQUE", 4, 4, mib) == sent_per_rank("STAR", 4, 4, mib) == [3 * mib, mib, mib, mib]
+
+
+def test_where_links_limit_a_star_reaches_half_the_rings_bus_bandwidth_at_4_ranks() -> None:
+    """A rank per host, 64 MiB: gloo's ring sends 1.5 tensors over each rank's link, each way; STAR's root 3 (one
+    to each other rank), the binary tree's root and rank 1 two (to and from two neighbours), CLIQUE's rotating
+    roots 1.5 in all; at 8 ranks the star's root sends 7, the ring 1.75."""
+    mib = 1 << 20
+    assert sent_per_rank("RING", 4, 1, 64 * mib) == [96 * mib] * 4
+    assert sent_per_rank("BINARY_TREE", 4, 1, 64 * mib) == [128 * mib, 128 * mib, 64 * mib, 64 * mib]
+    bounds = {strategy: link_bound(strategy, 4, 64 * mib) for strategy in STRATEGIES}
+    assert bounds == {
+        "RING": 1.0,
+        "STAR": 0.5,
+        "MULTI_STAR": 1.0,
+        "TREE": 0.5,
+        "BINARY_TREE": 0.75,
+        "BINARY_TREE_STAR": 0.75,
+        "MULTI_BINARY_TREE_STAR": 1.0,
+        "CLIQUE": 1.0,
+        "AUTO": 0.75,
+    }
+    assert link_bound("STAR", 8, 64 * mib) == 0.25

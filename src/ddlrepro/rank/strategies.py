@@ -133,6 +133,26 @@ def chunk_count(nbytes: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     return max(1, math.ceil(nbytes / chunk_bytes))
 
 
+def sent_per_rank(strategy: str, world: int, group_size: int, nbytes: int, chunk_bytes: int = CHUNK_BYTES) -> list[int]:
+    """Bytes each rank sends in one all-reduce of `nbytes`: KungFu's chunks, chunk i through pair i mod len. A rank
+    receives as many (one message from its parent and one from each child, per chunk, as it sends). RING: gloo's
+    ring, 2(n − 1)/n of the tensor from every rank."""
+    if strategy == "RING":
+        return [2 * (world - 1) * nbytes // world] * world
+    pairs = strategy_pairs(strategy, world, group_size)
+    chunks = chunk_count(nbytes, chunk_bytes)
+    sizes = [nbytes // chunks + (index < nbytes % chunks) for index in range(chunks)]
+    return [sum(pairs[i % len(pairs)].sent_bytes(rank, size) for i, size in enumerate(sizes)) for rank in range(world)]
+
+
+def link_bound(strategy: str, world: int, nbytes: int) -> float:
+    """The most of the ring's bus bandwidth `strategy` can reach where links are the limit, a rank per host: the
+    ring's bytes per link ÷ the busiest rank's through the strategy's graphs. At 4 ranks: STAR and TREE 0.5 (the
+    root moves n − 1 tensors each way), BINARY_TREE, BINARY_TREE_STAR and AUTO 0.75, CLIQUE, MULTI_STAR and
+    MULTI_BINARY_TREE_STAR 1 (their roots rotate)."""
+    return max(sent_per_rank("RING", world, 1, nbytes)) / max(sent_per_rank(strategy, world, 1, nbytes))
+
+
 @dataclass(frozen=True)
 class Peers:
     """This rank in the default group, and the group's own send and receive bindings: `dist.isend`'s Python checks
