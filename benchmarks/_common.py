@@ -196,11 +196,12 @@ class BenchmarkRecord:
         }
 
 
-def allreduce_times(run_dir: Path) -> dict[int, list[float]]:
-    """{size in bytes: every rank's and repetition's time of one all-reduce}, sizes ascending, from a run's metrics."""
+def allreduce_times(run_dir: Path, strategy: str | None = None) -> dict[int, list[float]]:
+    """{size in bytes: every rank's and repetition's time of one all-reduce}, sizes ascending, from a run's metrics;
+    of one `strategy` (the records' `setting`) in a run of several."""
     times: dict[int, list[float]] = {}
     for record in metric_records(run_dir):
-        if record["metric"] == "allreduce_time_s":
+        if record["metric"] == "allreduce_time_s" and strategy in (None, record.get("setting")):
             times.setdefault(record["size_bytes"], []).append(record["value"])
     return dict(sorted(times.items()))
 

@@ -248,3 +248,35 @@ def test_monitor_settings_take_turns_step_by_step_and_each_is_timed_alone() -> N
     # slow's 0.15 s of sleep are in its seconds alone (a setting timed across its neighbours' steps would have them)
     assert wall["slow"] >= 0.15 and wall["fast"] < 0.15 and wall["none"] < 0.15 and sum(wall.values()) <= elapsed
     assert set(cpu) == set(steps) and all(value >= 0 for value in cpu.values())
+
+
+def test_a_strategy_on_testbed_links_is_read_from_its_own_records_and_set_beside_its_link_bound(
+    tmp_path: Path,
+) -> None:
+    """link_bandwidth.py --strategies: gloo's ring and STAR took turns in one run on 4 hosts; STAR's records alone
+    give its busbw, which is judged against the ring's of the same run and against its graph's bound (0.5)."""
+    import link_bandwidth
+
+    mib = 2**20
+    ring_s = {16 * mib: 0.21, 32 * mib: 0.42}  # 1.5 × size at 1 Gbit/s: busbw ≈ 0.96 of the rate
+    slower = {"RING": 1.0, "STAR": 2.5}
+    lines = [
+        {"metric": "allreduce_time_s", "rank": rank, "size_bytes": size, "setting": strategy, "value": t * factor}
+        for strategy, factor in slower.items()
+        for size, t in ring_s.items()
+        for rank in range(4)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    ring = link_bandwidth.busbw_ratios(tmp_path, 4, 10**9, "RING")
+    star = link_bandwidth.busbw_ratios(tmp_path, 4, 10**9, "STAR")
+    assert ring[16 * mib] == pytest.approx(16 * mib * 8 / 0.21 * 1.5 / 1e9)
+    assert star[32 * mib] == pytest.approx(ring[32 * mib] / 2.5)
+    assert len(link_bandwidth.allreduce_times(tmp_path)[16 * mib]) == 8  # no strategy named: every record
+
+    options = argparse.Namespace(hosts=[4], strategies=["STAR"])
+    with BenchmarkRecord("benchmarks/link_bandwidth.py", options, tmp_path / "out") as record:
+        link_bandwidth.add_strategy(record, "STAR", 4, "1gbit", "4 hosts", star, ring, QUIET)
+    (figure,) = record.figures
+    assert figure["id"] == "gloo-star-4hosts-1gbit"
+    assert figure["value"] == pytest.approx(0.4) and figure["link_bound"] == 0.5
+    assert figure["of_link_bound"] == pytest.approx(0.8)
