@@ -37,9 +37,13 @@ repetition times, each host's `nstat` and qdisc counters, and /proc/stat every 0
   know, so the benchmark says so (0.86–0.91 of the rate per size then, 4 hosts at 1 Gbit/s).
 On a machine with a core per rank the second setting would not matter (not measured here).
 
-KungFu's strategies on 4 hosts (`--strategies`, 2026-11-29, foreign load 1–3 %): each below 0.9 of the ring, as
-their graphs dictate (STAR 0.37–0.38, BINARY_TREE 0.51–0.55), and below their bounds too: 0.62–0.81 of them, alike
-at 200 Mbit/s and 1 Gbit/s, so not for want of CPU (not yet explained; MULTI_BINARY_TREE_STAR, bound 1, 0.72–0.75).
+KungFu's strategies on 4 hosts at 1 Gbit/s (`--strategies`, foreign load 1–3 %): first 0.62–0.81 of their bounds,
+alike at 200 Mbit/s, so not for want of CPU. Each chunk's time at each rank (STAR, 64 MiB) and the switch ports'
+byte counters every 20 ms showed why: the root's link sent nothing for the first 0.8 s of 2.5 s while its inputs
+arrived at the full rate, because each leaf sent its chunks lane by lane (the even ones, then the odd ones, or the
+reverse) and the root waited for chunk 1 from a leaf that sent it last. With leaves sending in chunk order
+(strategies.Exchange): STAR 0.91 of its bound (1.72 s; the link's 3 tensors take 1.68 s), CLIQUE 0.95 and
+MULTI_STAR 0.97 of the ring (bound 1); the binary trees 0.78 of theirs (an inner rank adds before passing on).
 
     python benchmarks/link_bandwidth.py [--hosts 2 4] [--rates 200mbit 1gbit] [--backends gloo mpi]
                                         [--strategies RING STAR BINARY_TREE ...]

@@ -12,6 +12,7 @@ from conftest import spawn_gloo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddlrepro.rank import strategies
 from ddlrepro.rank.strategies import (
     STRATEGIES,
     apply_strategy,
@@ -82,6 +83,32 @@ def test_star_adds_in_rank_order_bit_for_bit_wherever_its_root(tmp_path: Path) -
     for rank_sums in results:
         for root in range(4):
             assert torch.equal(rank_sums[f"root {root}"], rank_sums["order"]), root
+
+
+def sends_of_one_exchange(rank: int, strategy: str) -> list[tuple[int, tuple[int, ...]]]:
+    """(chunk, destinations) of every send this rank posts in one 8-chunk all-reduce on two lanes, in order."""
+    posted: list[tuple[int, tuple[int, ...]]] = []
+    send = strategies.Peers.send
+
+    def recording(peers, tensor: torch.Tensor, destinations: tuple[int, ...], tag: int) -> list:
+        posted.append((tag, destinations))
+        return send(peers, tensor, destinations, tag)
+
+    strategies.Peers.send = recording  # in this forked rank only
+    reducer(strategy, 1, lanes=2)(torch.ones(8 * 2**18))
+    return posted
+
+
+@pytest.mark.parametrize("strategy", ["STAR", "CLIQUE"])
+def test_a_leaf_sends_its_chunks_up_in_chunk_order_whichever_lane_runs_first(tmp_path: Path, strategy: str) -> None:
+    """A parent passes chunk i on once every input has sent it: leaves sending their chunks in different orders
+    (lane by lane, as the lanes happened to run) left a star's root idle until the orders crossed."""
+    results = spawn_gloo(sends_of_one_exchange, 4, tmp_path, strategy)
+    for rank, posted in enumerate(results):
+        pairs = strategy_pairs(strategy, 4, 1)
+        up = [tag for tag, destinations in posted if destinations == (pairs[tag % len(pairs)].parent(rank),)]
+        leaf_chunks = [tag for tag in range(8) if not pairs[tag % len(pairs)].reduce_inputs(rank)]
+        assert up[: len(leaf_chunks)] == leaf_chunks, (rank, posted)  # all of them first, in chunk order
 
 
 def train_with(rank: int, strategy: str, steps: int) -> list[torch.Tensor]:

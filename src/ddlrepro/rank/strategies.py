@@ -23,11 +23,12 @@ consecutive groups of `group_size` ranks (a machine's local ranks; the first is 
 
 Departures, on purpose: a node adds its inputs in rank order (itself included), not in arrival order, so every rank ends
 with the same bits and moving STAR's root changes none; every chunk is in flight at once, as in KungFu, but a rank sums
-them on one thread per core (at most 8), not a goroutine each (`Exchange`). The hook runs each bucket's exchange on one
-background thread, in bucket order (the same on every rank), so communication still overlaps the rest of the backward
-pass, as DDP's own all-reduce does, and counts the bytes it reduced and the seconds it took (`StrategyHook.throughput`:
-KungFu's per-step all-reduce throughput). On integer tensors every strategy gives exactly the all-reduce's sum; on
-floats the same sum up to the order of additions.
+them on one thread per core (at most 8), not a goroutine each, and sends the chunks it only passes up first, in
+chunk order (`Exchange`). The hook runs each bucket's exchange on one background thread, in bucket order (the same
+on every rank), so communication still overlaps the rest of the backward pass, as DDP's own all-reduce does, and
+counts the bytes it reduced and the seconds it took (`StrategyHook.throughput`: KungFu's per-step all-reduce
+throughput). On integer tensors every strategy gives exactly the all-reduce's sum; on floats the same sum up to the
+order of additions.
 """
 
 from __future__ import annotations
@@ -259,16 +260,20 @@ class _Chunk:
 
 class Exchange:
     """Every chunk of a tensor through its graph pair at once. Each of `lanes` threads takes its share of the chunks
-    in chunk order, waits for their partial sums, adds them and sends the result up the reduce graph, or, at the
-    root, down the broadcast graph; one more thread takes, in chunk order, each total that comes down and passes it
-    on to the chunk's children. Sums going up and totals going down overlap, as in KungFu, where a goroutine per
-    chunk does both (session/session.go:255-332) on as many threads as cores (Go's GOMAXPROCS). Fewer Python threads
-    than chunks, on purpose: with a thread per chunk (at most 16), as before, the trees' bus bandwidth was ~10 %
-    lower (benchmarks/allreduce_strategies.py: 4 ranks on 2 cores, 16–64 MiB).
+    this rank has inputs for, in chunk order, waits for their partial sums, adds them and sends the result up the
+    reduce graph, or, at the root, down the broadcast graph; one more thread takes, in chunk order, each total that
+    comes down and passes it on to the chunk's children. Sums going up and totals going down overlap, as in KungFu,
+    where a goroutine per chunk does both (session/session.go:255-332) on as many threads as cores (Go's
+    GOMAXPROCS). Fewer Python threads than chunks, on purpose: with a thread per chunk (at most 16), as before, the
+    trees' bus bandwidth was ~10 % lower (benchmarks/allreduce_strategies.py: 4 ranks on 2 cores, 16–64 MiB).
 
     Totals are passed on in chunk order, the same on every rank, not as the lanes happen to finish: in strategies
     with several deep graphs, two ranks passing totals to each other in different orders would each wait for the
-    other's first."""
+    other's first. For the same reason the chunks a rank adds nothing to (where it is a leaf of the reduce graph)
+    go up at once, in chunk order, before the lanes start: posted by the lanes, each leaf's order was whichever
+    lane ran first (all its even chunks, then the odd ones, or the reverse), and a parent, which needs chunk i
+    from every input before it can pass chunk i on, waited for the orders to cross (STAR on 4 testbed hosts at
+    1 Gbit/s: the root's link sent nothing for the first 0.8 s of a 2.5 s all-reduce)."""
 
     def __init__(self, lanes: int = LANES) -> None:
         if lanes < 1:
@@ -285,12 +290,21 @@ class Exchange:
         chunks = [
             _Chunk.post(peers, piece, tag, pairs[tag % len(pairs)], self.buffers) for tag, piece in enumerate(pieces)
         ]
-        running = [self._up.submit(_upward, peers, chunks[lane :: self.lanes]) for lane in range(self.lanes)]
+        leaving = [work for chunk in chunks if not chunk.role.inputs for work in _send_up(peers, chunk)]
+        summed = [chunk for chunk in chunks if chunk.role.inputs]
+        running = [self._up.submit(_upward, peers, summed[lane :: self.lanes]) for lane in range(self.lanes)]
         totals = [(chunk, chunk.total) for chunk in chunks if chunk.total is not None]
         running.append(self._down.submit(_forward, peers, totals))
         futures.wait(running)
         for future in running:
             future.result()
+        for work in leaving:
+            work.wait()
+
+
+def _send_up(peers: Peers, chunk: _Chunk) -> list[dist.Work]:
+    """Send a chunk this rank adds nothing to (a leaf of its reduce graph) to its parent, if it has one."""
+    return [] if chunk.role.parent is None else peers.send(chunk.tensor, (chunk.role.parent,), chunk.tag)
 
 
 def _upward(peers: Peers, chunks: list[_Chunk]) -> None:
