@@ -89,6 +89,10 @@ format: env
 	$(BIN)/ruff check --fix src tests benchmarks docs/conf.py scripts/lock-requirements
 	$(BIN)/snakefmt Snakefile workflow/rules
 
+# KungFu's strategies whose graphs differ at a rank per host (TREE is STAR there, BINARY_TREE_STAR and AUTO are
+# BINARY_TREE, MULTI_STAR is CLIQUE), on the testbed's links beside gloo's ring.
+LINK_STRATEGIES := STAR BINARY_TREE CLIQUE MULTI_BINARY_TREE_STAR
+
 benchmarks: env horovod
 	$(BIN)/python benchmarks/harness_fidelity.py
 	$(BIN)/python benchmarks/workflow_overhead.py
@@ -99,7 +103,7 @@ benchmarks: env horovod
 	$(BIN)/python benchmarks/elastic_resize.py
 	$(BIN)/python benchmarks/testbed_setup.py
 	$(BIN)/python benchmarks/data_path.py
-	$(BIN)/python benchmarks/link_bandwidth.py
+	$(BIN)/python benchmarks/link_bandwidth.py --strategies $(LINK_STRATEGIES)
 	$(BIN)/python benchmarks/overlay.py
 	$(BIN)/python benchmarks/adaptive_policies.py
 	$(BIN)/python benchmarks/simulator_fidelity.py

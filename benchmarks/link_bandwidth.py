@@ -42,8 +42,9 @@ alike at 200 Mbit/s, so not for want of CPU. Each chunk's time at each rank (STA
 byte counters every 20 ms showed why: the root's link sent nothing for the first 0.8 s of 2.5 s while its inputs
 arrived at the full rate, because each leaf sent its chunks lane by lane (the even ones, then the odd ones, or the
 reverse) and the root waited for chunk 1 from a leaf that sent it last. With leaves sending in chunk order
-(strategies.Exchange): STAR 0.91 of its bound (1.72 s; the link's 3 tensors take 1.68 s), CLIQUE 0.95 and
-MULTI_STAR 0.97 of the ring (bound 1); the binary trees 0.78 of theirs (an inner rank adds before passing on).
+(strategies.Exchange) STAR took 1.72 s where its root's link needs 1.68 s for its 3 tensors; the binary trees stay
+further from their bound (an inner rank's link carries sums up and totals down, each waiting on the other's hop).
+The generated table (docs/performance.md) has each strategy's latest figures.
 
     python benchmarks/link_bandwidth.py [--hosts 2 4] [--rates 200mbit 1gbit] [--backends gloo mpi]
                                         [--strategies RING STAR BINARY_TREE ...]
