@@ -37,8 +37,8 @@ repetition times, each host's `nstat` and qdisc counters, and /proc/stat every 0
   know, so the benchmark says so (0.86–0.91 of the rate per size then, 4 hosts at 1 Gbit/s).
 On a machine with a core per rank the second setting would not matter (not measured here).
 
-KungFu's strategies on 4 hosts at 1 Gbit/s (`--strategies`, foreign load 1–3 %): first 0.62–0.81 of their bounds,
-alike at 200 Mbit/s, so not for want of CPU. Each chunk's time at each rank (STAR, 64 MiB) and the switch ports'
+KungFu's strategies on 4 hosts at 1 Gbit/s (`--strategies`, foreign load 1–3 %) at first reached 0.62–0.81 of their
+bounds, alike at 200 Mbit/s, so not for want of CPU. Each chunk's time at each rank (STAR, 64 MiB) and the switch ports'
 byte counters every 20 ms showed why: the root's link sent nothing for the first 0.8 s of 2.5 s while its inputs
 arrived at the full rate, because each leaf sent its chunks lane by lane (the even ones, then the odd ones, or the
 reverse) and the root waited for chunk 1 from a leaf that sent it last. With leaves sending in chunk order

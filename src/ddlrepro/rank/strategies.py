@@ -135,9 +135,9 @@ def chunk_count(nbytes: int, chunk_bytes: int = CHUNK_BYTES) -> int:
 
 
 def sent_per_rank(strategy: str, world: int, group_size: int, nbytes: int, chunk_bytes: int = CHUNK_BYTES) -> list[int]:
-    """Bytes each rank sends in one all-reduce of `nbytes`: KungFu's chunks, chunk i through pair i mod len. A rank
-    receives as many (one message from its parent and one from each child, per chunk, as it sends). RING: gloo's
-    ring, 2(n − 1)/n of the tensor from every rank."""
+    """Bytes each rank sends in one all-reduce of `nbytes`: KungFu's chunks, chunk i through pair i mod len. It
+    receives as many: per chunk, a message from its parent and one from each child, as it sends one to each. RING:
+    gloo's ring, 2(n − 1)/n of the tensor from every rank."""
     if strategy == "RING":
         return [2 * (world - 1) * nbytes // world] * world
     pairs = strategy_pairs(strategy, world, group_size)
