@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -196,6 +197,17 @@ class BenchmarkRecord:
         }
 
 
+# The testbed benchmarks' all-reduce sizes, 16–64 MiB, each timed after a warm-up in 2 repetitions of one operation.
+SWEEP = {
+    "min_bytes": 16 * 2**20,
+    "max_bytes": 64 * 2**20,
+    "warmup": 1,
+    "repetitions": 2,
+    "target_bytes": 1,
+    "max_ops": 1,
+}
+
+
 def allreduce_times(run_dir: Path, strategy: str | None = None) -> dict[int, list[float]]:
     """{size in bytes: every rank's and repetition's time of one all-reduce}, sizes ascending, from a run's metrics;
     of one `strategy` (the records' `setting`) in a run of several."""
@@ -204,6 +216,19 @@ def allreduce_times(run_dir: Path, strategy: str | None = None) -> dict[int, lis
         if record["metric"] == "allreduce_time_s" and strategy in (None, record.get("setting")):
             times.setdefault(record["size_bytes"], []).append(record["value"])
     return dict(sorted(times.items()))
+
+
+def busbw_by_size(run_dir: Path, ranks: int, strategy: str | None = None) -> dict[int, float]:
+    """{size in bytes: bus bandwidth in bit/s} of a run's all-reduces (of one strategy in a run of several): the
+    median time per operation over ranks and repetitions, busbw = size ÷ time × 2(n−1)/n (nccl-tests)."""
+    factor = 2 * (ranks - 1) / ranks
+    times = allreduce_times(run_dir, strategy)
+    return {size: size * 8 / statistics.median(values) * factor for size, values in times.items()}
+
+
+def per_size(values: dict[int, float], digits: int = 3) -> str:
+    """ "16 MiB 0.912, 32 MiB ...": a figure's value at each all-reduce size, for its record and the terminal."""
+    return ", ".join(f"{size // 2**20} MiB {value:.{digits}f}" for size, value in values.items())
 
 
 def paired_round(index: int, baseline: Callable[[], float], other: Callable[[], float]) -> tuple[float, float]:

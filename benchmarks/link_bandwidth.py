@@ -57,7 +57,6 @@ import contextlib
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,7 +64,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from _common import REPO, BenchmarkRecord, allreduce_times
+from _common import REPO, SWEEP, BenchmarkRecord, busbw_by_size, per_size
 
 from ddlrepro.host import testbed as testbed_package
 from ddlrepro.host.config import validate_config
@@ -77,8 +76,6 @@ from ddlrepro.points import Point
 from ddlrepro.rank.strategies import STRATEGIES, link_bound
 
 SCRIPT = REPO / "scripts" / "slurm-cluster"
-MIB = 2**20
-SWEEP = {"min_bytes": 16 * MIB, "max_bytes": 64 * MIB, "warmup": 1, "repetitions": 2, "target_bytes": 1, "max_ops": 1}
 JOB_TIMEOUT_S = 600
 SLURM_DAEMONS = {"munged", "slurmctld", "slurmd", "slurmstepd"}  # and the ranks they start
 TESTBED_HELPERS = frozenset({testbed_package.__name__, forward.__name__})  # run with -m: hosts' keeper, port forwarder
@@ -151,15 +148,8 @@ def cluster_meter() -> Iterator[ForeignLoadMeter]:
 
 
 def busbw_ratios(run_dir: Path, hosts: int, rate_bps: int, strategy: str | None = None) -> dict[int, float]:
-    """{size in bytes: busbw ÷ link rate}, from the median time per operation over ranks and repetitions (of one
-    strategy in a gloo run of several)."""
-    times = allreduce_times(run_dir, strategy)
-    factor = 2 * (hosts - 1) / hosts
-    return {size: size * 8 / statistics.median(values) * factor / rate_bps for size, values in times.items()}
-
-
-def per_size(ratios: dict[int, float]) -> str:
-    return ", ".join(f"{size // MIB} MiB {ratio:.3f}" for size, ratio in ratios.items())
+    """{size in bytes: busbw ÷ link rate} (of one strategy in a gloo run of several)."""
+    return {size: bps / rate_bps for size, bps in busbw_by_size(run_dir, hosts, strategy).items()}
 
 
 def add_strategy(

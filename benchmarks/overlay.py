@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from _common import BenchmarkRecord, allreduce_times, testbed_unavailable
+from _common import SWEEP, BenchmarkRecord, busbw_by_size, per_size, testbed_unavailable
 
 from ddlrepro.host.config import validate_config
 from ddlrepro.host.figures import kungfu_allreduce
@@ -38,8 +37,6 @@ from ddlrepro.host.testbed.counters import node_counters
 from ddlrepro.points import Point
 
 OWNER = "ovbench"
-MIB = 2**20
-SWEEP = {"min_bytes": 16 * MIB, "max_bytes": 64 * MIB, "warmup": 1, "repetitions": 2, "target_bytes": 1, "max_ops": 1}
 RUN_TIMEOUT_S = 300
 
 
@@ -77,16 +74,14 @@ def allreduce_point(network: str, rate: str, launcher: dict) -> Point:
     return Point(**{**point.__dict__, "params": params})
 
 
-def busbw_by_size(point: Point, run_dir: Path) -> dict[int, float]:
+def run_busbw(point: Point, run_dir: Path) -> dict[int, float]:
     """{size in bytes: busbw in bit/s} of one run of the point (through the local launcher, as the workflow runs it)."""
     command = [sys.executable, "-m", "ddlrepro", "run-point", "--point", point.to_json(), "--run-dir", str(run_dir)]
     settings = json.dumps({"launcher": {"timeout_s": RUN_TIMEOUT_S}})
     done = subprocess.run([*command, "--config-json", settings], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"the all-reduce over {point.params['network']} failed:\n{done.stderr[-3000:]}")
-    times = allreduce_times(run_dir)
-    factor = 2 * (point.workers - 1) / point.workers
-    return {size: size * 8 / statistics.median(values) * factor for size, values in times.items()}
+    return busbw_by_size(run_dir, point.workers)
 
 
 def main() -> None:
@@ -119,10 +114,10 @@ def main() -> None:
         with ForeignLoadMeter() as meter:
             for network in ("bridge", "overlay"):
                 point = allreduce_point(network, args.rate, launcher)
-                busbw[network] = busbw_by_size(point, Path(scratch) / network)
+                busbw[network] = run_busbw(point, Path(scratch) / network)
         ratios = {size: busbw["overlay"][size] / busbw["bridge"][size] for size in busbw["bridge"]}
-        sizes = ", ".join(f"{size // MIB} MiB {ratio:.3f}" for size, ratio in ratios.items())
-        bridge = ", ".join(f"{size // MIB} MiB {bps / 1e6:.1f}" for size, bps in busbw["bridge"].items())
+        sizes = per_size(ratios)
+        bridge = per_size({size: bps / 1e6 for size, bps in busbw["bridge"].items()}, digits=1)
         what = f"gloo RING all-reduce, 2 hosts at {args.rate}: overlay busbw ÷ bridge busbw, lowest over 16–64 MiB"
         record.add("overlay-vs-bridge-busbw", what, min(ratios.values()), "", meter.load, by_size=sizes)
         print(f"    per size: {sizes}; bridge busbw (Mbit/s): {bridge}")

@@ -24,6 +24,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _common import (  # noqa: E402
     BenchmarkRecord,
+    allreduce_times,
     check_benchmark,
     load_targets,
     meaningful,
@@ -271,7 +272,7 @@ def test_a_strategy_on_testbed_links_is_read_from_its_own_records_and_set_beside
     star = link_bandwidth.busbw_ratios(tmp_path, 4, 10**9, "STAR")
     assert ring[16 * mib] == pytest.approx(16 * mib * 8 / 0.21 * 1.5 / 1e9)
     assert star[32 * mib] == pytest.approx(ring[32 * mib] / 2.5)
-    assert len(link_bandwidth.allreduce_times(tmp_path)[16 * mib]) == 8  # no strategy named: every record
+    assert len(allreduce_times(tmp_path)[16 * mib]) == 8  # no strategy named: every record
 
     options = argparse.Namespace(hosts=[4], strategies=["STAR"])
     with BenchmarkRecord("benchmarks/link_bandwidth.py", options, tmp_path / "out") as record:

@@ -104,8 +104,8 @@ def test_a_leaf_sends_its_chunks_up_in_chunk_order_whichever_lane_runs_first(tmp
     """A parent passes chunk i on once every input has sent it: leaves sending their chunks in different orders
     (lane by lane, as the lanes happened to run) left a star's root idle until the orders crossed."""
     results = spawn_gloo(sends_of_one_exchange, 4, tmp_path, strategy)
+    pairs = strategy_pairs(strategy, 4, 1)
     for rank, posted in enumerate(results):
-        pairs = strategy_pairs(strategy, 4, 1)
         up = [tag for tag, destinations in posted if destinations == (pairs[tag % len(pairs)].parent(rank),)]
         leaf_chunks = [tag for tag in range(8) if not pairs[tag % len(pairs)].reduce_inputs(rank)]
         assert up[: len(leaf_chunks)] == leaf_chunks, (rank, posted)  # all of them first, in chunk order
